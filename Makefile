@@ -1,0 +1,29 @@
+# Two commands from a fresh clone: `make demo` and `make test`.
+# CPU torch is pinned: an unpinned torch pulls several GB of CUDA packages.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_VERSION ?= 2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast benchmarks clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/lightning-privacy demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow"
+
+clean:
+	rm -rf $(VENV) lightning_logs runs

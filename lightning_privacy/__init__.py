@@ -1,0 +1,32 @@
+"""lightning_privacy: measurable privacy risk inside PyTorch Lightning training.
+
+The callbacks are re-exported here lazily, so ``import lightning_privacy.analysis`` stays free of
+torch and lightning.
+"""
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_CALLBACKS = {
+    "DPSGD": "lightning_privacy.callbacks.dpsgd",
+    "BayesSecurityMonitor": "lightning_privacy.callbacks.bayes_security_monitor",
+    "AttributeInferenceMonitor": "lightning_privacy.callbacks.attribute_inference_monitor",
+    "PrivacyBudgetStopping": "lightning_privacy.callbacks.privacy_budget_stopping",
+    "EpsilonStarAudit": "lightning_privacy.callbacks.epsilon_star_audit",
+    "PanoramiaAudit": "lightning_privacy.callbacks.panoramia_audit",
+    "PrivacyProfileAudit": "lightning_privacy.callbacks.privacy_profile_audit",
+}
+
+__all__ = ["__version__", *_CALLBACKS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CALLBACKS:
+        return getattr(import_module(_CALLBACKS[name]), name)
+    raise AttributeError(f"module 'lightning_privacy' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(__all__)

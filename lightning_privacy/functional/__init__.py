@@ -1,0 +1,1 @@
+"""Stateless torch functions shared by metrics and callbacks."""

@@ -1,0 +1,1 @@
+"""torchmetrics.Metric classes: state and cross-process sync only."""

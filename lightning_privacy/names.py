@@ -1,0 +1,31 @@
+"""Every logged metric key, as a constant.
+
+The ``/`` groups keys into TensorBoard sections: ``dp/`` for the DP-SGD mechanism and its reference
+accountant, ``privacy/`` for per-epoch bounds, ``audit/`` for post-training audits.
+"""
+
+# DP-SGD mechanism (per epoch)
+DP_NOISE_MULTIPLIER = "dp/noise_multiplier"
+DP_SAMPLE_RATE = "dp/sample_rate"
+DP_STEPS = "dp/steps"
+DP_EPSILON = "dp/epsilon"  # Opacus accountant epsilon at the run's delta (reference only)
+
+# Closed-form Bayes security (per epoch)
+MIA_BAYES_SECURITY = "privacy/mia_bayes_security"
+MIA_BAYES_SECURITY_EXACT = "privacy/mia_bayes_security_exact"
+MIA_ADVANTAGE = "privacy/mia_advantage"
+MIA_TPR_BOUND_FPR_0_01 = "privacy/mia_tpr_bound_fpr_0.01"
+MIA_TPR_BOUND_FPR_0_1 = "privacy/mia_tpr_bound_fpr_0.1"
+APPROXIMATION_ERROR = "privacy/approximation_error"
+AI_BAYES_SECURITY = "privacy/ai_bayes_security"
+AI_SENSITIVITY = "privacy/ai_sensitivity"  # per step; only when publishing is allowed
+
+# Post-training audits
+EPSILON_STAR = "audit/epsilon_star"
+EPSILON_STAR_EMPIRICAL = "audit/epsilon_star_empirical"
+MIA_EPSILON_LOWER = "audit/mia_epsilon_lower"
+PANORAMIA_EPSILON = "audit/panoramia_epsilon"
+PANORAMIA_C_LB = "audit/panoramia_c_lb"
+PANORAMIA_C_PLUS_EPSILON_LB = "audit/panoramia_c_plus_epsilon_lb"
+
+ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
