@@ -17,6 +17,7 @@ _CALLBACKS = {
     "EpsilonStarAudit": "lightning_privacy.callbacks.epsilon_star_audit",
     "PanoramiaAudit": "lightning_privacy.callbacks.panoramia_audit",
     "PrivacyProfileAudit": "lightning_privacy.callbacks.privacy_profile_audit",
+    "OutputPerturbation": "lightning_privacy.callbacks.output_perturbation",
 }
 
 __all__ = ["__version__", *_CALLBACKS]
