@@ -1,0 +1,76 @@
+"""Finding Opacus' pieces inside a running Trainer (shared by the privacy callbacks).
+
+Our :class:`~lightning_privacy.DPSGD` owns its accountant. A user's own ``PrivacyEngine.make_private``
+leaves the accountant reachable only through the step hook it attaches to the ``DPOptimizer``
+(``accountant.get_optimizer_hook_fn(sample_rate)`` — a closure over the accountant and the sample
+rate); :func:`find_accountant` reads it from there with :func:`inspect.getclosurevars`, and callers can
+always pass the accountant explicitly instead.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, List, Optional, Tuple
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.accountants import IAccountant
+from opacus.optimizers import DPOptimizer
+
+Segment = Tuple[float, float, int]  # (noise_multiplier, sample_rate, steps), Opacus' history order
+
+
+def dp_optimizers(trainer: "pl.Trainer") -> List[DPOptimizer]:
+    """The Opacus ``DPOptimizer`` instances among the trainer's optimizers."""
+    return [opt for opt in trainer.optimizers if isinstance(opt, DPOptimizer)]
+
+
+def find_dpsgd(trainer: "pl.Trainer") -> Optional[Any]:
+    """Our DPSGD callback, if the trainer has one."""
+    from lightning_privacy.callbacks.dpsgd import DPSGD
+
+    found = [cb for cb in trainer.callbacks if isinstance(cb, DPSGD)]
+    return found[0] if found else None
+
+
+def find_accountant(trainer: "pl.Trainer", accountant: Optional[IAccountant] = None) -> IAccountant:
+    """The accountant that records the DP-SGD steps of this training run.
+
+    Order: an explicitly given accountant, then our DPSGD callback's, then the accountant behind the
+    step hook of the (single) ``DPOptimizer`` that a user's ``make_private`` created.
+
+    Raises:
+        MisconfigurationException: when training is not private or no accountant can be found.
+    """
+    if accountant is not None:
+        return accountant
+    dpsgd = find_dpsgd(trainer)
+    if dpsgd is not None and dpsgd.accountant is not None:
+        return dpsgd.accountant
+    optimizers = dp_optimizers(trainer)
+    if not optimizers:
+        raise MisconfigurationException(
+            "No Opacus DPOptimizer found among the trainer's optimizers: training is not private. Add "
+            "`lightning_privacy.DPSGD(...)` to `Trainer(callbacks=[...])`, or make the module private "
+            "with Opacus' `PrivacyEngine.make_private` and pass `accountant=privacy_engine.accountant`."
+        )
+    hook = optimizers[0].step_hook
+    if hook is not None:
+        closure = inspect.getclosurevars(hook).nonlocals
+        candidate = closure.get("self")
+        if isinstance(candidate, IAccountant):
+            return candidate
+    raise MisconfigurationException(
+        "Found a DPOptimizer but not its accountant; pass `accountant=privacy_engine.accountant` to "
+        "the monitor."
+    )
+
+
+def accountant_history(trainer: "pl.Trainer", accountant: Optional[IAccountant] = None) -> List[Segment]:
+    """The run-length history ``[(noise_multiplier, sample_rate, steps), ...]`` of this run."""
+    return [(float(s), float(p), int(t)) for s, p, t in find_accountant(trainer, accountant).history]
+
+
+def history_steps(history: List[Segment]) -> int:
+    """Total optimizer steps recorded in an accountant history."""
+    return sum(int(t) for _, _, t in history)
