@@ -1,0 +1,153 @@
+"""Per-example membership loss of Epsilon* (Negoescu et al. 2023, footnote 1), from logits.
+
+Sign convention: **low loss = looks like a member** (training examples tend to have low loss); the
+Epsilon* attack calls an example a member when its loss is ``<= tau``. For attacks that want
+"higher score = more likely member" (e.g. ``MembershipEpsilon``), pass ``-loss``.
+
+The paper's losses, with ``f`` the predicted probabilities:
+
+- binary, ``f(x) = P(y = 1)``: ``l = (1 - 2y) (log f - log(1 - f))`` — minus the signed logit;
+- multi-class, true class ``y``: ``l = -(log f_y - log(1 - f_y))`` — minus the logit of the true-class
+  probability.
+
+From logits ``z`` these are exact closed forms, computed without ever forming a probability:
+``log f_y = z_y - logsumexp(z)`` and ``log(1 - f_y) = logsumexp_{j != y}(z_j) - logsumexp(z)``, so
+``l = logsumexp_{j != y}(z_j) - z_y`` (for one binary logit ``z``: ``log sigmoid(z) - log sigmoid(-z) = z``
+and ``l = (1 - 2y) z``). There is no log of a rounded probability, so the loss stays exact for logits
+of any size (a probability of 1 - 1e-20 would round to 1 and give an infinite loss).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+from torch import Tensor
+
+__all__ = ["membership_loss", "membership_losses_from_loader"]
+
+
+def _check_target(target: Tensor, num_classes: int, name: str = "target") -> Tensor:
+    if target.is_floating_point():
+        if not torch.all(target == target.round()):
+            raise ValueError(f"Expected argument `{name}` to hold integer class labels, but got non-integers")
+        target = target.long()
+    elif target.dtype == torch.bool:
+        target = target.long()
+    if target.numel() and (int(target.min()) < 0 or int(target.max()) >= num_classes):
+        raise ValueError(
+            f"Expected argument `{name}` to hold labels in [0, {num_classes - 1}], but got values in "
+            f"[{int(target.min())}, {int(target.max())}]"
+        )
+    return target
+
+
+def membership_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """The Epsilon* per-example loss from logits (low = looks like a member).
+
+    Args:
+        logits: ``(N,)`` or ``(N, 1)`` — one binary logit ``log(f / (1 - f))`` per example; or
+            ``(N, C)`` with ``C >= 2`` — class logits (softmax). Half precision is computed in float32.
+        target: ``(N,)`` labels — ``0``/``1`` for one binary logit, class indices in ``[0, C)`` otherwise
+            — or ``(N, C)`` one-hot labels.
+
+    Returns:
+        ``(N,)`` losses in the logits' floating dtype (at least float32).
+
+    Raises:
+        ValueError: on shapes that do not match, labels out of range, non-one-hot ``(N, C)`` targets,
+            or NaN/inf logits.
+
+    Example::
+
+        >>> membership_loss(torch.tensor([2.0, 2.0]), torch.tensor([1, 0]))
+        tensor([-2.,  2.])
+        >>> membership_loss(torch.tensor([[0.0, 3.0, 1.0]]), torch.tensor([1]))
+        tensor([-1.6867])
+        >>> membership_loss(torch.tensor([[-500.0, 500.0]]), torch.tensor([1]))  # P(y) = 1 in float32
+        tensor([-1000.])
+    """
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        raise TypeError(f"Expected argument `logits` to be a floating-point tensor, but got {type(logits).__name__}"
+                        + (f" of dtype {logits.dtype}" if isinstance(logits, Tensor) else ""))  # fmt: skip
+    if not isinstance(target, Tensor):
+        target = torch.as_tensor(target)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    bad = ~torch.isfinite(logits)
+    if bad.any():
+        raise ValueError(f"Expected argument `logits` to be finite, but got {int(bad.sum())} NaN/inf value(s)")
+    if logits.ndim == 2 and logits.shape[1] == 1:
+        logits = logits[:, 0]
+    n = logits.shape[0] if logits.ndim else 0
+    if logits.ndim == 1:
+        if target.shape != logits.shape:
+            raise ValueError(f"Expected `target` of shape {tuple(logits.shape)} for binary logits, but got {tuple(target.shape)}")
+        y = _check_target(target, 2).to(logits.dtype)
+        return (1.0 - 2.0 * y) * logits
+    if logits.ndim != 2:
+        raise ValueError(f"Expected argument `logits` of shape (N,), (N, 1) or (N, C), but got {tuple(logits.shape)}")
+    num_classes = logits.shape[1]
+    if target.ndim == 2:
+        if target.shape != logits.shape:
+            raise ValueError(f"Expected one-hot `target` of shape {tuple(logits.shape)}, but got {tuple(target.shape)}")
+        if not (torch.all((target == 0) | (target == 1)) and torch.all(target.sum(dim=1) == 1)):
+            raise ValueError("Expected a 2-D `target` to be one-hot (exactly one 1 per row)")
+        target = target.argmax(dim=1)
+    if target.shape != (n,):
+        raise ValueError(f"Expected `target` of shape ({n},), but got {tuple(target.shape)}")
+    target = _check_target(target, num_classes).to(logits.device)
+    true_logit = logits.gather(1, target[:, None])[:, 0]
+    others = logits.scatter(1, target[:, None], float("-inf"))
+    return torch.logsumexp(others, dim=1) - true_logit
+
+
+def _default_forward(module: torch.nn.Module, batch) -> tuple:
+    x, y = batch[0], batch[1]
+    return module(x), y
+
+
+@torch.no_grad()
+def membership_losses_from_loader(
+    module: torch.nn.Module,
+    batches: Iterable,
+    *,
+    forward_fn: Optional[Callable[[torch.nn.Module, object], tuple]] = None,
+    device: Optional[torch.device] = None,
+) -> Tensor:
+    """Membership losses of every example of ``batches`` (eval mode, no grad; mode restored after).
+
+    Args:
+        module: the model; by default ``module(x)`` gives logits for a batch ``(x, y, ...)``.
+        batches: an iterable of batches (e.g. a DataLoader, in a fixed order).
+        forward_fn: ``forward_fn(module, batch) -> (logits, target)`` for other batch layouts.
+        device: where to move ``x`` and ``y`` (default: the module's first parameter's device).
+
+    Returns:
+        A float32/float64 CPU tensor of shape ``(num_examples,)``, in loader order.
+
+    Example::
+
+        >>> net = torch.nn.Linear(3, 2)
+        >>> data = [(torch.zeros(4, 3), torch.tensor([0, 1, 0, 1]))]
+        >>> membership_losses_from_loader(net, data).shape
+        torch.Size([4])
+    """
+    forward = forward_fn or _default_forward
+    if device is None:
+        param = next(iter(module.parameters()), None)
+        device = param.device if param is not None else torch.device("cpu")
+    was_training = module.training
+    module.eval()
+    out = []
+    try:
+        for batch in batches:
+            if isinstance(batch, (list, tuple)):
+                batch = type(batch)(b.to(device) if isinstance(b, Tensor) else b for b in batch)
+            logits, target = forward(module, batch)
+            out.append(membership_loss(logits, target).detach().cpu())
+    finally:
+        module.train(was_training)
+    if not out:
+        return torch.empty(0)
+    return torch.cat(out)
