@@ -27,5 +27,13 @@ MIA_EPSILON_LOWER = "audit/mia_epsilon_lower"
 PANORAMIA_EPSILON = "audit/panoramia_epsilon"
 PANORAMIA_C_LB = "audit/panoramia_c_lb"
 PANORAMIA_C_PLUS_EPSILON_LB = "audit/panoramia_c_plus_epsilon_lb"
+PROFILE_MAX_LOSS = "audit/profile_max_loss"  # max_i |l(x, y_i, M)| (|l|/β when no ε is known)
+PROFILE_EPSILON_LOW = "audit/profile_epsilon_low"  # recommended ε range, lower end
+PROFILE_EPSILON_HIGH = "audit/profile_epsilon_high"  # recommended ε range, upper end
+PROFILE_GRADIENT_NORM = "audit/profile_gradient_norm"  # ‖∇J(A(x))‖ (0 at the optimum)
+PROFILE_APPROXIMATION_BOUND = "audit/profile_approximation_bound"  # bound on ‖A_wc − A(y)‖/‖A(y) − A(x)‖
+PROFILE_LOSSES = "audit/profile_losses"  # histogram of |l|
+PROFILE_TOP_ROWS = "audit/profile_top_rows"  # text table of the most exposed rows
+PROFILE_FIGURE = "audit/profile_transition"  # figure: typical profile across ε
 
 ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
