@@ -29,6 +29,30 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
+def plan_noise_multiplier(*, target: float, sample_rate: float, steps: int) -> float:
+    """σ for β*_MIA ≥ ``target`` after ``steps`` steps, checked against the exact value.
+
+    Starts from the closed-form plan (Eq. 4, rounded up) and, because the closed form can overstate
+    security slightly (up to ~0.01 for σ ≥ 1), raises σ until the exact PLD value also meets the
+    target (bracketing, then bisection to 1e-4 relative; the result errs upwards).
+    """
+    from lightning_privacy.analysis.bayes_security import mia_bayes_security_exact, noise_multiplier_for
+
+    def ok(sigma: float) -> bool:
+        return mia_bayes_security_exact(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps) >= target
+
+    lo = noise_multiplier_for(target=target, sample_rate=sample_rate, steps=steps)
+    if ok(lo):
+        return lo
+    hi = lo * 1.01
+    while not ok(hi):
+        lo, hi = hi, hi * 1.05
+    while hi / lo > 1 + 1e-4:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return math.ceil(hi * 1e4) / 1e4
+
+
 class DPSGD(Callback):
     r"""Train any LightningModule with DP-SGD (Abadi et al., 2016) through Opacus.
 
@@ -39,10 +63,11 @@ class DPSGD(Callback):
     per-sample gradients; the optimizer is wrapped in a ``DPOptimizer`` that clips each to
     ``max_grad_norm`` and adds Gaussian noise of standard deviation ``noise_multiplier · max_grad_norm``.
 
-    The noise is given directly, or planned: ``target_bayes_security`` + ``epochs`` picks the smallest
-    σ (rounded up) whose closed-form Bayes security against membership inference after ``epochs``
-    epochs is at least the target (Cherubin et al. 2024, Eq. 4; see
-    :func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for`).
+    The noise is given directly, or planned: ``target_bayes_security`` + ``epochs`` picks σ from the
+    closed form (Cherubin et al. 2024, Eq. 4; see
+    :func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for`), raised where needed so
+    that the exact PLD Bayes security after ``epochs`` epochs also meets the target
+    (:func:`plan_noise_multiplier`).
 
     An Opacus accountant (``accountant``, default RDP) records every optimizer step that happens; its
     ε at ``delta`` (default ``1e-5``) is a reference value only — the Bayes-security bounds of
@@ -186,13 +211,10 @@ class DPSGD(Callback):
         loader = make_poisson_loader(trainer, self, trainer.fit_loop._data_source.original.dataloader())
         self.steps_per_epoch = len(loader)
         if self.target_bayes_security is not None:
-            from lightning_privacy.analysis.bayes_security import noise_multiplier_for
-
-            planned = noise_multiplier_for(
-                target=float(self.target_bayes_security),
-                sample_rate=self.sample_rate,
+            planned = plan_noise_multiplier(
+                target=float(self.target_bayes_security), sample_rate=self.sample_rate,
                 steps=self.epochs * self.steps_per_epoch,
-            )
+            )  # fmt: skip
             self.noise_multiplier = planned
             rank_zero_info(
                 f"DPSGD: planned noise_multiplier={planned:.4f} for β*_MIA ≥ {self.target_bayes_security} after "
