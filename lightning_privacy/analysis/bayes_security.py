@@ -347,14 +347,16 @@ def ai_bayes_security(
             raise ValueError(
                 f"Expected argument `steps` to have one entry per sensitivity ({r.shape[0]}), but got {steps!r}."
             )
+    for name, value in (("sample_rate", sample_rate), ("noise_multiplier", noise_multiplier)):
+        arr = _real_array(name, value)
+        if arr.ndim == 1 and arr.shape != r.shape:
+            raise ValueError(
+                f"Expected argument `{name}` to be a scalar or have one entry per sensitivity ({r.shape[0]}), "
+                f"but got {arr.shape[0]} entries: {value!r}."
+            )
     if r.shape[0] == 0:
         return 1.0
     p, sigma, counts = _segments(sample_rate, noise_multiplier, counts)
-    if p.shape != r.shape:
-        raise ValueError(
-            f"Expected `sample_rate` and `noise_multiplier` to be scalars or have one entry per sensitivity "
-            f"({r.shape[0]}), but got lengths {p.shape[0]}."
-        )
     cap = 2.0 * c * np.sqrt(counts)
     # Tolerate float round-off in caller-side norms (relative 1e-9); anything beyond is an error.
     bad = r > cap * (1.0 + 1e-9)
