@@ -1,0 +1,158 @@
+"""EpsilonStarAudit: values equal the analysis on the model's losses; logging; DP-SGD; configuration."""
+
+import csv
+import pickle
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_privacy import names
+from lightning_privacy.analysis.epsilon_star import default_delta, epsilon_star
+from lightning_privacy.callbacks import epsilon_star_audit as module
+from lightning_privacy.callbacks.epsilon_star_audit import EpsilonStarAudit
+from lightning_privacy.functional.membership_loss import membership_loss
+from lightning_privacy.models import TabularMLP
+
+
+def _data(n_train=300, n_val=200, features=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_val, features, generator=gen)
+    y = ((x[:, 0] + 0.5 * torch.randn(n_train + n_val, generator=gen)) > 0).long()
+    return TensorDataset(x[:n_train], y[:n_train]), TensorDataset(x[n_train:], y[n_train:])
+
+
+def _trainer(tmp_path, callbacks, max_epochs=2, loggers=True):
+    return pl.Trainer(
+        max_epochs=max_epochs, callbacks=callbacks, default_root_dir=tmp_path, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        logger=[TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")] if loggers else False,
+    )  # fmt: skip
+
+
+def _losses(model, dataset):
+    model.eval()
+    with torch.no_grad():
+        x, y = dataset.tensors
+        return membership_loss(model(x), y).double().numpy()
+
+
+def test_audit_matches_analysis_and_writes_every_logger(tmp_path):
+    torch.manual_seed(0)
+    train, val = _data()
+    model = TabularMLP(8, hidden=(32,), lr=0.2)
+    audit = EpsilonStarAudit(every_n_epochs=1)
+    trainer = _trainer(tmp_path, [audit], max_epochs=2)
+    trainer.fit(model, DataLoader(train, batch_size=32, shuffle=True), DataLoader(val, batch_size=64))
+
+    members, nonmembers = _losses(model, train), _losses(model, val)
+    delta = default_delta(len(train))
+    assert audit.details["parametric"].delta == pytest.approx(delta)
+    assert audit.results[names.EPSILON_STAR] == pytest.approx(epsilon_star(members, nonmembers, delta=delta), rel=1e-6)
+    assert audit.results[names.EPSILON_STAR_EMPIRICAL] == pytest.approx(
+        epsilon_star(members, nonmembers, delta=delta, method="empirical"), rel=1e-6
+    )
+    assert audit.details["parametric"].num_members == 300 and audit.details["parametric"].num_nonmembers == 200
+    assert names.MIA_EPSILON_LOWER in audit.results and audit.results[names.MIA_EPSILON_LOWER] >= 0.0
+
+    # CSV: two per-epoch audits and one at fit end (same step as the last epoch's)
+    rows = list(csv.DictReader(open(next(Path(tmp_path, "csv").rglob("metrics.csv")))))
+    logged = [float(r[names.EPSILON_STAR]) for r in rows if r.get(names.EPSILON_STAR)]
+    assert len(logged) == 3 and logged[-1] == pytest.approx(audit.results[names.EPSILON_STAR], rel=1e-6)
+    assert any(r.get(names.MIA_EPSILON_LOWER) for r in rows)
+
+    # TensorBoard: scalars, histograms, the figure and the summary text
+    events = EventAccumulator(str(next(Path(tmp_path, "tb").rglob("events.out.*")).parent), size_guidance={"images": 0}).Reload()
+    tags = events.Tags()
+    assert names.EPSILON_STAR in tags["scalars"] and names.EPSILON_STAR_EMPIRICAL in tags["scalars"]
+    assert {module.MEMBER_LOSSES_TAG, module.NONMEMBER_LOSSES_TAG} <= set(tags["histograms"])
+    assert module.FIGURE_TAG in tags["images"]
+    assert f"{module.SUMMARY_TAG}/text_summary" in tags["tensors"]
+
+
+def test_audit_with_dpsgd_uses_a_plain_pass_over_the_training_set(tmp_path):
+    from lightning_privacy.callbacks.dpsgd import DPSGD
+
+    torch.manual_seed(0)
+    train, val = _data(n_train=256, n_val=128)
+    model = TabularMLP(8, hidden=(16,), lr=0.1)
+    audit = EpsilonStarAudit(delta=1e-4, log_figure=False)
+    trainer = _trainer(tmp_path, [DPSGD(noise_multiplier=1.0, max_grad_norm=1.0), audit], max_epochs=1, loggers=False)
+    trainer.fit(model, DataLoader(train, batch_size=64, shuffle=True), DataLoader(val, batch_size=64))
+    details = audit.details["parametric"]
+    assert (details.num_members, details.num_nonmembers, details.delta) == (256, 128, 1e-4)
+    want = epsilon_star(_losses(model, train), _losses(model, val), delta=1e-4)
+    assert audit.results[names.EPSILON_STAR] == pytest.approx(want, rel=1e-6)
+
+
+def test_explicit_loaders_and_custom_forward(tmp_path):
+    torch.manual_seed(0)
+    train, val = _data()
+    population, _ = _data(n_train=150, n_val=1, seed=5)
+    members = TensorDataset(train.tensors[0][:100], train.tensors[1][:100])
+    model = TabularMLP(8, hidden=(16,))
+    calls = []
+
+    def forward(module, batch):
+        calls.append(len(batch[0]))
+        return module(batch[0]), batch[1]
+
+    audit = EpsilonStarAudit(
+        member_dataloader=DataLoader(members, batch_size=50), population_dataloader=DataLoader(population, batch_size=50),
+        forward_fn=forward,
+    )  # fmt: skip
+    trainer = _trainer(tmp_path, [audit], max_epochs=1, loggers=False)
+    trainer.fit(model, DataLoader(train, batch_size=32))  # no validation data at all
+    assert audit.details["empirical"].num_members == 100 and audit.details["empirical"].num_nonmembers == 150
+    assert sum(calls) == 250
+    assert audit.results[names.EPSILON_STAR] == pytest.approx(
+        epsilon_star(_losses(model, members), _losses(model, population), delta=default_delta(100)), rel=1e-6
+    )
+
+
+def test_missing_population_data_raises(tmp_path):
+    train, _ = _data()
+    trainer = _trainer(tmp_path, [EpsilonStarAudit()], max_epochs=1, loggers=False)
+    with pytest.raises(MisconfigurationException, match="population_dataloader"):
+        trainer.fit(TabularMLP(8, hidden=(4,)), DataLoader(train, batch_size=32))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"delta": 0.5}, "`delta`"),
+        ({"delta": 0.0}, "`delta`"),
+        ({"delta": "1e-5"}, "`delta`"),
+        ({"every_n_epochs": 0}, "`every_n_epochs`"),
+        ({"every_n_epochs": 1.5}, "`every_n_epochs`"),
+        ({"mia_alpha": 1.0}, "`mia_alpha`"),
+    ],
+)
+def test_bad_configuration_raises_at_construction(kwargs, match):
+    with pytest.raises(MisconfigurationException, match=match):
+        EpsilonStarAudit(**kwargs)
+
+
+def test_pickles():
+    audit = pickle.loads(pickle.dumps(EpsilonStarAudit(delta=1e-5, every_n_epochs=3)))
+    assert (audit.delta, audit.every_n_epochs) == (1e-5, 3)
+
+
+def test_summary_and_figure_from_details():
+    from lightning_privacy.analysis.epsilon_star import epsilon_star_details
+
+    rng = np.random.default_rng(0)
+    members, nonmembers = rng.gamma(2, 5, 500), rng.gamma(3, 5, 500)
+    d = epsilon_star_details(members, nonmembers, delta=1e-4)
+    figure = module.transformed_fit_figure(d, members, nonmembers)
+    assert len(figure.axes) == 1 and len(figure.axes[0].lines) == 3
+    audit = EpsilonStarAudit()
+    audit.details, audit.results = {"parametric": d}, {names.EPSILON_STAR: d.epsilon_star}
+    text = audit.summary()
+    assert names.EPSILON_STAR in text and "KS p-values" in text
