@@ -16,13 +16,13 @@ from lightning_privacy.analysis.privacy_profile import noise_scale, sample_outpu
 from lightning_privacy.functional.privacy_profile import resolve_linear_head
 
 
-def _positive_or_none(name: str, value, integer: bool = False):
-    if value is None:
+def _positive_or_none(name: str, value, integer: bool = False, optional: bool = True):
+    if value is None and optional:
         return None
     kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
-        expected = "a positive int" if integer else "a finite number > 0"
-        raise MisconfigurationException(f"`{name}` must be {expected} or None, got {value!r}")
+    if value is None or isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
+        expected = ("a positive int" if integer else "a finite number > 0") + (" or None" if optional else "")
+        raise MisconfigurationException(f"`{name}` must be {expected}, got {value!r}")
     return value
 
 
@@ -95,9 +95,7 @@ class OutputPerturbation(Callback):
         layer=None,
         seed: int | None = None,
     ) -> None:
-        if epsilon is None:
-            raise MisconfigurationException("`epsilon` must be a finite number > 0, got None")
-        self.epsilon = float(_positive_or_none("epsilon", epsilon))
+        self.epsilon = float(_positive_or_none("epsilon", epsilon, optional=False))
         self.regularization = _positive_or_none("regularization", regularization)
         self.dataset_size = _positive_or_none("dataset_size", dataset_size, integer=True)
         self.layer = layer
