@@ -129,6 +129,17 @@ def _segments(sample_rate: Any, noise_multiplier: Any, steps: Any, *, integer_st
     return p, sigma, t
 
 
+def _scalar_segment(sample_rate: Any, noise_multiplier: Any, steps: Any):
+    """Fast path for one plain-number segment: validated floats, or None to use the array path."""
+    values = (sample_rate, noise_multiplier, steps)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return None
+    p, sigma, t = (float(v) for v in values)
+    if not (0.0 < p <= 1.0 and 0.0 < sigma < math.inf and 0.0 <= t < math.inf):
+        return None  # let the array path raise its precise message
+    return p, sigma, t
+
+
 def _mia_erf_argument(p: np.ndarray, sigma: np.ndarray, t: np.ndarray, relation: str) -> float:
     x = math.sqrt(float(np.sum(t * p**2 / sigma**2))) / math.sqrt(2.0)
     return x / 2.0 if relation == "add_remove" else x
@@ -212,6 +223,11 @@ def mia_bayes_security(*, sample_rate: Any, noise_multiplier: Any, steps: Any, r
         0.8231
     """
     relation = _check_relation(relation)
+    scalar = _scalar_segment(sample_rate, noise_multiplier, steps)
+    if scalar is not None:
+        p, sigma, t = scalar
+        x = p * math.sqrt(t) / (math.sqrt(2.0) * sigma)
+        return math.erfc(x / 2.0 if relation == "add_remove" else x)
     p, sigma, t = _segments(sample_rate, noise_multiplier, steps)
     return float(special.erfc(_mia_erf_argument(p, sigma, t, relation)))
 

@@ -328,6 +328,14 @@ def test_closed_form_monotone(p, sigma, t, factor):
     assert bs.approximation_error(sample_rate=p, noise_multiplier=sigma, steps=t * factor) >= err
 
 
+@settings(max_examples=60, deadline=None)
+@given(p=st.floats(1e-6, 1.0), sigma=st.floats(1e-3, 1e3), t=st.floats(0, 1e7), relation=st.sampled_from(bs.RELATIONS))
+def test_scalar_fast_path_equals_array_path(p, sigma, t, relation):
+    scalar = bs.mia_bayes_security(sample_rate=p, noise_multiplier=sigma, steps=t, relation=relation)
+    array = bs.mia_bayes_security(sample_rate=[p], noise_multiplier=np.array([sigma]), steps=[t], relation=relation)
+    assert scalar == pytest.approx(array, rel=1e-12, abs=1e-300)
+
+
 @pytest.mark.parametrize("sigma", [0.8, 2.0])
 def test_exact_monotone_in_steps_and_sigma(sigma):
     values = [bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=sigma, steps=t) for t in (10, 100, 1000)]
