@@ -7,14 +7,13 @@ from typing import Iterable, Sequence
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis import privacy_profile as pp
+from lightning_privacy.callbacks._audit_utils import log_figure, log_histogram, log_scalars, log_text, sharded_loader
 from lightning_privacy.callbacks.output_perturbation import OutputPerturbation, module_regularization
 from lightning_privacy.functional.privacy_profile import (
     linear_head_inputs,
@@ -147,15 +146,16 @@ class PrivacyProfileAudit(Callback):
         module_regularization(pl_module, self.regularization)
 
     def _rows(self, trainer: "pl.Trainer") -> Iterable:
-        if self.dataloader is not None:
-            return self.dataloader
-        datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is not None and hasattr(datamodule, "member_dataloader"):
-            return datamodule.member_dataloader()
-        dataset = getattr(trainer.train_dataloader, "dataset", None)
-        if dataset is None:
+        """Every training row in a fixed order (all of them: the audit runs on global rank 0 only)."""
+        source = self.dataloader
+        if source is None and callable(getattr(trainer.datamodule, "member_dataloader", None)):
+            source = trainer.datamodule.member_dataloader()
+        if source is None:
+            loaders = trainer.train_dataloader
+            source = loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+        if source is None:
             raise MisconfigurationException("PrivacyProfileAudit cannot find the training rows: pass `dataloader`")
-        return DataLoader(dataset, batch_size=4096, shuffle=False)
+        return sharded_loader(source, rank=0, world_size=1)  # plain sequential pass (no Poisson sampler)
 
     @override
     def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
@@ -237,15 +237,7 @@ class PrivacyProfileAudit(Callback):
             f"Most exposed training rows (loss = {unit}):\n\n" + "\n".join(lines)
             + f"\n\nRecommended ε range: [{self.transition.epsilon_low:.3g}, {self.transition.epsilon_high:.3g}]"
         )  # fmt: skip
-        figure = transition_figure(self.transition, self.typical_profiles, epsilon)
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-            if isinstance(logger, TensorBoardLogger):
-                experiment = logger.experiment
-                experiment.add_histogram(names.PROFILE_LOSSES, self.profile.losses, trainer.global_step)
-                experiment.add_text(names.PROFILE_TOP_ROWS, text, trainer.global_step)
-                experiment.add_figure(names.PROFILE_FIGURE, figure, trainer.global_step)
-            logger.save()
-        import matplotlib.pyplot as plt
-
-        plt.close(figure)
+        log_scalars(trainer, metrics)
+        log_histogram(trainer, names.PROFILE_LOSSES, self.profile.losses)
+        log_text(trainer, names.PROFILE_TOP_ROWS, text)
+        log_figure(trainer, names.PROFILE_FIGURE, transition_figure(self.transition, self.typical_profiles, epsilon))
