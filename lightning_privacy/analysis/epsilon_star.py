@@ -378,13 +378,14 @@ def _parametric(members: np.ndarray, nonmembers: np.ndarray, delta: float, seed:
 
 
 def _empirical(members: np.ndarray, nonmembers: np.ndarray, delta: float) -> EpsilonStarDetails:
-    # Every distinct loss value is a threshold; counts at tau are the numbers of values <= tau.
-    values = np.sort(np.concatenate([members, nonmembers]))
-    last = np.append(values[1:] != values[:-1], True)
-    thresholds = values[last]
-    members_below = np.searchsorted(np.sort(members), thresholds, side="right")
-    fpr = (np.flatnonzero(last) + 1 - members_below) / nonmembers.size
-    fnr = 1.0 - members_below / members.size
+    # Every loss value is a threshold (repeats give repeated pairs, which do not change the maximum);
+    # the counts at tau are the numbers of values <= tau. Sorted keys make searchsorted fast.
+    tr, pop = np.sort(members), np.sort(nonmembers)
+    thresholds = np.concatenate([tr, pop])
+    members_below = np.concatenate([np.searchsorted(tr, tr, side="right"), np.searchsorted(tr, pop, side="right")])
+    nonmembers_below = np.concatenate([np.searchsorted(pop, tr, side="right"), np.searchsorted(pop, pop, side="right")])
+    fpr = nonmembers_below / pop.size
+    fnr = 1.0 - members_below / tr.size
     lo, hi = EMPIRICAL_RATE_RANGE
     keep = (fpr > lo) & (fpr < hi) & (fnr > lo) & (fnr < hi)
     common = dict(method="empirical", delta=delta, num_members=members.size, num_nonmembers=nonmembers.size)
