@@ -7,6 +7,7 @@ Proposition 4, the time of each and the speed ratio.
 
     python benchmarks/bayes_security_vs_pld.py            # the 3 x 3 table of the issue
     python benchmarks/bayes_security_vs_pld.py --full     # adds σ ∈ {1.5, 4} and 100 epochs
+    python benchmarks/bayes_security_vs_pld.py --relation add_remove
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample-rate", type=float, default=1e-3)
     parser.add_argument("--full", action="store_true", help="more noise levels and 100 epochs")
+    parser.add_argument("--relation", choices=bs.RELATIONS, default="replace")
     parser.add_argument("--repeats", type=int, default=20_000, help="closed-form timing repetitions")
     args = parser.parse_args(argv)
 
@@ -33,20 +35,20 @@ def main(argv=None) -> int:
         f"{'sigma':>5} {'epochs':>6} {'steps':>7} | {'closed':>7} {'exact':>7} {'closed-exact':>12} "
         f"{'err_bound':>9} | {'t_closed':>9} {'t_exact':>8} {'ratio':>9}"
     )
-    print(f"p = {p:g}, relation = replace, PLD grid = {bs.DEFAULT_VALUE_DISCRETIZATION_INTERVAL:g} (pessimistic)")
+    print(f"p = {p:g}, relation = {args.relation}, PLD grid = {bs.DEFAULT_VALUE_DISCRETIZATION_INTERVAL:g} (pessimistic)")
     print(header)
     print("-" * len(header))
     ratios = []
     for sigma in sigmas:
         for epochs in epochs_list:
             steps = int(round(epochs / p))
-            kw = dict(sample_rate=p, noise_multiplier=sigma, steps=steps)
+            kw = dict(sample_rate=p, noise_multiplier=sigma, steps=steps, relation=args.relation)
             closed = bs.mia_bayes_security(**kw)
             t_closed = timeit.timeit(lambda: bs.mia_bayes_security(**kw), number=args.repeats) / args.repeats
             start = time.perf_counter()
             exact = bs.mia_bayes_security_exact(**kw)
             t_exact = time.perf_counter() - start
-            err = bs.approximation_error(**kw)
+            err = bs.approximation_error(sample_rate=p, noise_multiplier=sigma, steps=steps)
             ratios.append(t_exact / t_closed)
             print(
                 f"{sigma:>5.1f} {epochs:>6d} {steps:>7d} | {closed:>7.4f} {exact:>7.4f} {closed - exact:>+12.4f} "

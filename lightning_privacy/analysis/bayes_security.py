@@ -47,6 +47,7 @@ __all__ = [
     "ai_bayes_security",
     "approximation_error",
     "noise_multiplier_for",
+    "noise_multiplier_for_exact",
     "tpr_upper_bound",
     "epsilon_estimate",
 ]
@@ -472,6 +473,72 @@ def noise_multiplier_for(*, target: float, sample_rate: float, steps: float, rel
             UserWarning,
             stacklevel=2,
         )
+    return sigma
+
+
+def noise_multiplier_for_exact(
+    *,
+    target: float,
+    sample_rate: float,
+    steps: int,
+    relation: str = "replace",
+    value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION_INTERVAL,
+) -> float:
+    """Noise multiplier whose *exact* (pessimistic PLD) β*_MIA reaches ``target``.
+
+    Starts from :func:`noise_multiplier_for` (Equation 4). If the PLD value at that σ already meets
+    the target it is returned; otherwise σ is bracketed upwards and bisected to a relative width of
+    1e-4, then rounded up to 4 decimals. The result always satisfies
+    ``mia_bayes_security_exact(...) >= target`` (checked). Because the PLD is pessimistic this is a
+    safe plan even where the closed form overstates security (σ < 1). Costs about 10-20 PLD
+    evaluations (seconds) when the closed-form plan falls short.
+
+    Args:
+        target: desired Bayes security, in (0, 1).
+        sample_rate: Poisson sampling rate p, in (0, 1].
+        steps: whole number of optimizer steps T > 0.
+        relation: ``"replace"`` or ``"add_remove"``.
+        value_discretization_interval: PLD grid spacing (see :func:`mia_bayes_security_exact`).
+
+    Returns:
+        σ > 0, a multiple of 1e-4, ≥ the closed-form plan.
+
+    Raises:
+        TypeError: If an argument is not numeric.
+        ValueError: If an argument is out of range or ``relation`` is unknown.
+
+    Example:
+        >>> noise_multiplier_for(target=0.9, sample_rate=0.05, steps=200, relation="add_remove")
+        2.8136
+        >>> noise_multiplier_for_exact(target=0.9, sample_rate=0.05, steps=200, relation="add_remove",
+        ...                            value_discretization_interval=1e-3)
+        2.8867
+    """
+    relation = _check_relation(relation)
+    _segments(sample_rate, 1.0, steps, integer_steps=True)  # validates steps as whole numbers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # below-1 warning: this function fixes exactly that
+        lo = noise_multiplier_for(target=target, sample_rate=sample_rate, steps=steps, relation=relation)
+
+    def ok(sigma: float) -> bool:
+        beta = mia_bayes_security_exact(
+            sample_rate=sample_rate, noise_multiplier=sigma, steps=steps, relation=relation,
+            value_discretization_interval=value_discretization_interval,
+        )
+        return beta >= target
+
+    if ok(lo):
+        return lo
+    hi = lo * 1.02
+    while not ok(hi):
+        lo, hi = hi, hi * 1.1
+    while hi / lo > 1.0 + 1e-4:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    scale = 10**_SIGMA_DECIMALS
+    sigma = math.ceil(hi * scale) / scale
+    while not ok(sigma):  # guard against a non-monotone step of the discretised PLD
+        sigma = round(sigma + 1.0 / scale, _SIGMA_DECIMALS)
     return sigma
 
 

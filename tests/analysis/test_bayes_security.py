@@ -241,6 +241,28 @@ def test_planner_round_trip_is_safe_and_tight(target, p, epochs, relation):
         assert bs.mia_bayes_security(sample_rate=p, noise_multiplier=smaller, steps=steps, relation=relation) < target
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(target=0.9, sample_rate=0.05, steps=200, relation="add_remove"),  # closed plan falls short
+        dict(target=0.9, sample_rate=0.05, steps=200),  # closed plan already meets the PLD value
+    ],
+)
+def test_exact_planner_is_safe_and_near_minimal(kwargs):
+    grid = dict(value_discretization_interval=1e-3)
+    sigma = bs.noise_multiplier_for_exact(**kwargs, **grid)
+    closed_plan = bs.noise_multiplier_for(**kwargs)
+    exact = lambda s: bs.mia_bayes_security_exact(
+        sample_rate=kwargs["sample_rate"], noise_multiplier=s, steps=kwargs["steps"],
+        relation=kwargs.get("relation", "replace"), **grid,
+    )
+    assert sigma >= closed_plan
+    assert exact(sigma) >= kwargs["target"]
+    assert sigma == round(sigma, 4)
+    if sigma > closed_plan:
+        assert exact(sigma * (1 - 3e-4)) < kwargs["target"]
+
+
 def test_planner_warns_below_sigma_1():
     with pytest.warns(UserWarning, match="below 1"):
         sigma = bs.noise_multiplier_for(target=0.9, sample_rate=1e-3, steps=1000)
