@@ -601,35 +601,57 @@ def _lower_limits(fn, tp, fp, tn, *, delta, alpha, method, sided, region) -> np.
                                     region=region)  # fmt: skip
         return np.asarray(low, dtype=float)
     tail = alpha / 2 if sided == "two" else alpha
-    # A cheap upper bound on each lower limit: the box [Q_x(q), Q_x(1 − r)] × [Q_y(q), Q_y(1 − r)] has
-    # posterior mass s² > tail and lies inside R(ε*) for ε* = max(ε̂ at its lower and upper corners), so
-    # F(ε*) > tail and the lower limit sup{F ≤ tail} is ≤ ε*.
-    s = math.sqrt(tail) * (1 + 1e-6)
-    r = 0.0 if region == "attack" else 0.01 * s
-    q = 1 - s - r
     fn, tp, fp, tn = (np.asarray(v, dtype=float) for v in (fn, tp, fp, tn))
-    xa, ya = special.betaincinv(fn + 0.5, tp + 0.5, q), special.betaincinv(fp + 0.5, tn + 0.5, q)
-    xc = special.betaincinv(fn + 0.5, tp + 0.5, 1 - r) if r else np.ones_like(xa)
-    yc = special.betaincinv(fp + 0.5, tn + 0.5, 1 - r) if r else np.ones_like(ya)
-    bound = np.maximum(_eps_hat(xa, ya, delta, region), _eps_hat(xc, yc, delta, region) if r else 0.0)
+    bound = _lower_limit_upper_bound(fn, tp, fp, tn, delta=delta, tail=tail, region=region)
     out = np.zeros(fn.shape)
     best = 0.0
     for j in np.argsort(-bound, kind="stable"):
         if bound[j] <= best:
             break
         post = _Posterior(int(fn[j]), int(tp[j]), int(fp[j]), int(tn[j]))
+        # the lower limit exceeds `best` only if F(best) < tail: one CDF evaluation settles most
+        if best > 0 and _cdf(post, np.array([best]), delta, region)[0] >= tail:
+            continue
         out[j] = _bayes_quantile(post, tail, delta, region)
         best = max(best, out[j])
     return out
 
 
+def _lower_limit_upper_bound(fn, tp, fp, tn, *, delta, tail, region) -> np.ndarray:
+    """Cheap upper bounds on the Bayesian lower limits sup{ε : F(ε) ≤ tail} (vectorised).
+
+    A box [a, c] × [b, d] of posterior mass > tail that lies inside R(ε*) gives F(ε*) > tail, hence
+    lower limit ≤ ε*. With c = d = 1 (attack region) the box [a, 1] × [b, 1] lies in R(ε̂(a, b)) because
+    ε̂ decreases in both rates; its mass P[X ≥ a]·P[Y ≥ b] is split as tail^w · tail^(1−w) over a grid of
+    w, keeping the smallest ε*. For the full region the box is also capped above (c, d < 1).
+    """
+    c = 1 + 1e-6
+    if region == "attack":
+        weights = np.linspace(0.1, 0.9, 9)[:, None]
+        px, py = c * tail**weights, c * tail ** (1 - weights)
+        a = special.betaincinv(fn + 0.5, tp + 0.5, 1 - px)
+        b = special.betaincinv(fp + 0.5, tn + 0.5, 1 - py)
+        return np.min(_eps_hat(a, b, delta, region), axis=0)
+    s = math.sqrt(tail) * c
+    r = 0.01 * s
+    q = 1 - s - r  # each rate in [Q(q), Q(1 − r)]: mass ≥ (1 − q − r)² = s² > tail
+    a, b = special.betaincinv(fn + 0.5, tp + 0.5, q), special.betaincinv(fp + 0.5, tn + 0.5, q)
+    cx, cy = special.betaincinv(fn + 0.5, tp + 0.5, 1 - r), special.betaincinv(fp + 0.5, tn + 0.5, 1 - r)
+    return np.maximum(_eps_hat(a, b, delta, region), _eps_hat(cx, cy, delta, region))
+
+
 def _sweep(s, m, *, delta, alpha, method, sided, region):
     """Best threshold by lower limit (ties broken by the point estimate ε̂ at the observed rates)."""
     thresholds, tp, fp, tn, fn = roc_counts(s, m)
+    if region == "attack":
+        # A threshold whose next-lower neighbour adds only members is dominated by it: same FP, more
+        # TP, so a stochastically smaller FNR and a lower limit at least as large (every method).
+        keep = np.r_[np.diff(fp) > 0, True]
+        thresholds, tp, fp, tn, fn = (v[keep] for v in (thresholds, tp, fp, tn, fn))
     lower = _lower_limits(fn, tp, fp, tn, delta=delta, alpha=alpha, method=method, sided=sided, region=region)
     point = _eps_hat(fn / np.maximum(fn + tp, 1), fp / np.maximum(fp + tn, 1), delta, region)
     best = np.lexsort((-np.nan_to_num(point, posinf=1e300), -lower))[0]
-    return thresholds[best], len(thresholds), float(lower[best])
+    return thresholds[best], float(lower[best])
 
 
 def epsilon_lower_bound(
@@ -705,13 +727,14 @@ def epsilon_lower_bound(
         for cls in (m, ~m):
             idx = rng.permutation(np.flatnonzero(cls))
             pick[idx[: idx.size // 2]] = True
-        threshold, n_thresholds, _ = _sweep(s[pick], m[pick], alpha=alpha, **settings)
+        n_thresholds = int(np.unique(s[pick]).size) + 1
+        threshold, _ = _sweep(s[pick], m[pick], alpha=alpha, **settings)
         s, m = s[~pick], m[~pick]
         alpha_test = alpha
     else:
         n_thresholds = int(np.unique(s).size) + 1
         alpha_test = alpha / n_thresholds if selection == "bonferroni" else alpha
-        threshold, _, _ = _sweep(s, m, alpha=alpha_test, **settings)
+        threshold, _ = _sweep(s, m, alpha=alpha_test, **settings)
     predicted = s >= threshold
     tp, fp = int(np.sum(predicted & m)), int(np.sum(predicted & ~m))
     fn, tn = int(m.sum()) - tp, int((~m).sum()) - fp
