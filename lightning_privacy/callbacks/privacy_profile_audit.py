@@ -86,7 +86,8 @@ class PrivacyProfileAudit(Callback):
         convergence_tolerance: see step 2.
 
     Attributes:
-        profile, transition, gradient_norm, approximation_bound, top_rows: the last results.
+        profile, transition, gradient_norm, approximation_bound, top_rows: the last results (computed
+            on global rank 0 only; other ranks skip the audit).
 
     Raises:
         MisconfigurationException: at ``setup`` for an unsupported model or bad arguments.

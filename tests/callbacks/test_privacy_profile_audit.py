@@ -189,3 +189,12 @@ def test_unit_ball_check_in_module():
     loader = DataLoader(TensorDataset(x, torch.tensor([1, 0])), batch_size=2)
     with pytest.raises(ValueError, match="norm 3"):
         _trainer([]).fit(LogisticRegressionModule(2), loader)
+
+
+def test_warns_on_rows_outside_the_unit_ball(data):
+    x, y, _ = data
+    loader = DataLoader(TensorDataset(torch.from_numpy(3 * x), torch.from_numpy(y)), batch_size=N)
+    audit = PrivacyProfileAudit(num_samples=16)
+    with pytest.warns(UserWarning, match="a row has norm 3 > 1"):
+        _trainer([audit]).fit(LogisticRegressionModule(D, check_unit_ball=False), loader)
+    assert audit.profile is not None
