@@ -1,0 +1,141 @@
+import pickle
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.accountants import RDPAccountant
+from opacus.grad_sample import GradSampleHooks
+from opacus.optimizers import DPOptimizer
+
+from lightning_privacy import DPSGD, BayesSecurityMonitor, names
+from lightning_privacy.analysis import bayes_security as bs
+from lightning_privacy.models import TabularMLP
+from torch.utils.data import DataLoader
+
+from tests.callbacks._tiny import BATCH, N, TinyDataModule, tiny_dataset, tiny_loader, tiny_module, trainer
+
+P = BATCH / N
+STEPS_PER_EPOCH = N // BATCH
+
+
+def test_logs_every_key_each_epoch_matching_the_analysis(tmp_path):
+    monitor = BayesSecurityMonitor()
+    t = trainer([DPSGD(noise_multiplier=1.5), monitor], tmp_path, max_epochs=3)
+    t.fit(tiny_module(), datamodule=TinyDataModule())
+    steps = 3 * STEPS_PER_EPOCH
+    m = {k: float(v) for k, v in t.callback_metrics.items()}
+    closed = bs.mia_bayes_security(sample_rate=P, noise_multiplier=1.5, steps=steps)
+    assert m[names.MIA_BAYES_SECURITY] == pytest.approx(closed, abs=1e-6)
+    assert m[names.MIA_ADVANTAGE] == pytest.approx(1 - closed, abs=1e-6)
+    assert m[names.MIA_TPR_BOUND_FPR_0_1] == pytest.approx(min(1.0, 1.1 - closed), abs=1e-6)
+    assert m[names.DP_STEPS] == steps and m[names.DP_NOISE_MULTIPLIER] == 1.5
+    assert m[names.DP_SAMPLE_RATE] == pytest.approx(P)
+    assert m[names.DP_EPSILON] > 0
+    assert [e["epoch"] for e in monitor.epochs] == [0, 1, 2]
+    assert [e["closed"] for e in monitor.epochs] == sorted((e["closed"] for e in monitor.epochs), reverse=True)
+    # σ ≥ 1, few epochs: trusted region, exact only at fit end
+    assert names.MIA_BAYES_SECURITY_EXACT not in m
+    exact = bs.mia_bayes_security_exact(sample_rate=P, noise_multiplier=1.5, steps=steps)
+    assert monitor.final[names.MIA_BAYES_SECURITY_EXACT] == pytest.approx(exact)
+    assert abs(exact - closed) < 0.01
+
+
+def test_auto_falls_back_to_exact_below_sigma_one_and_warns(tmp_path):
+    # small p (1/64), σ < 1: the closed form overstates security (at large p it can understate it)
+    monitor = BayesSecurityMonitor()
+    t = trainer([DPSGD(noise_multiplier=0.6), monitor], tmp_path, max_epochs=2)
+    with pytest.warns(UserWarning, match="overstates security"):
+        t.fit(tiny_module(), train_dataloaders=DataLoader(tiny_dataset(), batch_size=4))
+    m = {k: float(v) for k, v in t.callback_metrics.items()}
+    exact = bs.mia_bayes_security_exact(sample_rate=4 / N, noise_multiplier=0.6, steps=2 * N // 4)
+    closed = bs.mia_bayes_security(sample_rate=4 / N, noise_multiplier=0.6, steps=2 * N // 4)
+    assert closed > exact
+    assert m[names.MIA_BAYES_SECURITY_EXACT] == pytest.approx(exact)
+    assert m[names.MIA_BAYES_SECURITY] == pytest.approx(exact)  # never more security than computed
+    assert all(e["exact"] is not None for e in monitor.epochs)
+
+
+def test_early_stopping_on_the_logged_key(tmp_path):
+    stopper = EarlyStopping(monitor=names.MIA_BAYES_SECURITY, mode="max", divergence_threshold=0.5, patience=1000)
+    t = trainer([DPSGD(noise_multiplier=1.0), BayesSecurityMonitor(exact="never"), stopper], tmp_path, max_epochs=50)
+    t.fit(tiny_module(), datamodule=TinyDataModule())
+    betas = [bs.mia_bayes_security(sample_rate=P, noise_multiplier=1.0, steps=e * STEPS_PER_EPOCH) for e in range(1, 51)]
+    first_below = next(i for i, b in enumerate(betas) if b < 0.5)
+    assert t.current_epoch == first_below + 1  # stopped right after the first epoch below the threshold
+    assert first_below > 1
+    assert float(t.callback_metrics[names.MIA_BAYES_SECURITY]) < 0.5 <= betas[first_below - 1]
+
+
+class _OwnOpacus(TabularMLP):
+    """A user's own Opacus set-up inside configure_optimizers (no DPSGD callback)."""
+
+    def configure_optimizers(self):
+        self.hooks = GradSampleHooks(self)
+        self.accountant = RDPAccountant()
+        opt = DPOptimizer(torch.optim.SGD(self.parameters(), lr=0.1), noise_multiplier=2.0, max_grad_norm=1.0,
+                          expected_batch_size=BATCH)  # fmt: skip
+        opt.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=P))
+        return opt
+
+
+def test_works_with_a_users_own_opacus_setup(tmp_path):
+    model = _OwnOpacus(8, hidden=(16,))
+    t = trainer([BayesSecurityMonitor(exact="never")], tmp_path, max_epochs=1)
+    t.fit(model, train_dataloaders=tiny_loader())
+    expected = bs.mia_bayes_security(sample_rate=P, noise_multiplier=2.0, steps=t.global_step)
+    assert float(t.callback_metrics[names.MIA_BAYES_SECURITY]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_non_private_training_is_a_clear_error(tmp_path):
+    with pytest.raises(MisconfigurationException, match="not private"):
+        trainer([BayesSecurityMonitor()], tmp_path).fit(tiny_module(), train_dataloaders=tiny_loader())
+
+
+def test_resume_gives_the_same_privacy_metrics(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer([DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never"), ckpt], tmp_path, max_epochs=2,
+            enable_checkpointing=True).fit(tiny_module(), datamodule=TinyDataModule())  # fmt: skip
+    resumed = trainer([DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never")], tmp_path, max_epochs=4)
+    resumed.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
+    straight = trainer([DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never")], tmp_path, max_epochs=4)
+    straight.fit(tiny_module(), datamodule=TinyDataModule())
+    for key in (names.MIA_BAYES_SECURITY, names.DP_STEPS, names.DP_EPSILON, names.MIA_TPR_BOUND_FPR_0_01):
+        assert float(resumed.callback_metrics[key]) == pytest.approx(float(straight.callback_metrics[key]), rel=1e-6)
+
+
+def test_fit_end_figure_and_hparams_reach_tensorboard(tmp_path):
+    logger = TensorBoardLogger(tmp_path)
+    t = trainer([DPSGD(noise_multiplier=1.5), BayesSecurityMonitor()], tmp_path, max_epochs=2, logger=logger)
+    t.fit(tiny_module(), datamodule=TinyDataModule())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0}).Reload()
+    assert "privacy/bayes_security" in events.Tags()["images"]
+    assert names.MIA_BAYES_SECURITY in events.Tags()["scalars"]
+    assert names.MIA_BAYES_SECURITY_EXACT in events.Tags()["scalars"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"exact": "sometimes"}, "`exact` must be one of"),
+        ({"max_trusted_epochs": 0}, "`max_trusted_epochs`"),
+        ({"error_threshold": -1}, "`error_threshold`"),
+        ({"delta": 1.5}, "`delta`"),
+        ({"relation": "swap"}, "`relation`"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(MisconfigurationException, match=match):
+        BayesSecurityMonitor(**kwargs)
+
+
+def test_state_is_plain():
+    monitor = BayesSecurityMonitor()
+    monitor.epochs = [{"epoch": 0, "closed": 0.9, "exact": None}]
+    state = pickle.loads(pickle.dumps(monitor.state_dict()))
+    other = BayesSecurityMonitor()
+    other.load_state_dict(state)
+    assert other.epochs == monitor.epochs
