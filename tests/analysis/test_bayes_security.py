@@ -149,9 +149,10 @@ def test_exact_segments_equal_single_segment():
 
 
 def test_exact_mixed_segments_between_their_extremes():
-    lo = bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=1.0, steps=2000)
-    hi = bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=3.0, steps=2000)
-    mixed = bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=[1.0, 3.0], steps=[1000, 1000])
+    grid = dict(value_discretization_interval=1e-3)
+    lo = bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=1.0, steps=2000, **grid)
+    hi = bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=3.0, steps=2000, **grid)
+    mixed = bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=[1.0, 3.0], steps=[1000, 1000], **grid)
     assert lo < mixed < hi
 
 
@@ -360,9 +361,12 @@ def test_scalar_fast_path_equals_array_path(p, sigma, t, relation):
 
 @pytest.mark.parametrize("sigma", [0.8, 2.0])
 def test_exact_monotone_in_steps_and_sigma(sigma):
-    values = [bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=sigma, steps=t) for t in (10, 100, 1000)]
+    exact = lambda s, t: bs.mia_bayes_security_exact(
+        sample_rate=0.01, noise_multiplier=s, steps=t, value_discretization_interval=1e-3
+    )
+    values = [exact(sigma, t) for t in (10, 100, 1000)]
     assert values[0] > values[1] > values[2]
-    assert bs.mia_bayes_security_exact(sample_rate=0.01, noise_multiplier=sigma * 1.5, steps=100) > values[1]
+    assert exact(sigma * 1.5, 100) > values[1]
 
 
 @settings(max_examples=80, deadline=None)
