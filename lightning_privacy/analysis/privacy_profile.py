@@ -524,30 +524,36 @@ def typical_profile(
 
 
 def default_epsilon_grid(
-    base, neighbours, *, dataset_size: int, regularization: float, num: int = 41, margin: float = 1e3
-) -> np.ndarray:
+    base, neighbours, *, dataset_size: int, regularization: float, num: int = 41, margin: float = 1e3,
+    quantiles: Sequence[float] = (0.5, 1.0),
+) -> np.ndarray:  # fmt: skip
     """A log-spaced ε grid wide enough to show both plateaus of :func:`transition_analysis`.
 
     The transition of row ``i`` sits where the typical noise radius ``d/β`` meets
-    ``δ_i = ‖A(y_i) − A(x)‖``; the grid spans ``margin`` beyond that for the median and largest δ.
+    ``δ_i = ‖A(y_i) − A(x)‖``; the grid spans ``margin`` beyond that for the smallest positive and the
+    largest δ at the given ``quantiles`` of the sorted δ.
 
     Example::
 
         >>> grid = default_epsilon_grid(np.zeros(2), [[0.1, 0.0], [0.0, 0.2]], dataset_size=2,
         ...                             regularization=1.0, num=5)
-        >>> round(float(grid[0]), 4), round(float(grid[-1]), 1)  # d/(δ_max·margin), d·margin/δ_median, as ε
-        (0.01, 13333.3)
+        >>> round(float(grid[0]), 4), round(float(grid[-1]), 1)  # d/(δ_max·margin), d·margin/δ_min, as ε
+        (0.01, 20000.0)
     """
     a = _vector("base", base)
     nb = _matrix("neighbours", neighbours, a.shape[0])
-    dist = np.linalg.norm(nb - a, axis=1)
-    positive = dist[dist > 0]
+    dist = np.sort(np.linalg.norm(nb - a, axis=1))
+    q = np.asarray(quantiles, dtype=np.float64)
+    if q.ndim != 1 or q.size == 0 or np.any(~np.isfinite(q)) or np.any((q < 0) | (q > 1)):
+        raise ValueError(f"`quantiles` must be a non-empty 1-D sequence in [0, 1], got {quantiles!r}")
+    tracked = dist[np.rint(q * (dist.size - 1)).astype(int)]
+    positive = tracked[tracked > 0]
     if positive.size == 0:
-        raise ValueError("`neighbours` all equal `base`: no row moves the model, there is no transition")
+        raise ValueError("`neighbours` all equal `base` at the tracked ranks: no row moves the model, no transition")
     scale = _count("dataset_size", dataset_size, 1) * _positive("regularization", regularization) / 2.0
     dim = a.shape[0]
     beta_low = dim / positive.max() / _positive("margin", margin)
-    beta_high = dim / np.median(positive) * margin
+    beta_high = dim / positive.min() * margin
     return np.logspace(np.log10(beta_low / scale), np.log10(beta_high / scale), _count("num", num, 3))
 
 
@@ -632,14 +638,16 @@ def transition_analysis(
     tol = _positive("tolerance", tolerance)
     if tol >= 0.5:
         raise ValueError(f"`tolerance` must be in (0, 0.5), got {tolerance!r}")
-    if epsilons is None:
-        epsilons = default_epsilon_grid(a, nb, dataset_size=dataset_size, regularization=regularization)
-    eps = np.asarray(epsilons, dtype=np.float64)
-    if eps.ndim != 1 or eps.size < 3 or not np.all(np.isfinite(eps)) or np.any(eps <= 0) or np.any(np.diff(eps) <= 0):
-        raise ValueError(f"`epsilons` must be a strictly increasing 1-D grid of >= 3 finite values > 0, got {eps!r}")
     q = np.asarray(quantiles, dtype=np.float64)
     if q.ndim != 1 or q.size == 0 or np.any(~np.isfinite(q)) or np.any((q < 0) | (q > 1)):
         raise ValueError(f"`quantiles` must be a non-empty 1-D sequence in [0, 1], got {quantiles!r}")
+    if epsilons is None:
+        epsilons = default_epsilon_grid(
+            a, nb, dataset_size=dataset_size, regularization=regularization, quantiles=q
+        )  # fmt: skip
+    eps = np.asarray(epsilons, dtype=np.float64)
+    if eps.ndim != 1 or eps.size < 3 or not np.all(np.isfinite(eps)) or np.any(eps <= 0) or np.any(np.diff(eps) <= 0):
+        raise ValueError(f"`epsilons` must be a strictly increasing 1-D grid of >= 3 finite values > 0, got {eps!r}")
     ranks = np.rint(q * (n_rows - 1)).astype(int)
     betas = np.array([noise_scale(epsilon=e, dataset_size=dataset_size, regularization=regularization) for e in eps])
     num_samples = _count("num_samples", num_samples, 1)
