@@ -1,1 +1,19 @@
-"""Synthetic-data generators for PANORAMIA: a small protocol, ``fit(data)`` then ``sample(n)``."""
+"""Synthetic-data generators for PANORAMIA: a small protocol, ``fit(data)`` then ``sample(n)``.
+
+- :class:`Generator`: the protocol (``data`` is a table such as
+  :class:`~lightning_privacy.data.AdultTable`, or a tuple ``(x, y)`` of arrays).
+- :class:`TabularGenerator`: the default for mixed-type tables (noise-free MST / PrivBayes-style
+  Bayesian network on discretised columns; numpy only).
+- :class:`DigitsGenerator`: small images (class-conditional PCA + Gaussian mixtures; scikit-learn).
+- :class:`FilteredGenerator`: drops samples a real-vs-synthetic classifier flags with high confidence.
+- :class:`HeldOutRows`: real held-out rows as "generated" ones (the real-non-member comparison).
+
+None of them imports torch.
+"""
+
+from lightning_privacy.generators.base import Generator, HeldOutRows
+from lightning_privacy.generators.filtering import FilteredGenerator
+from lightning_privacy.generators.images import DigitsGenerator
+from lightning_privacy.generators.tabular import TabularGenerator
+
+__all__ = ["DigitsGenerator", "FilteredGenerator", "Generator", "HeldOutRows", "TabularGenerator"]
