@@ -261,10 +261,10 @@ def _rect_eps_interval(fn, tp, fp, tn, *, delta, alpha, method, sided, region):
 
 # Quantile levels that cut each rate's posterior into panels: geometric in both tails (so that the
 # x^(a-1) endpoint behaviour of a Beta(a<1, ·) density is smooth on every panel) and even in the bulk.
-_TAIL = 10.0 ** -np.arange(1.0, 16.0, 0.5)
-_U_LEVELS = np.unique(np.concatenate([_TAIL, np.linspace(0.0, 1.0, 21)[1:-1], 1.0 - _TAIL]))
+_TAIL = 10.0 ** -np.arange(1.0, 16.0, 1.0)
+_U_LEVELS = np.unique(np.concatenate([_TAIL, np.linspace(0.0, 1.0, 11)[1:-1], 1.0 - _TAIL]))
 _U_LEVELS = _U_LEVELS[(_U_LEVELS > 0) & (_U_LEVELS < 1)]
-_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(8)
+_GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(6)
 
 
 class _Posterior:
@@ -357,7 +357,10 @@ def _cdf(post: _Posterior, eps: np.ndarray, delta: float, region: str) -> np.nda
     e = np.exp(flat)[:, None]
     x, w = _panels(post, e, delta, region)
     lo, hi, _, _ = _lo_hi(x, e, delta, region)
-    mass = np.clip(post.cdf_y(hi) - post.cdf_y(lo), 0.0, 1.0) * (hi > lo)
+    if region == "attack":  # hi ≡ 1
+        mass = special.betainc(post.by, post.ay, 1.0 - lo)  # = 1 − F_FPR(lo), accurate in the upper tail
+    else:
+        mass = np.clip(post.cdf_y(hi) - post.cdf_y(lo), 0.0, 1.0) * (hi > lo)
     out = np.clip(np.sum(w * post.pdf_x(x) * mass, axis=1), 0.0, 1.0)
     out = np.where(np.isinf(eps.reshape(-1)), 1.0, out)
     return out.reshape(eps.shape)

@@ -80,7 +80,10 @@ def _brute_eps(x, y, delta, region, grid=np.linspace(0, 12, 120001)):
     return grid[np.argmax(ok)] if ok.any() else math.inf
 
 
-@given(x=st.floats(0, 1), y=st.floats(0, 1), delta=st.sampled_from([0.0, 1e-5, 0.05, 0.2, 0.5]),
+RATE = st.floats(0, 1).map(lambda v: round(v, 6))  # keeps points off the 1e-12 tolerance of the brute force
+
+
+@given(x=RATE, y=RATE, delta=st.sampled_from([0.0, 1e-5, 0.05, 0.2, 0.5]),
        region=st.sampled_from(["attack", "full"]))  # fmt: skip
 @settings(max_examples=150, deadline=None)
 def test_epsilon_from_rates_is_smallest_epsilon_of_the_region(x, y, delta, region):
