@@ -25,7 +25,8 @@ into an interval of y, so the CDF is a one-dimensional integral of Beta CDFs,
     F(ε) = ∫ f_FNR(x) · [F_FPR(hi(x)) − F_FPR(lo(x))]₊ dx,
 
 computed with Gauss-Legendre panels whose edges sit at the posterior quantiles of both rates and at the
-kinks of lo/hi, vectorised over ε. It agrees with ``dblquad`` to ~1e-9 and is ~1000× faster.
+kinks of lo/hi, vectorised over ε. It agrees with adaptive quadrature to 1e-8 and is several hundred
+times faster than the authors' ``dblquad`` (``benchmarks/estimation.py``).
 
 **Region.** ``region="attack"`` (the default) keeps only the first two constraints, the ones an attack
 that scores members higher can violate; ε̂ is then exactly Equation 1. ``region="full"`` uses all four
@@ -34,7 +35,7 @@ complementary attack when FNR + FPR > 1 + δ. The two agree whenever the posteri
 the diagonal (the worked example agrees to 1e-12). The default differs for a reason: for an attack with
 no power the true point lies on the diagonal, which the full region only covers by a band of width δ, so
 the equal-tailed Bayesian lower limit is positive almost every time (a false claim of leakage, e.g.
-ε̂₋ ≈ 0.002 on 1000 + 1000 random guesses at δ = 1e−5). The attack region contains a half-plane
+ε̂₋ = 0.0014 for FN = TP = FP = TN = 500 at δ = 1e−5, where the attack region gives 0). The attack region contains a half-plane
 around the diagonal and keeps the nominal error rate (``tests/analysis/test_estimation.py``).
 """
 
