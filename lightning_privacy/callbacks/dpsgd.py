@@ -16,6 +16,7 @@ from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 from opacus.validators import ModuleValidator
 from typing_extensions import override
 
+from lightning_privacy.analysis.bayes_security import noise_multiplier_for_exact
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
 
 STATE_VERSION = 1
@@ -27,30 +28,6 @@ def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise MisconfigurationException(f"`{name}` must be a positive finite number, got {value!r}")
     return float(value)
-
-
-def plan_noise_multiplier(*, target: float, sample_rate: float, steps: int) -> float:
-    """σ for β*_MIA ≥ ``target`` after ``steps`` steps, checked against the exact value.
-
-    Starts from the closed-form plan (Eq. 4, rounded up) and, because the closed form can overstate
-    security slightly (up to ~0.01 for σ ≥ 1), raises σ until the exact PLD value also meets the
-    target (bracketing, then bisection to 1e-4 relative; the result errs upwards).
-    """
-    from lightning_privacy.analysis.bayes_security import mia_bayes_security_exact, noise_multiplier_for
-
-    def ok(sigma: float) -> bool:
-        return mia_bayes_security_exact(sample_rate=sample_rate, noise_multiplier=sigma, steps=steps) >= target
-
-    lo = noise_multiplier_for(target=target, sample_rate=sample_rate, steps=steps)
-    if ok(lo):
-        return lo
-    hi = lo * 1.01
-    while not ok(hi):
-        lo, hi = hi, hi * 1.05
-    while hi / lo > 1 + 1e-4:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return math.ceil(hi * 1e4) / 1e4
 
 
 class DPSGD(Callback):
@@ -67,7 +44,7 @@ class DPSGD(Callback):
     closed form (Cherubin et al. 2024, Eq. 4; see
     :func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for`), raised where needed so
     that the exact PLD Bayes security after ``epochs`` epochs also meets the target
-    (:func:`plan_noise_multiplier`).
+    (:func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for_exact`).
 
     An Opacus accountant (``accountant``, default RDP) records every optimizer step that happens; its
     ε at ``delta`` (default ``1e-5``) is a reference value only — the Bayes-security bounds of
@@ -211,7 +188,7 @@ class DPSGD(Callback):
         loader = make_poisson_loader(trainer, self, trainer.fit_loop._data_source.original.dataloader())
         self.steps_per_epoch = len(loader)
         if self.target_bayes_security is not None:
-            planned = plan_noise_multiplier(
+            planned = noise_multiplier_for_exact(
                 target=float(self.target_bayes_security), sample_rate=self.sample_rate,
                 steps=self.epochs * self.steps_per_epoch,
             )  # fmt: skip
