@@ -115,3 +115,43 @@ class AdultDataModule(pl.LightningDataModule):
     def member_dataloader(self) -> DataLoader:
         """The training rows in a fixed order (for audits; not the Poisson loader)."""
         return self._loader(self.train_dataset, shuffle=False)
+
+    def sensitive_attribute(self, name: str, values=None):
+        """A ready-made :class:`~lightning_privacy.functional.attributes.SensitiveAttribute` for attribute inference.
+
+        ``"age"`` (or another numeric column) is a numeric attribute whose candidates are raw values,
+        written into the input with the encoder's standardisation; for ``"age"`` the default candidates
+        are the whole range 17..90 (74 values, Cherubin et al. 2024, Section 6), for other numeric columns
+        the distinct values of the training split. A one-hot group name (e.g. ``"race"``, ``"sex"``) gives a
+        one-hot attribute over its categories.
+
+        Args:
+            name: a numeric column or one-hot group of :attr:`encoder`.
+            values: candidate raw values / categories (default: see above).
+
+        Example::
+
+            >>> dm = AdultDataModule(); dm.setup("fit")
+            >>> age = dm.sensitive_attribute("age")
+            >>> age.size, age.column, age.values[0], age.values[-1]
+            (74, 0, 17, 90)
+            >>> dm.sensitive_attribute("sex").columns == dm.encoder.one_hot_groups["sex"].columns
+            True
+        """
+        from lightning_privacy.functional.attributes import SensitiveAttribute
+
+        if self.encoder is None:
+            raise RuntimeError("call setup() before sensitive_attribute()")
+        if name in self.encoder.numeric_columns:
+            col = self.encoder.numeric_columns[name]
+            if values is None:
+                values = range(17, 91) if name == "age" else col.values
+            return SensitiveAttribute.numeric(column=col.column, values=values, encode=col.encode, name=name)
+        if name in self.encoder.one_hot_groups:
+            group = self.encoder.one_hot_groups[name]
+            attribute = SensitiveAttribute.one_hot(columns=group.columns, values=group.categories, name=name)
+            return attribute if values is None else attribute.select(list(values))
+        raise ValueError(
+            f"Expected argument `name` to be a numeric column {sorted(self.encoder.numeric_columns)} or a one-hot group "
+            f"{sorted(self.encoder.one_hot_groups)}, but got {name!r}."
+        )

@@ -263,29 +263,71 @@ def sensitivity_from_gradients(
     """
     c_max = _check_max_grad_norm(max_grad_norm)
     _check_method(method)
-    flats = _flat(gradients)
+    return _sensitivity(_flat(gradients), c_max, method, floor=None)
+
+
+def _gather(flats: list, rows: torch.Tensor, index: torch.Tensor, scale: torch.Tensor) -> list:
+    """``scale[r] · g[r, index[r]]`` for every parameter block: ``[(len(rows), d_p)]``."""
+    return [g[rows, index] * scale.unsqueeze(1) for g in flats]
+
+
+def _sq_dist(a: list, b: list) -> torch.Tensor:
+    """Squared distances between row-aligned point lists, measured directly (no cancellation)."""
+    return sum((x - y).square().sum(dim=1) for x, y in zip(a, b))
+
+
+def _sensitivity(flats: list, c_max: float, method: str, floor: Optional[float]) -> torch.Tensor:
+    """Core of :func:`sensitivity_from_gradients` on flat blocks ``[(b, k, d_p)]``.
+
+    Distances to a centre are first estimated from norms and inner products (two memory passes,
+    batched matrix-vector products); the maximising point is then re-measured directly, so the
+    returned values carry no cancellation error. With ``floor`` (a value some example of the batch is
+    known to reach), examples whose upper bound ``r₍₁₎ + r₍₂₎`` (two largest distances to the mean, with
+    a rounding allowance) cannot exceed it skip the |A|×|A| Gram matrix and report their lower bound
+    instead: the batch maximum is unchanged (this is only done for :func:`attribute_sensitivity`).
+    """
     b, k = flats[0].shape[:2]
     if b == 0:
         return flats[0].new_zeros(0)
     norms = torch.stack([g.norm(dim=2) for g in flats], dim=2).norm(dim=2)  # Opacus: norm of per-param norms
     c = clip_factors(norms.square(), c_max)  # (b, k)
+    cn2 = (c * norms).square()  # squared norms of the clipped gradients
+    rows = torch.arange(b, device=c.device)
+    # Mean v of the clipped gradients and estimated squared distances to it.
+    w = (c / k).unsqueeze(1)  # (b, 1, k)
+    centre = [torch.bmm(w, g).squeeze(1) for g in flats]  # (b, d_p)
+    dots = sum(torch.bmm(v.unsqueeze(1), g.transpose(1, 2)).squeeze(1) for g, v in zip(flats, centre))  # <g_a, v>
+    vv = sum(v.square().sum(dim=1) for v in centre)
+    r2 = (cn2 - 2.0 * c * dots + vv.unsqueeze(1)).clamp_min(0.0)
+    far = r2.argmax(dim=1)
+    far_point = _gather(flats, rows, far, c[rows, far])
+    r_far = _sq_dist(far_point, centre).sqrt()  # re-measured directly
     if method == "approximate":
-        r2 = torch.zeros(b, k, dtype=flats[0].dtype, device=flats[0].device)
-        for g in flats:
-            clipped = g * c.unsqueeze(2)
-            r2 += (clipped - clipped.mean(dim=1, keepdim=True)).square().sum(dim=2)
-        return (2.0 * r2.max(dim=1).values.sqrt()).clamp(max=2.0 * c_max)
-    gram = sum(torch.bmm(g, g.transpose(1, 2)) for g in flats)  # (b, k, k), unclipped
-    gram = gram * c.unsqueeze(2) * c.unsqueeze(1)
-    diag = gram.diagonal(dim1=1, dim2=2)
-    d2 = diag.unsqueeze(2) + diag.unsqueeze(1) - 2.0 * gram
-    best = d2.reshape(b, k * k).argmax(dim=1)
-    i, j = best // k, best % k
-    rows = torch.arange(b, device=best.device)
-    exact2 = sum(
-        (g[rows, i] * c[rows, i].unsqueeze(1) - g[rows, j] * c[rows, j].unsqueeze(1)).square().sum(dim=1) for g in flats
-    )  # the maximising pair, measured directly
-    return exact2.sqrt().clamp(max=2.0 * c_max)  # ≤ 2C holds exactly; the clamp only removes float rounding
+        return (2.0 * r_far).clamp(max=2.0 * c_max)
+    # exact: lower bound = the farthest point from the point farthest from the mean (re-measured directly)
+    dots_far = sum(torch.bmm(p.unsqueeze(1), g.transpose(1, 2)).squeeze(1) for g, p in zip(flats, far_point))
+    d2_far = cn2 - 2.0 * c * dots_far + _sq_dist(far_point, [torch.zeros_like(p) for p in far_point]).unsqueeze(1)
+    partner = d2_far.argmax(dim=1)
+    lower = _sq_dist(far_point, _gather(flats, rows, partner, c[rows, partner])).sqrt()
+    if floor is None:
+        todo = rows
+    else:
+        top2 = r2.topk(min(2, k), dim=1).values + 1e-5 * c_max**2  # rounding allowance of the estimates
+        upper = top2.sqrt().sum(dim=1)
+        todo = rows[upper > max(floor, float(lower.max()))]
+    result = lower.clone()
+    if todo.numel():
+        everything = len(todo) == b
+        sub = flats if everything else [g[todo] for g in flats]
+        cs = c if everything else c[todo]
+        gram = sum(torch.bmm(g, g.transpose(1, 2)) for g in sub) * cs.unsqueeze(2) * cs.unsqueeze(1)
+        diag = gram.diagonal(dim1=1, dim2=2)
+        best = (diag.unsqueeze(2) + diag.unsqueeze(1) - 2.0 * gram).reshape(len(todo), k * k).argmax(dim=1)
+        i, j = best // k, best % k
+        local = torch.arange(len(todo), device=c.device)
+        exact = _sq_dist(_gather(sub, local, i, cs[local, i]), _gather(sub, local, j, cs[local, j])).sqrt()
+        result[todo] = torch.maximum(exact, lower[todo])  # both are measured distances of pairs
+    return result.clamp(max=2.0 * c_max)  # ≤ 2C holds exactly; the clamp only removes float rounding
 
 
 def _check_chunk_size(chunk_size: Any) -> Optional[int]:
@@ -294,6 +336,164 @@ def _check_chunk_size(chunk_size: Any) -> Optional[int]:
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
         raise ValueError(f"Expected argument `chunk_size` to be a positive int (examples per chunk) or None, but got {chunk_size!r}.")
     return int(chunk_size)
+
+
+# ---------------------------------------------------------------------------------------- Linear fast path
+def _linear_layers(module: nn.Module, trainable: Mapping[str, torch.Tensor]) -> Optional[Dict[str, nn.Linear]]:
+    """The trainable ``nn.Linear`` layers if they hold ALL trainable parameters and nothing is random; else None."""
+    layers: Dict[str, nn.Linear] = {}
+    covered = set()
+    for name, m in module.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
+            return None  # dropout masks must be shared per example: the torch.func path does that
+        own = [f"{name}.{p}" if name else p for p, _ in m.named_parameters(recurse=False)]
+        mine = [n for n in own if n in trainable]
+        if not mine:
+            continue
+        if type(m) is not nn.Linear:
+            return None
+        layers[name] = m
+        covered.update(mine)
+    return layers if covered == set(trainable) else None
+
+
+class _NotLinear(Exception):
+    """The module's forward does not fit the Linear fast path (shared layers, non-2-D activations)."""
+
+
+def _linear_gram(module, layers, trainable, frozen, loss_fn, inputs, targets, b: int, k: int) -> torch.Tensor:
+    """Gram matrices ``(b, k, k)`` of the UNCLIPPED per-sample gradients, without materialising them.
+
+    For a Linear layer the per-sample gradient is ``δ aᵀ`` (plus ``δ`` for the bias), so
+    ``⟨δᵢaᵢᵀ, δⱼaⱼᵀ⟩ = (δᵢ·δⱼ)(aᵢ·aⱼ)`` (the "ghost norm" identity, Goodfellow 2015; Li et al. 2022).
+    One ordinary forward/backward over the ``b·k`` rows gives every ``a`` and ``δ``; the products are
+    taken in float64, so the distances derived from the Gram matrix carry no float32 cancellation.
+    """
+    captured: Dict[str, list] = {name: [] for name in layers}
+    handles = [
+        layer.register_forward_hook(lambda m, inp, out, name=name: captured[name].append((inp[0], out)))
+        for name, layer in layers.items()
+    ]
+    try:
+        params = {n: t.detach().requires_grad_(True) for n, t in trainable.items()}
+        outputs = functional_call(module, (params, frozen), (inputs,))
+    finally:
+        for h in handles:
+            h.remove()
+    rows = b * k
+    for name, calls in captured.items():
+        if len(calls) != 1 or calls[0][0].ndim != 2 or calls[0][0].shape[0] != rows:
+            raise _NotLinear(name)
+    one = lambda t: t.unsqueeze(0)  # noqa: E731
+    per_row = vmap(lambda o, t: loss_fn(_tree_map(one, o), _tree_map(one, t)))(outputs, targets)
+    deltas = torch.autograd.grad(per_row.sum(), [captured[name][0][1] for name in layers])
+    gram = torch.zeros(b, k, k, dtype=torch.float64, device=per_row.device)
+    for (name, layer), delta in zip(layers.items(), deltas):
+        d = delta.reshape(b, k, -1).double()
+        dd = torch.bmm(d, d.transpose(1, 2))
+        prefix = f"{name}." if name else ""
+        if prefix + "weight" in trainable:
+            a = captured[name][0][0].detach().reshape(b, k, -1).double()
+            gram += dd * torch.bmm(a, a.transpose(1, 2))
+        if layer.bias is not None and prefix + "bias" in trainable:
+            gram += dd
+    return gram
+
+
+def _sensitivity_from_gram(gram: torch.Tensor, c_max: float, method: str) -> torch.Tensor:
+    """Per-example exact diameter / approximate bound from unclipped Gram matrices ``(b, k, k)``."""
+    k = gram.shape[1]
+    c = clip_factors(gram.diagonal(dim1=1, dim2=2), c_max)
+    gc = gram * c.unsqueeze(2) * c.unsqueeze(1)
+    diag = gc.diagonal(dim1=1, dim2=2)
+    if method == "approximate":
+        r2 = diag - 2.0 * gc.mean(dim=2) + gc.mean(dim=(1, 2)).unsqueeze(1)  # ‖ḡₐ − v‖², v = mean
+        value = 2.0 * r2.clamp_min(0.0).max(dim=1).values.sqrt()
+    else:
+        value = (diag.unsqueeze(2) + diag.unsqueeze(1) - 2.0 * gc).clamp_min(0.0).reshape(len(gram), k * k).max(dim=1).values.sqrt()
+    return value.clamp(max=2.0 * c_max).float()
+
+
+# ---------------------------------------------------------------------------------------- driver
+BACKENDS = ("auto", "func", "linear")
+
+
+def _sensitivities(
+    module, inputs, targets, *, attribute, max_grad_norm, method, values, loss_fn, params, buffers, chunk_size,
+    randomness, backend, prune,
+) -> torch.Tensor:  # fmt: skip
+    _check_module(module)
+    c_max = _check_max_grad_norm(max_grad_norm)
+    _check_method(method)
+    chunk_size = _check_chunk_size(chunk_size)
+    if not isinstance(attribute, SensitiveAttribute):
+        raise TypeError(f"Expected argument `attribute` to be a SensitiveAttribute, but got {type(attribute).__name__}.")
+    if randomness not in ("different", "same"):
+        raise ValueError(f"Expected argument `randomness` to be 'different' or 'same', but got {randomness!r}.")
+    if backend not in BACKENDS:
+        raise ValueError(f"Expected argument `backend` to be one of {BACKENDS}, but got {backend!r}.")
+    attribute = attribute.select(values)
+    n = tree_batch_size(inputs)
+    if tree_batch_size(targets) != n:
+        raise ValueError(f"Expected `targets` to have the batch size of `inputs` ({n}), but got {tree_batch_size(targets)}.")
+    trainable, frozen = _split_params(module, params, buffers)
+    if n == 0:
+        return torch.zeros(0, device=next(iter(trainable.values())).device)
+    k = attribute.size
+    layers = _linear_layers(module, trainable) if backend != "func" else None
+    if backend == "linear" and layers is None:
+        raise ValueError(
+            "backend='linear' needs a module whose trainable parameters all sit in nn.Linear layers and no active "
+            "dropout; use backend='func' (or 'auto')."
+        )
+    if layers is not None:
+        try:
+            step = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (2 * k * (k + sum(l.in_features + l.out_features for l in layers.values()))))
+            out = []
+            for start in range(0, n, step):
+                x = attribute.expand(_tree_map(lambda t: t[start : start + step], inputs))
+                b = tree_batch_size(x)
+                x = _tree_map(lambda t: t.reshape(b * k, *t.shape[2:]), x)
+                y = _tree_map(lambda t: t[start : start + step].repeat_interleave(k, dim=0), targets)
+                out.append(_sensitivity_from_gram(_linear_gram(module, layers, trainable, frozen, loss_fn, x, y, b, k), c_max, method))
+            return torch.cat(out)
+        except _NotLinear:
+            if backend == "linear":
+                raise ValueError("backend='linear': a Linear layer is used more than once or on non-2-D inputs; use backend='func'.")
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // (k * sum(p.numel() for p in trainable.values())))
+    per_value = vmap(_example_grad_fn(module, loss_fn, frozen), in_dims=(None, 0, None), randomness="same")
+    per_example = vmap(per_value, in_dims=(None, 0, 0), randomness=randomness)
+    out = []
+    floor = 0.0 if prune else None
+    for start in range(0, n, chunk_size):
+        x = _tree_map(lambda t: t[start : start + chunk_size], inputs)
+        y = _tree_map(lambda t: t[start : start + chunk_size], targets)
+        grads = per_example(trainable, attribute.expand(x), y)  # {name: (b, k, *shape)}
+        out.append(_sensitivity(_flat(grads), c_max, method, floor))
+        if prune:
+            floor = max(floor, float(out[-1].max()))
+    return torch.cat(out)
+
+
+_SHARED_ARGS = """
+        module: a module without hooks (see :func:`hook_free_twin`); its train/eval mode is used.
+        inputs: the batch's inputs (tensor or tuple/list/dict of tensors with a leading batch dim).
+        targets: the batch's targets.
+        attribute: the :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`.
+        max_grad_norm: C, DP-SGD's clipping norm.
+        method: ``"exact"`` diameter or ``"approximate"`` (upper bound, Section 5.4).
+        values: ``"all"``, ``"extremes"`` or a subset of the attribute's values.
+        loss_fn: ``loss_fn(outputs, targets)``, the training loss (here on one example).
+        params: parameters to evaluate at, e.g. the live module's (default: the module's own).
+        buffers: buffers to use (default: the module's own).
+        chunk_size: examples per chunk (default: as many as fit in 2**23 gradient entries).
+        randomness: ``vmap`` randomness across examples (``"different"`` or ``"same"``); the |A|
+            substitutions of one example always share it.
+        backend: ``"func"`` (torch.func per-sample gradients, any module), ``"linear"`` (Gram matrices
+            from activations and backprops, for modules whose trainable parameters are all in
+            ``nn.Linear`` layers and without active dropout — no per-sample gradient is materialised)
+            or ``"auto"`` (``"linear"`` when it applies). Both give the same values up to rounding."""
 
 
 def attribute_sensitivities(
@@ -310,23 +510,11 @@ def attribute_sensitivities(
     buffers: Optional[Mapping[str, torch.Tensor]] = None,
     chunk_size: Optional[int] = None,
     randomness: str = "different",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Per-example sensitivity ``diam{ḡ((φ(z), a)) : a ∈ A}`` (or its upper bound) for a batch.
 
-    Args:
-        module: a module without hooks (see :func:`hook_free_twin`); its train/eval mode is used.
-        inputs: the batch's inputs (tensor or tuple/list/dict of tensors with a leading batch dim).
-        targets: the batch's targets.
-        attribute: the :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`.
-        max_grad_norm: C, DP-SGD's clipping norm.
-        method: ``"exact"`` diameter or ``"approximate"`` (upper bound, Section 5.4).
-        values: ``"all"``, ``"extremes"`` or a subset of the attribute's values.
-        loss_fn: ``loss_fn(outputs, targets)``, the training loss (here on one example).
-        params: parameters to evaluate at, e.g. the live module's (default: the module's own).
-        buffers: buffers to use (default: the module's own).
-        chunk_size: examples per chunk (default: as many as fit in 2**23 gradient entries).
-        randomness: ``vmap`` randomness across examples (``"different"`` or ``"same"``); the |A|
-            substitutions of one example always share it.
+    Args:{args}
 
     Returns:
         ``(B,)`` tensor with entries in ``[0, 2C]`` (empty for an empty batch).
@@ -343,36 +531,15 @@ def attribute_sensitivities(
         >>> approx = attribute_sensitivities(model, x, y, attribute=attr, max_grad_norm=0.1)
         >>> exact.shape, bool((approx >= exact).all()), bool((approx <= 0.2).all())
         (torch.Size([5]), True, True)
+        >>> func = attribute_sensitivities(model, x, y, attribute=attr, max_grad_norm=0.1, method="exact", backend="func")
+        >>> torch.allclose(func, exact, atol=1e-6)
+        True
     """
-    _check_module(module)
-    c_max = _check_max_grad_norm(max_grad_norm)
-    _check_method(method)
-    chunk_size = _check_chunk_size(chunk_size)
-    if not isinstance(attribute, SensitiveAttribute):
-        raise TypeError(f"Expected argument `attribute` to be a SensitiveAttribute, but got {type(attribute).__name__}.")
-    if randomness not in ("different", "same"):
-        raise ValueError(f"Expected argument `randomness` to be 'different' or 'same', but got {randomness!r}.")
-    attribute = attribute.select(values)
-    n = tree_batch_size(inputs)
-    if tree_batch_size(targets) != n:
-        raise ValueError(f"Expected `targets` to have the batch size of `inputs` ({n}), but got {tree_batch_size(targets)}.")
-    trainable, frozen = _split_params(module, params, buffers)
-    device = next(iter(trainable.values())).device
-    if n == 0:
-        return torch.zeros(0, device=device)
-    k = attribute.size
-    if chunk_size is None:
-        dim = sum(p.numel() for p in trainable.values())
-        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // (k * dim))
-    per_value = vmap(_example_grad_fn(module, loss_fn, frozen), in_dims=(None, 0, None), randomness="same")
-    per_example = vmap(per_value, in_dims=(None, 0, 0), randomness=randomness)
-    out = []
-    for start in range(0, n, chunk_size):
-        x = _tree_map(lambda t: t[start : start + chunk_size], inputs)
-        y = _tree_map(lambda t: t[start : start + chunk_size], targets)
-        grads = per_example(trainable, attribute.expand(x), y)  # {name: (b, k, *shape)}
-        out.append(sensitivity_from_gradients(grads, max_grad_norm=c_max, method=method))
-    return torch.cat(out)
+    return _sensitivities(
+        module, inputs, targets, attribute=attribute, max_grad_norm=max_grad_norm, method=method, values=values,
+        loss_fn=loss_fn, params=params, buffers=buffers, chunk_size=chunk_size, randomness=randomness,
+        backend=backend, prune=False,
+    )  # fmt: skip
 
 
 def attribute_sensitivity(
@@ -389,13 +556,18 @@ def attribute_sensitivity(
     buffers: Optional[Mapping[str, torch.Tensor]] = None,
     chunk_size: Optional[int] = None,
     randomness: str = "different",
+    backend: str = "auto",
     sync: bool = True,
 ) -> float:
     """R_t of Corollary 10: the largest per-example sensitivity of the batch (0 for an empty batch).
 
     With ``sync=True`` and an initialised ``torch.distributed`` process group the maximum is also
     taken across processes (a collective call: every rank must call it), so every rank gets the R_t
-    of the global batch. Arguments as in :func:`attribute_sensitivities`.
+    of the global batch. With ``method="exact"`` on the torch.func path, examples whose upper bound
+    cannot beat a diameter already found skip their |A|×|A| Gram matrix (the maximum is unchanged).
+
+    Args:{args}
+        sync: take the maximum across processes too.
 
     Example::
 
@@ -409,12 +581,17 @@ def attribute_sensitivity(
         ...                       max_grad_norm=1.0)
         0.0
     """
-    per_example = attribute_sensitivities(
+    per_example = _sensitivities(
         module, inputs, targets, attribute=attribute, max_grad_norm=max_grad_norm, method=method, values=values,
         loss_fn=loss_fn, params=params, buffers=buffers, chunk_size=chunk_size, randomness=randomness,
+        backend=backend, prune=True,
     )  # fmt: skip
     local = per_example.max() if per_example.numel() else per_example.new_zeros(())
     if sync and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         local = local.detach().clone()
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
     return float(local)
+
+
+attribute_sensitivities.__doc__ = attribute_sensitivities.__doc__.replace("{args}", _SHARED_ARGS)
+attribute_sensitivity.__doc__ = attribute_sensitivity.__doc__.replace("{args}", _SHARED_ARGS)

@@ -1,0 +1,298 @@
+"""Per-epoch data-dependent Bayes security against attribute inference (Cherubin et al. 2024, Algorithm 4)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.accountants import IAccountant
+from opacus.optimizers import DPOptimizer
+from torch.nn import functional as F
+from typing_extensions import override
+
+from lightning_privacy import names
+from lightning_privacy.analysis.bayes_security import ai_bayes_security
+from lightning_privacy.callbacks._opacus import accountant_history, find_dpsgd, history_steps
+from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS, attribute_sensitivity, hook_free_twin, sync_training_mode
+from lightning_privacy.functional.attributes import SensitiveAttribute
+
+STATE_VERSION = 1
+
+
+def default_batch_to_inputs_targets(batch: Any) -> Tuple[Any, Any]:
+    """``(inputs, targets)`` from an ``(x, y)`` batch."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise MisconfigurationException(
+        f"AttributeInferenceMonitor expects (inputs, targets) batches, got {type(batch).__name__}; pass "
+        "`batch_to_inputs_targets=lambda batch: (inputs, targets)`."
+    )
+
+
+class AttributeInferenceMonitor(Callback):
+    r"""Track the attribute sensitivity R_t of every DP-SGD step and log β*_AI every epoch.
+
+    Cherubin et al. (2024), Corollary 10 / Algorithm 4: at every optimizer step, at the weights the
+    step uses, R_t is the largest distance between the clipped per-sample gradients of one batch example
+    with its sensitive attribute set to two candidate values (see
+    :mod:`lightning_privacy.functional.attribute_sensitivity`; maximum over the batch and all processes).
+    Each epoch ``privacy/ai_bayes_security`` = 1 − erf(√(Σₜ (pₜRₜ/σₜ)²) / (2√2·C)) is logged (with σ/p
+    per accountant segment). Since Rₜ ≤ 2C it is never below β*_MIA. Steps the monitor did not measure
+    (e.g. before it was added to a resumed run) count with the worst case Rₜ = 2C.
+
+    Privacy of the bound (Section 5.3): β*_AI depends on the training data and can leak MEMBERSHIP
+    (not the attribute). Per-step ``privacy/ai_sensitivity`` is logged only with ``publish=True``;
+    otherwise the monitor warns once. Publish β*_AI only where membership inference is not a concern.
+
+    :class:`~lightning_privacy.PrivacyBudgetStopping` with ``threat="ai"`` calls
+    :meth:`bayes_security_after_next_step`, which assumes the worst case R = 2C for the next step.
+
+    Args:
+        attribute: the :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`.
+        method: ``"approximate"`` (upper bound on R_t, safe side, O(|A|)) or ``"exact"`` (diameter).
+        values: ``"all"``, ``"extremes"`` (domain knowledge, Section 5.4) or a subset of values.
+        publish: log per-step R_t (``privacy/ai_sensitivity``) and do not warn.
+        loss_fn: ``loss_fn(outputs, targets)``, the module's training loss (default cross-entropy).
+        batch_to_inputs_targets: maps a training batch to ``(inputs, targets)`` (default: ``(x, y)``).
+        chunk_size: examples per chunk of gradient computation (default: automatic).
+        backend: ``"auto"``, ``"func"`` (torch.func, any module) or ``"linear"`` (Gram matrices for
+            all-``nn.Linear`` models); see :func:`~lightning_privacy.functional.attribute_sensitivity.attribute_sensitivity`.
+        key: metric key for β*_AI (change it when several monitors run side by side).
+        accountant: an Opacus accountant to read instead of finding it through the trainer.
+
+    Attributes:
+        segments: run-length state ``[{noise_multiplier, sample_rate, steps, sum_sq, measured}]``.
+        max_sensitivity: the largest measured R_t.
+
+    Raises:
+        MisconfigurationException: for bad arguments or when training is not Opacus DP-SGD.
+
+    Example::
+
+        >>> from lightning_privacy import AttributeInferenceMonitor
+        >>> from lightning_privacy.functional.attributes import SensitiveAttribute
+        >>> age = SensitiveAttribute.numeric(column=0, values=range(17, 91), name="age")
+        >>> monitor = AttributeInferenceMonitor(attribute=age, method="approximate")
+        >>> monitor.state_key
+        "AttributeInferenceMonitor{'attribute': 'age', 'method': 'approximate', 'values': 'all', 'key': 'privacy/ai_bayes_security'}"
+        >>> # Trainer(callbacks=[DPSGD(noise_multiplier=3.5), monitor]).fit(model, datamodule)
+    """
+
+    def __init__(
+        self,
+        *,
+        attribute: SensitiveAttribute,
+        method: str = "approximate",
+        values: Union[str, Sequence[Any]] = "all",
+        publish: bool = False,
+        loss_fn: Optional[Callable[[Any, Any], Any]] = None,
+        batch_to_inputs_targets: Optional[Callable[[Any], Tuple[Any, Any]]] = None,
+        chunk_size: Optional[int] = None,
+        backend: str = "auto",
+        key: str = names.AI_BAYES_SECURITY,
+        accountant: Optional[IAccountant] = None,
+    ) -> None:
+        if not isinstance(attribute, SensitiveAttribute):
+            raise MisconfigurationException(f"`attribute` must be a SensitiveAttribute, got {attribute!r}")
+        if method not in METHODS:
+            raise MisconfigurationException(f"`method` can be {' or '.join(METHODS)}, got {method!r}")
+        try:
+            self.tracked_attribute = attribute.select(values)
+        except (TypeError, ValueError) as err:
+            raise MisconfigurationException(f"`values`={values!r} does not fit attribute {attribute.name!r}: {err}") from err
+        if not isinstance(publish, bool):
+            raise MisconfigurationException(f"`publish` must be a bool, got {publish!r}")
+        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+            raise MisconfigurationException(f"`chunk_size` must be a positive int or None, got {chunk_size!r}")
+        if backend not in BACKENDS:
+            raise MisconfigurationException(f"`backend` can be {', '.join(BACKENDS)}, got {backend!r}")
+        if not isinstance(key, str) or not key:
+            raise MisconfigurationException(f"`key` must be a non-empty string, got {key!r}")
+        for name, fn in (("loss_fn", loss_fn), ("batch_to_inputs_targets", batch_to_inputs_targets)):
+            if fn is not None and not callable(fn):
+                raise MisconfigurationException(f"`{name}` must be callable, got {fn!r}")
+        self.attribute = attribute
+        self.method = method
+        self.values = values if isinstance(values, str) else list(values)
+        self.publish = publish
+        self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
+        self.batch_to_inputs_targets = batch_to_inputs_targets or default_batch_to_inputs_targets
+        self.chunk_size = chunk_size
+        self.backend = backend
+        self.key = key
+        self.accountant = accountant
+        self.segments: List[Dict[str, Any]] = []
+        self.max_sensitivity = 0.0
+        self.max_grad_norm: Optional[float] = None
+        self._twin = None
+        self._batch: Any = None
+        self._pending: Optional[float] = None
+        self._warned = False
+
+    @property
+    @override
+    def state_key(self) -> str:
+        values = self.values if isinstance(self.values, str) else repr(self.values)
+        return self._generate_state_key(attribute=self.attribute.name, method=self.method, values=values, key=self.key)
+
+    # ------------------------------------------------------------------------------ results
+    @property
+    def steps(self) -> int:
+        """Optimizer steps accounted for (measured or counted at the worst case)."""
+        return sum(int(s["steps"]) for s in self.segments)
+
+    def bayes_security(self, extra_worst_case_step: Optional[Tuple[float, float]] = None) -> float:
+        """β*_AI for the steps so far (plus, optionally, one worst-case step with the given (σ, p))."""
+        rows = [(s["noise_multiplier"], s["sample_rate"], s["steps"], math.sqrt(s["sum_sq"])) for s in self.segments]
+        if extra_worst_case_step is not None:
+            if self.max_grad_norm is None:
+                raise MisconfigurationException("The clipping norm is not known yet (no DP optimizer step has been seen).")
+            rows.append((*extra_worst_case_step, 1, 2.0 * self.max_grad_norm))
+        if not rows:
+            return 1.0
+        sigma, rate, steps, root = (list(col) for col in zip(*rows))
+        return ai_bayes_security(
+            sample_rate=rate, noise_multiplier=sigma, max_grad_norm=self.max_grad_norm, sensitivities=root, steps=steps
+        )
+
+    def bayes_security_after_next_step(self, trainer: "pl.Trainer") -> float:
+        """β*_AI if one more optimizer step with the worst case R = 2C were taken (for budget stopping)."""
+        self._commit(trainer)
+        dpsgd = find_dpsgd(trainer)
+        if dpsgd is not None and dpsgd.noise_multiplier is not None and dpsgd.sample_rate is not None:
+            mechanism = (float(dpsgd.noise_multiplier), float(dpsgd.sample_rate))
+            self._set_max_grad_norm(dpsgd.max_grad_norm)
+        else:
+            history = accountant_history(trainer, self.accountant)
+            if not history or self.max_grad_norm is None:
+                raise MisconfigurationException(
+                    "AttributeInferenceMonitor cannot tell σ, p and C before the first step of a user's make_private "
+                    "run; use lightning_privacy.DPSGD."
+                )
+            mechanism = (history[-1][0], history[-1][1])
+        return self.bayes_security(extra_worst_case_step=mechanism)
+
+    # ------------------------------------------------------------------------------ bookkeeping
+    def _set_max_grad_norm(self, value: Any) -> None:
+        if isinstance(value, (list, tuple)):
+            raise MisconfigurationException("AttributeInferenceMonitor supports flat clipping only (one max_grad_norm), not per-layer.")
+        value = float(value)
+        if self.max_grad_norm is not None and value != self.max_grad_norm:
+            raise RuntimeError(
+                f"max_grad_norm changed from {self.max_grad_norm} (monitor state) to {value}: the tracked R_t are not comparable"
+            )
+        self.max_grad_norm = value
+
+    def _add(self, sigma: float, rate: float, steps: int, sum_sq: float, measured: bool) -> None:
+        last = self.segments[-1] if self.segments else None
+        if last and (last["noise_multiplier"], last["sample_rate"], last["measured"]) == (sigma, rate, measured):
+            last["steps"] += steps
+            last["sum_sq"] += sum_sq
+        else:
+            self.segments.append(dict(noise_multiplier=sigma, sample_rate=rate, steps=steps, sum_sq=sum_sq, measured=measured))
+
+    def _commit(self, trainer: "pl.Trainer") -> None:
+        """Align with the accountant: new steps get the pending R_t (last one) or the worst case 2C."""
+        history = accountant_history(trainer, self.accountant)
+        total, tracked = history_steps(history), self.steps
+        if total < tracked:
+            raise RuntimeError(
+                f"AttributeInferenceMonitor has {tracked} steps but the accountant only {total}: the monitor state "
+                "belongs to another run."
+            )
+        if total == tracked:
+            self._pending = None  # no step was taken (e.g. skipped by the optimizer)
+            return
+        if self.max_grad_norm is None:
+            raise MisconfigurationException("No DP optimizer step was seen, but the accountant recorded steps.")
+        worst = 4.0 * self.max_grad_norm**2
+        start = 0
+        for sigma, rate, n in history:  # the new steps are positions [tracked, total)
+            lo, hi = max(start, tracked), min(start + n, total)
+            start += n
+            if lo >= hi:
+                continue
+            measured_here = self._pending is not None and hi == total
+            unmeasured = hi - lo - (1 if measured_here else 0)
+            if unmeasured:
+                self._add(sigma, rate, unmeasured, unmeasured * worst, measured=False)
+            if measured_here:
+                self._add(sigma, rate, 1, self._pending**2, measured=True)
+                self.max_sensitivity = max(self.max_sensitivity, self._pending)
+        self._pending = None
+
+    # ------------------------------------------------------------------------------ hooks
+    @override
+    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._twin = None
+        self._pending = None
+        if not self.publish and not self._warned:
+            rank_zero_warn(
+                f"AttributeInferenceMonitor: {names.AI_BAYES_SECURITY} is data-dependent; publishing it can leak the "
+                "MEMBERSHIP of training records (Cherubin et al. 2024, Section 5.3). Per-step R_t is not logged; "
+                "keep the logs private where membership inference matters (publish=True to opt in)."
+            )
+            self._warned = True
+
+    @override
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
+        self._batch = batch
+
+    @override
+    def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:
+        if not isinstance(optimizer, DPOptimizer):
+            raise MisconfigurationException(
+                f"AttributeInferenceMonitor needs Opacus DP-SGD (a DPOptimizer), got {type(optimizer).__name__}; add "
+                "lightning_privacy.DPSGD(...) to the callbacks."
+            )
+        self._set_max_grad_norm(optimizer.max_grad_norm)
+        inputs, targets = self.batch_to_inputs_targets(self._batch)
+        if self._twin is None:
+            self._twin = hook_free_twin(pl_module)
+        sync_training_mode(self._twin, pl_module)
+        self._pending = attribute_sensitivity(
+            self._twin, inputs, targets, attribute=self.tracked_attribute, max_grad_norm=self.max_grad_norm,
+            method=self.method, loss_fn=self.loss_fn, params=dict(pl_module.named_parameters()),
+            buffers=dict(pl_module.named_buffers()), chunk_size=self.chunk_size, backend=self.backend, sync=True,
+        )  # fmt: skip
+        self._batch = None
+
+    @override
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", *args: Any) -> None:
+        pending = self._pending
+        self._commit(trainer)
+        if self.publish and pending is not None:
+            pl_module.log(names.AI_SENSITIVITY, pending, on_step=True, on_epoch=False, reduce_fx="max", sync_dist=False)
+
+    @override
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._commit(trainer)
+        if self.max_grad_norm is not None:
+            pl_module.log(self.key, self.bayes_security(), on_step=False, on_epoch=True, reduce_fx="min", sync_dist=True)
+
+    # ------------------------------------------------------------------------------ state
+    @override
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "segments": [dict(s) for s in self.segments],
+            "max_sensitivity": self.max_sensitivity,
+            "max_grad_norm": self.max_grad_norm,
+            "sum_sq": sum(s["sum_sq"] for s in self.segments),
+            "steps": self.steps,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        missing = {"version", "segments", "max_grad_norm"} - set(state_dict)
+        if missing:
+            raise RuntimeError(f"AttributeInferenceMonitor state is missing {sorted(missing)}: refusing to restart R at 0")
+        if state_dict["version"] != STATE_VERSION:
+            raise RuntimeError(f"AttributeInferenceMonitor state version {state_dict['version']!r} is not {STATE_VERSION}")
+        self.segments = [dict(s) for s in state_dict["segments"]]
+        self.max_sensitivity = float(state_dict.get("max_sensitivity", 0.0))
+        self.max_grad_norm = None if state_dict["max_grad_norm"] is None else float(state_dict["max_grad_norm"])
