@@ -20,10 +20,10 @@ demo: $(STAMP)
 	$(BIN)/lightning-privacy demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow"
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow"
 
 clean:
 	rm -rf $(VENV) lightning_logs runs

@@ -1,0 +1,15 @@
+"""Test-suite set-up.
+
+`make test` runs two pytest workers on a 2-core machine. PyTorch's default of one OpenMP thread per
+core would then oversubscribe the CPU, and OpenMP's spin-waiting makes that catastrophically slow
+(measured: a 107-step Adult epoch took 28 s instead of 1.1 s). Each worker therefore uses one thread.
+"""
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
