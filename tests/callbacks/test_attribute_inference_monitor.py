@@ -1,0 +1,189 @@
+"""AttributeInferenceMonitor: R_t per real step at the step's weights, β*_AI per epoch, resume, budget."""
+
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_privacy import DPSGD, AttributeInferenceMonitor, BayesSecurityMonitor, PrivacyBudgetStopping, names
+from lightning_privacy.analysis import bayes_security as bs
+from lightning_privacy.functional.attribute_sensitivity import attribute_sensitivity
+from lightning_privacy.functional.attributes import SensitiveAttribute
+from tests.callbacks._tiny import BATCH, N, TinyDataModule, tiny_module, trainer
+
+pytestmark = pytest.mark.filterwarnings("ignore:AttributeInferenceMonitor.*Section 5.3")
+ATTR = SensitiveAttribute.numeric(column=0, values=[-2.0, -1.0, 0.0, 1.0, 2.0], name="x0")
+SIGMA = 1.5
+STEPS_PER_EPOCH = N // BATCH
+
+
+class StepRecorder(Callback):
+    """Snapshots the weights and batch each optimizer step uses (runs right after the monitor)."""
+
+    def __init__(self, monitor):
+        self.monitor, self.steps = monitor, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch = [t.clone() for t in batch]
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps.append((copy.deepcopy({k: v.detach().clone() for k, v in pl_module.state_dict().items()}),
+                           self.batch, self.monitor._pending))  # fmt: skip
+
+
+def _fit(callbacks, tmp_path, **kwargs):
+    t = trainer(callbacks, tmp_path, **kwargs)
+    t.fit(tiny_module(), datamodule=TinyDataModule())
+    return t
+
+
+def test_tracks_every_step_at_the_weights_the_step_uses(tmp_path):
+    dp = DPSGD(noise_multiplier=SIGMA)
+    monitor = AttributeInferenceMonitor(attribute=ATTR, method="exact", publish=True)
+    recorder = StepRecorder(monitor)
+    t = _fit([dp, monitor, recorder, BayesSecurityMonitor(exact="never")], tmp_path, max_epochs=2)
+    assert monitor.steps == dp.steps == t.global_step == 2 * STEPS_PER_EPOCH
+    assert len(recorder.steps) == dp.steps
+    model = tiny_module()
+    for state, (x, y), r in recorder.steps[:: STEPS_PER_EPOCH - 1]:  # recompute some steps from scratch
+        model.load_state_dict(state)
+        again = attribute_sensitivity(model, x, y, attribute=ATTR, max_grad_norm=dp.max_grad_norm, method="exact")
+        assert r == pytest.approx(again, rel=1e-5)
+    rs = torch.tensor([r for _, _, r in recorder.steps], dtype=torch.float64)
+    assert 0 < float(rs.max()) <= 2 * dp.max_grad_norm and monitor.max_sensitivity == pytest.approx(float(rs.max()))
+    expected = bs.ai_bayes_security(sample_rate=dp.sample_rate, noise_multiplier=SIGMA, max_grad_norm=1.0, sensitivities=rs.numpy())
+    ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
+    assert ai == pytest.approx(expected, rel=1e-5) and monitor.bayes_security() == pytest.approx(expected, rel=1e-9)
+    assert ai >= mia  # R_t <= 2C
+    assert names.AI_SENSITIVITY in t.callback_metrics  # published per step on request
+
+
+def test_approximate_is_below_exact_on_the_same_run(tmp_path):
+    exact = AttributeInferenceMonitor(attribute=ATTR, method="exact")
+    approx = AttributeInferenceMonitor(attribute=ATTR, method="approximate", key=names.AI_BAYES_SECURITY + "_approx")
+    extremes = AttributeInferenceMonitor(attribute=ATTR, method="exact", values="extremes", key=names.AI_BAYES_SECURITY + "_ext")
+    with pytest.warns(UserWarning, match="Section 5.3"):
+        _fit([DPSGD(noise_multiplier=SIGMA), exact, approx, extremes], tmp_path, max_epochs=1)
+    assert approx.bayes_security() <= exact.bayes_security() <= extremes.bayes_security()
+    assert approx.max_sensitivity >= exact.max_sensitivity >= extremes.max_sensitivity
+    assert exact.state_key != approx.state_key != extremes.state_key
+
+
+def test_dropout_model_works(tmp_path):
+    monitor = AttributeInferenceMonitor(attribute=ATTR)
+    t = trainer([DPSGD(noise_multiplier=SIGMA), monitor], tmp_path, max_epochs=1)
+    t.fit(tiny_module(dropout=0.3), datamodule=TinyDataModule())
+    assert monitor.steps == STEPS_PER_EPOCH and 0 < monitor.max_sensitivity <= 2.0
+    assert 0 < monitor.bayes_security() < 1
+
+
+def test_resume_continues_the_state(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    first = AttributeInferenceMonitor(attribute=ATTR)
+    _fit([DPSGD(noise_multiplier=SIGMA), first, ckpt], tmp_path, max_epochs=1, enable_checkpointing=True)
+    resumed = AttributeInferenceMonitor(attribute=ATTR)
+    t = trainer([DPSGD(noise_multiplier=SIGMA), resumed], tmp_path, max_epochs=2)
+    t.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert resumed.steps == 2 * STEPS_PER_EPOCH
+    assert resumed.segments[0]["sum_sq"] > first.segments[0]["sum_sq"]  # continued, not restarted
+    assert all(s["measured"] for s in resumed.segments)
+    assert resumed.bayes_security() < first.bayes_security()
+
+
+def test_steps_the_monitor_did_not_see_count_as_worst_case(tmp_path):
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    dp = DPSGD(noise_multiplier=SIGMA)
+    _fit([dp, ckpt], tmp_path, max_epochs=1, enable_checkpointing=True)  # no monitor in the first run
+    late = AttributeInferenceMonitor(attribute=ATTR)
+    t = trainer([DPSGD(noise_multiplier=SIGMA), late], tmp_path, max_epochs=2)
+    t.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
+    unseen, seen = late.segments
+    assert (unseen["measured"], unseen["steps"]) == (False, STEPS_PER_EPOCH) and seen["steps"] == STEPS_PER_EPOCH
+    assert unseen["sum_sq"] == pytest.approx(STEPS_PER_EPOCH * 4.0)  # R = 2C per unseen step
+    assert late.bayes_security() > bs.mia_bayes_security(sample_rate=dp.sample_rate, noise_multiplier=SIGMA, steps=2 * STEPS_PER_EPOCH)
+
+
+def test_state_dict_round_trip_is_plain_and_strict():
+    monitor = AttributeInferenceMonitor(attribute=ATTR)
+    monitor.max_grad_norm = 1.0
+    monitor._add(1.5, 0.125, 10, 2.5, measured=True)
+    state = monitor.state_dict()
+    torch.save(state, "/dev/null")
+    other = AttributeInferenceMonitor(attribute=ATTR)
+    other.load_state_dict(pickle.loads(pickle.dumps(state)))
+    assert other.bayes_security() == monitor.bayes_security() == pytest.approx(
+        bs.ai_bayes_security(sample_rate=0.125, noise_multiplier=1.5, max_grad_norm=1.0, sensitivities=[math.sqrt(2.5)], steps=[10])
+    )
+    with pytest.raises(RuntimeError, match="missing"):
+        other.load_state_dict({"version": 1})
+    with pytest.raises(RuntimeError, match="max_grad_norm changed"):
+        other._set_max_grad_norm(2.0)
+    assert monitor.state_key == (
+        "AttributeInferenceMonitor{'attribute': 'x0', 'method': 'approximate', 'values': 'all', "
+        "'key': 'privacy/ai_bayes_security'}"
+    )
+    pickle.loads(pickle.dumps(monitor))
+
+
+def test_next_step_bound_assumes_the_worst_case_and_budget_stopping_uses_it(tmp_path):
+    monitor = AttributeInferenceMonitor(attribute=ATTR)
+    dp = DPSGD(noise_multiplier=1.0)  # one worst-case step alone leaves β* = 0.9005 at p = 1/8
+    budget = 0.9
+    stopper = PrivacyBudgetStopping(min_bayes_security=budget, threat="ai")
+    t = _fit([dp, monitor, stopper], tmp_path, max_epochs=20)
+    assert 0 < dp.steps < 20 * STEPS_PER_EPOCH and stopper.stopped_at_step == dp.steps
+    assert monitor.bayes_security() >= budget  # the model we keep meets the budget
+    worst = monitor.bayes_security(extra_worst_case_step=(1.0, dp.sample_rate))
+    assert monitor.bayes_security_after_next_step(t) == pytest.approx(worst) and worst < budget
+    rows = [(s["noise_multiplier"], s["sample_rate"], s["steps"], s["sum_sq"]) for s in monitor.segments]
+    manual = bs.ai_bayes_security(sample_rate=[r[1] for r in rows] + [dp.sample_rate], noise_multiplier=[r[0] for r in rows] + [1.0],
+                                  max_grad_norm=1.0, sensitivities=[math.sqrt(r[3]) for r in rows] + [2.0],
+                                  steps=[r[2] for r in rows] + [1])  # fmt: skip
+    assert worst == pytest.approx(manual)
+
+
+def test_non_private_training_is_rejected(tmp_path):
+    with pytest.raises(MisconfigurationException, match="DPOptimizer"):
+        _fit([AttributeInferenceMonitor(attribute=ATTR)], tmp_path, max_epochs=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(attribute="age"), "`attribute`"),
+        (dict(method="full"), "`method`"),
+        (dict(values="middle"), "`values`"),
+        (dict(publish="yes"), "`publish`"),
+        (dict(chunk_size=0), "`chunk_size`"),
+        (dict(backend="jax"), "`backend`"),
+        (dict(key=""), "`key`"),
+        (dict(loss_fn=3), "`loss_fn`"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, match):
+    with pytest.raises(MisconfigurationException, match=match):
+        AttributeInferenceMonitor(**({"attribute": ATTR} | kwargs))
+
+
+def test_batches_that_are_not_pairs_need_a_converter(tmp_path):
+    class DictModule(type(tiny_module())):
+        def training_step(self, batch, batch_idx):
+            return super().training_step((batch["x"], batch["y"]), batch_idx)
+
+    from torch.utils.data import DataLoader
+
+    from tests.callbacks._tiny import tiny_dataset
+
+    ds = tiny_dataset()
+    loader = DataLoader([{"x": x, "y": y} for x, y in ds], batch_size=BATCH)
+    monitor = AttributeInferenceMonitor(attribute=ATTR, batch_to_inputs_targets=lambda b: (b["x"], b["y"]))
+    trainer([DPSGD(noise_multiplier=SIGMA), monitor], tmp_path, max_epochs=1).fit(DictModule(8, hidden=(16,)), train_dataloaders=loader)
+    assert monitor.steps > 0 and monitor.max_sensitivity > 0
+    with pytest.raises(MisconfigurationException, match="batch_to_inputs_targets"):
+        trainer([DPSGD(noise_multiplier=SIGMA), AttributeInferenceMonitor(attribute=ATTR)], tmp_path, max_epochs=1).fit(
+            DictModule(8, hidden=(16,)), train_dataloaders=loader
+        )
