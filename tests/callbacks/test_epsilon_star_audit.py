@@ -31,7 +31,7 @@ def _data(n_train=300, n_val=200, features=8, seed=0):
 def _trainer(tmp_path, callbacks, max_epochs=2, loggers=True):
     return pl.Trainer(
         max_epochs=max_epochs, callbacks=callbacks, default_root_dir=tmp_path, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
         logger=[TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")] if loggers else False,
     )  # fmt: skip
 
