@@ -156,3 +156,25 @@ def test_summary_and_figure_from_details():
     audit.details, audit.results = {"parametric": d}, {names.EPSILON_STAR: d.epsilon_star}
     text = audit.summary()
     assert names.EPSILON_STAR in text and "KS p-values" in text
+
+
+@pytest.mark.slow
+def test_two_process_ddp_audit_equals_single_process_value(tmp_path):
+    # each rank scores every 2nd example; the metric gathers them; rank 0 writes the CSV row
+    torch.manual_seed(0)
+    train, val = _data(n_train=301, n_val=151)
+    model = TabularMLP(8, hidden=(16,))
+    trainer = pl.Trainer(
+        strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=1, limit_train_batches=2,
+        callbacks=[EpsilonStarAudit(log_histograms=False, log_figure=False)], logger=CSVLogger(tmp_path, name="csv"),
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(model, DataLoader(train, batch_size=32), DataLoader(val, batch_size=32))
+    rows = list(csv.DictReader(open(next(Path(tmp_path, "csv").rglob("metrics.csv")))))
+    logged = {k: float(v) for r in rows for k, v in r.items() if v and k.startswith("audit/")}
+    members, nonmembers = _losses(model, train), _losses(model, val)  # ddp_spawn returns the trained weights
+    delta = default_delta(301)
+    assert logged[names.EPSILON_STAR] == pytest.approx(epsilon_star(members, nonmembers, delta=delta), rel=1e-6)
+    assert logged[names.EPSILON_STAR_EMPIRICAL] == pytest.approx(
+        epsilon_star(members, nonmembers, delta=delta, method="empirical"), rel=1e-6
+    )
