@@ -124,13 +124,16 @@ def member_loader(trainer: "pl.Trainer", given: Optional[Iterable] = None) -> It
     """The training data for an audit, in a fixed order, this rank's share.
 
     ``given``, else the datamodule's ``member_dataloader()``, else the dataset behind the Trainer's train
-    loader (a DP-SGD Poisson loader is replaced by a plain sequential pass over its dataset).
+    loader (a DP-SGD Poisson loader is replaced by a plain sequential pass over its dataset), else the
+    dataset behind the datamodule's ``train_dataloader()``.
     """
     source = given
     if source is None and callable(getattr(trainer.datamodule, "member_dataloader", None)):
         source = trainer.datamodule.member_dataloader()
     if source is None:
         source = _first(trainer.train_dataloader)
+    if source is None and trainer.datamodule is not None:  # e.g. the train loop never ran
+        source = _first(trainer.datamodule.train_dataloader())
     if source is None:
         raise MisconfigurationException("No training data to audit: pass `member_dataloader`")
     return sharded_loader(source, rank=trainer.global_rank, world_size=trainer.world_size)
