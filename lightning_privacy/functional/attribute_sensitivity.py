@@ -386,9 +386,11 @@ def _linear_gram(module, layers, trainable, frozen, loss_fn, inputs, targets, b:
             raise _NotLinear(name)
     one = lambda t: t.unsqueeze(0)  # noqa: E731
     per_row = vmap(lambda o, t: loss_fn(_tree_map(one, o), _tree_map(one, t)))(outputs, targets)
-    deltas = torch.autograd.grad(per_row.sum(), [captured[name][0][1] for name in layers])
+    deltas = torch.autograd.grad(per_row.sum(), [captured[name][0][1] for name in layers], allow_unused=True)
     gram = torch.zeros(b, k, k, dtype=torch.float64, device=per_row.device)
     for (name, layer), delta in zip(layers.items(), deltas):
+        if delta is None:  # the layer's output does not reach the loss: zero gradient
+            continue
         d = delta.reshape(b, k, -1).double()
         dd = torch.bmm(d, d.transpose(1, 2))
         prefix = f"{name}." if name else ""
