@@ -187,3 +187,14 @@ def test_batches_that_are_not_pairs_need_a_converter(tmp_path):
         trainer([DPSGD(noise_multiplier=SIGMA), AttributeInferenceMonitor(attribute=ATTR)], tmp_path, max_epochs=1).fit(
             DictModule(8, hidden=(16,)), train_dataloaders=loader
         )
+
+
+@pytest.mark.slow
+def test_two_process_ddp_training_tracks_r_t(tmp_path):
+    """Under DDP every rank computes R_t of its share and takes the max over ranks (a collective per step)."""
+    monitor = AttributeInferenceMonitor(attribute=ATTR, method="exact")
+    t = trainer([DPSGD(noise_multiplier=SIGMA), BayesSecurityMonitor(exact="never"), monitor], tmp_path, max_epochs=1,
+                strategy="ddp_spawn", devices=2, use_distributed_sampler=False)  # fmt: skip
+    t.fit(tiny_module(), datamodule=TinyDataModule())
+    ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
+    assert mia < ai < 1.0
