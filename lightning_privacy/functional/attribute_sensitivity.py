@@ -13,8 +13,8 @@ the largest distance between two substitutions of the same record. Plugged into
 Methods (Section 5.4):
 
 - ``"exact"``: the diameter, from the |A|×|A| Gram matrix of each example's gradients (one batched
-  matrix product); the maximising pair is then re-measured directly, so the value is not affected by the
-  cancellation of ``‖a‖² + ‖b‖² − 2⟨a, b⟩``.
+  matrix product); on the ``"func"`` backend the maximising pair is then re-measured directly, so the
+  value is not affected by the float32 cancellation of ``‖a‖² + ‖b‖² − 2⟨a, b⟩``.
 - ``"approximate"``: ``2·max_a ‖ḡ_a − v‖`` with ``v`` the mean of the |A| gradients, O(|A|) distances. By
   the triangle inequality it is an UPPER bound on the diameter (the safe side: β*_AI from it is a lower
   bound on the exact-diameter β*_AI). Since every clipped gradient has norm ≤ C the diameter is also
@@ -23,13 +23,22 @@ Methods (Section 5.4):
   domain-knowledge restriction of ``A`` (the bound then speaks about an attacker choosing between those
   two values only).
 
-Per-sample gradients use ``torch.func`` (``functional_call`` + ``grad`` + ``vmap``) on a module without
-hooks. A module that carries Opacus' hooks cannot be used with ``torch.func``: build its twin once with
-:func:`hook_free_twin` and call it with the live parameters (``params=dict(live.named_parameters())``).
-Randomness (dropout) is drawn once per example and shared by its |A| substitutions (nested ``vmap``,
-inner ``randomness="same"``), so the distances measure the attribute and not the dropout noise; the
-module's train/eval mode is respected (an eval-mode module has no dropout). BatchNorm in training mode
-is rejected (per-example gradients are not defined for it, and Opacus rejects it too).
+Backends (same values up to float rounding):
+
+- ``"func"``: per-sample gradients by ``torch.func`` (``functional_call`` + ``grad`` + ``vmap``) on a
+  module without hooks, for any module. A module that carries Opacus' hooks cannot be used with
+  ``torch.func``: build its twin once with :func:`hook_free_twin` and call it with the live parameters
+  (``params=dict(live.named_parameters())``). Randomness (dropout) is drawn once per example and shared
+  by its |A| substitutions (nested ``vmap``, inner ``randomness="same"``), so the distances measure the
+  attribute and not the dropout noise. The masks are fresh draws, not the ones the live step used: with
+  dropout, R_t is a one-sample estimate of the mask-dependent sensitivity (without dropout it is exact).
+- ``"linear"``: when every trainable parameter sits in an ``nn.Linear`` layer and no dropout is active,
+  the |A|×|A| Gram matrices come from layer inputs ``a`` and back-propagated errors ``δ`` of one ordinary
+  forward/backward pass over the ``B·|A|`` rows, ``⟨δᵢaᵢᵀ, δⱼaⱼᵀ⟩ = (δᵢ·δⱼ)(aᵢ·aⱼ)``, in float64; no
+  per-sample gradient is materialised. ``"auto"`` (default) picks it when it applies.
+
+The module's train/eval mode is respected (an eval-mode module has no dropout). BatchNorm in training
+mode is rejected (per-example gradients are not defined for it, and Opacus rejects it too).
 
 Work is chunked over examples (``chunk_size`` examples, i.e. ``chunk_size·|A|`` gradient rows, at a
 time), so memory stays bounded; the result does not depend on the chunking.
