@@ -370,6 +370,7 @@ class _NotLinear(Exception):
     """The module's forward does not fit the Linear fast path (shared layers, non-2-D activations)."""
 
 
+@torch.enable_grad()  # also when called from a no_grad context
 def _linear_gram(module, layers, trainable, frozen, loss_fn, inputs, targets, b: int, k: int) -> torch.Tensor:
     """Gram matrices ``(b, k, k)`` of the UNCLIPPED per-sample gradients, without materialising them.
 
@@ -385,8 +386,7 @@ def _linear_gram(module, layers, trainable, frozen, loss_fn, inputs, targets, b:
     ]
     try:
         params = {n: t.detach().requires_grad_(True) for n, t in trainable.items()}
-        with torch.enable_grad():  # also when called from a no_grad context
-            outputs = functional_call(module, (params, frozen), (inputs,))
+        outputs = functional_call(module, (params, frozen), (inputs,))
     finally:
         for h in handles:
             h.remove()
@@ -395,8 +395,7 @@ def _linear_gram(module, layers, trainable, frozen, loss_fn, inputs, targets, b:
         if len(calls) != 1 or calls[0][0].ndim != 2 or calls[0][0].shape[0] != rows:
             raise _NotLinear(name)
     one = lambda t: t.unsqueeze(0)  # noqa: E731
-    with torch.enable_grad():
-        per_row = vmap(lambda o, t: loss_fn(_tree_map(one, o), _tree_map(one, t)))(outputs, targets)
+    per_row = vmap(lambda o, t: loss_fn(_tree_map(one, o), _tree_map(one, t)))(outputs, targets)
     deltas = torch.autograd.grad(per_row.sum(), [captured[name][0][1] for name in layers], allow_unused=True)
     gram = torch.zeros(b, k, k, dtype=torch.float64, device=per_row.device)
     for (name, layer), delta in zip(layers.items(), deltas):

@@ -215,3 +215,12 @@ def test_two_processes_give_the_single_process_r_t(method):
     local = [attribute_sensitivity(model, x[s], y[s], attribute=NUMERIC, max_grad_norm=C, method=method)
              for s in (slice(0, 6), slice(6, 12))]  # fmt: skip
     assert min(local) < single  # the ranks really saw different halves
+
+
+def test_works_inside_no_grad():
+    model, (x, y) = _mlp(), _batch()
+    reference = attribute_sensitivity(model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact")
+    with torch.no_grad():
+        for backend in ("linear", "func"):
+            got = attribute_sensitivity(model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact", backend=backend)
+            assert got == pytest.approx(reference, rel=1e-5)
