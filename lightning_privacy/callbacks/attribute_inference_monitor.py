@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis.bayes_security import ai_bayes_security
-from lightning_privacy.callbacks._opacus import accountant_history, find_dpsgd, history_steps
+from lightning_privacy.callbacks._opacus import accountant_history, dp_optimizers, find_dpsgd, history_steps
 from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS, attribute_sensitivity, hook_free_twin, sync_training_mode
 from lightning_privacy.functional.attributes import SensitiveAttribute
 
@@ -126,12 +126,8 @@ class AttributeInferenceMonitor(Callback):
         self.key = key
         self.accountant = accountant
         self.segments: List[Dict[str, Any]] = []
-        self.max_sensitivity = 0.0
-        self.max_grad_norm: Optional[float] = None
-        self._twin = None
-        self._batch: Any = None
-        self._pending: Optional[float] = None
-        self._warned = False
+        self.max_sensitivity, self.max_grad_norm = 0.0, None
+        self._twin, self._batch, self._pending, self._warned = None, None, None, False
 
     @property
     @override
@@ -161,11 +157,12 @@ class AttributeInferenceMonitor(Callback):
 
     def bayes_security_after_next_step(self, trainer: "pl.Trainer") -> float:
         """β*_AI if one more optimizer step with the worst case R = 2C were taken (for budget stopping)."""
-        self._commit(trainer)
         dpsgd = find_dpsgd(trainer)
+        if dpsgd is not None:
+            self._set_max_grad_norm(dpsgd.max_grad_norm)
+        self._commit(trainer)
         if dpsgd is not None and dpsgd.noise_multiplier is not None and dpsgd.sample_rate is not None:
             mechanism = (float(dpsgd.noise_multiplier), float(dpsgd.sample_rate))
-            self._set_max_grad_norm(dpsgd.max_grad_norm)
         else:
             history = accountant_history(trainer, self.accountant)
             if not history or self.max_grad_norm is None:
@@ -208,7 +205,10 @@ class AttributeInferenceMonitor(Callback):
             self._pending = None  # no step was taken (e.g. skipped by the optimizer)
             return
         if self.max_grad_norm is None:
-            raise MisconfigurationException("No DP optimizer step was seen, but the accountant recorded steps.")
+            optimizers = dp_optimizers(trainer)
+            if not optimizers:
+                raise MisconfigurationException("The accountant recorded steps but no Opacus DPOptimizer gives max_grad_norm.")
+            self._set_max_grad_norm(optimizers[0].max_grad_norm)
         worst = 4.0 * self.max_grad_norm**2
         start = 0
         for sigma, rate, n in history:  # the new steps are positions [tracked, total)
@@ -240,7 +240,7 @@ class AttributeInferenceMonitor(Callback):
 
     @override
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
-        self._batch = batch
+        self._batch = batch  # the step's batch, used at the step's weights in on_before_optimizer_step
 
     @override
     def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:

@@ -99,7 +99,8 @@ def test_steps_the_monitor_did_not_see_count_as_worst_case(tmp_path):
     dp = DPSGD(noise_multiplier=SIGMA)
     _fit([dp, ckpt], tmp_path, max_epochs=1, enable_checkpointing=True)  # no monitor in the first run
     late = AttributeInferenceMonitor(attribute=ATTR)
-    t = trainer([DPSGD(noise_multiplier=SIGMA), late], tmp_path, max_epochs=2)
+    stopper = PrivacyBudgetStopping(min_bayes_security=0.01, threat="ai")  # asks for β*_AI before any new step
+    t = trainer([DPSGD(noise_multiplier=SIGMA), late, stopper], tmp_path, max_epochs=2)
     t.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
     unseen, seen = late.segments
     assert (unseen["measured"], unseen["steps"]) == (False, STEPS_PER_EPOCH) and seen["steps"] == STEPS_PER_EPOCH
