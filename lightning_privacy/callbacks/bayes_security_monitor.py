@@ -121,7 +121,8 @@ class BayesSecurityMonitor(Callback):
             if closed > exact + 1e-9:
                 if not self._warned:
                     rank_zero_warn(
-                        f"The closed-form β*_MIA ({closed:.4f}) exceeds the exact value ({exact:.4f}): the "
+                        f"The closed-form β*_MIA ({closed:.5f}) exceeds the exact value ({exact:.5f}) by "
+                        f"{closed - exact:.2g}: the "
                         "closed form overstates security here (it is an approximation; Cherubin et al. 2024, Fig. 4). "
                         f"The exact value is logged as {names.MIA_BAYES_SECURITY}."
                     )
