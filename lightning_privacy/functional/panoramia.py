@@ -178,18 +178,18 @@ def _train_helper(helper: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs
 
 
 class _LossCNN(nn.Module):
-    """Small CNN over an image; the (standardised log-) loss is concatenated before the last layers."""
+    """Small CNN over an image; the standardised loss features are concatenated before the last layers."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, side: int = 1) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
         )  # fmt: skip
-        self.head = nn.Sequential(nn.Linear(32 * 4 + 1, 64), nn.ReLU(), nn.Linear(64, 1))
+        self.head = nn.Sequential(nn.Linear(32 * 4 + side, 64), nn.ReLU(), nn.Linear(64, 1))
 
-    def forward(self, x: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.cat([self.features(x), loss[:, None]], dim=1)).squeeze(1)
+    def forward(self, x: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.features(x), side], dim=1)).squeeze(1)
 
 
 class _TorchClassifier:
@@ -198,12 +198,12 @@ class _TorchClassifier:
     def __init__(self, *, epochs: int = 60, lr: float = 1e-3, batch_size: int = 64, seeds: int = 2, seed: int = 0):
         self.epochs, self.lr, self.batch_size, self.seeds, self.seed = epochs, lr, batch_size, seeds, seed
 
-    def fit(self, images: np.ndarray, loss: np.ndarray, y: np.ndarray) -> "_TorchClassifier":
+    def fit(self, images: np.ndarray, side: np.ndarray, y: np.ndarray) -> "_TorchClassifier":
         x = torch.as_tensor(images, dtype=torch.float32)
         if x.ndim == 3:
             x = x[:, None]
-        self._mu, self._sd = float(np.log(loss + 1e-8).mean()), float(np.log(loss + 1e-8).std() + 1e-8)
-        z = torch.as_tensor((np.log(loss + 1e-8) - self._mu) / self._sd, dtype=torch.float32)
+        self._mu, self._sd = side.mean(axis=0), side.std(axis=0) + 1e-8
+        z = torch.as_tensor((side - self._mu) / self._sd, dtype=torch.float32)
         t = torch.as_tensor(y, dtype=torch.float32)
         gen = torch.Generator().manual_seed(self.seed)
         perm = torch.randperm(len(t), generator=gen)
@@ -213,7 +213,7 @@ class _TorchClassifier:
         for k in range(self.seeds):
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed * 1000 + k)
-                net = _LossCNN(x.shape[1])
+                net = _LossCNN(x.shape[1], z.shape[1])
             opt = torch.optim.Adam(net.parameters(), lr=self.lr, weight_decay=1e-4)
             for _ in range(self.epochs):
                 net.train()
@@ -233,27 +233,29 @@ class _TorchClassifier:
         return self
 
     @torch.no_grad()
-    def predict_proba(self, images: np.ndarray, loss: np.ndarray) -> np.ndarray:
+    def predict_proba(self, images: np.ndarray, side: np.ndarray) -> np.ndarray:
         x = torch.as_tensor(images, dtype=torch.float32)
         if x.ndim == 3:
             x = x[:, None]
-        z = torch.as_tensor((np.log(loss + 1e-8) - self._mu) / self._sd, dtype=torch.float32)
+        z = torch.as_tensor((side - self._mu) / self._sd, dtype=torch.float32)
         return torch.sigmoid(self.net(x, z)).numpy().astype(np.float64)
 
 
-def train_classifier_model(features: np.ndarray, loss: np.ndarray, y: np.ndarray, *, kind: str, seed: int,
+def train_classifier_model(features: np.ndarray, side: np.ndarray, y: np.ndarray, *, kind: str, seed: int,
                            categorical_mask: Optional[np.ndarray] = None):  # fmt: skip
-    """Fit the baseline/MIA classifier; returns ``score(features, loss) -> P(member)`` and its settings.
+    """Fit the baseline/MIA classifier; returns ``score(features, side) -> P(member)`` and its settings.
+
+    ``side`` holds the model-derived features, ``(n, k)`` (log-losses), appended to ``features``.
 
     ``kind="hgb"``: ``HistGradientBoostingClassifier`` (early stopping; ``categorical_mask`` marks
     categorical feature columns) with a grid search over :data:`HGB_GRID` on a fixed 80/20 split,
     scored by log-loss, refit on all rows. ``kind="torch"``: the small CNN (image-shaped features).
     """
     if kind == "hgb":
-        flat = np.concatenate([features.reshape(len(y), -1), loss[:, None]], axis=1)
+        flat = np.concatenate([features.reshape(len(y), -1), side], axis=1)
         fold = np.full(len(y), -1)
         fold[np.random.default_rng(seed).permutation(len(y))[: len(y) // 5]] = 0
-        mask = None if categorical_mask is None else np.r_[categorical_mask, False]
+        mask = None if categorical_mask is None else np.r_[categorical_mask, np.zeros(side.shape[1], dtype=bool)]
         search = GridSearchCV(
             HistGradientBoostingClassifier(max_iter=200, early_stopping=True, random_state=seed,
                                            categorical_features=mask),
@@ -261,11 +263,11 @@ def train_classifier_model(features: np.ndarray, loss: np.ndarray, y: np.ndarray
         ).fit(flat, y)  # fmt: skip
         model = search.best_estimator_
 
-        def score(f: np.ndarray, l: np.ndarray) -> np.ndarray:
-            return model.predict_proba(np.concatenate([f.reshape(len(l), -1), l[:, None]], axis=1))[:, 1]
+        def score(f: np.ndarray, z: np.ndarray) -> np.ndarray:
+            return model.predict_proba(np.concatenate([f.reshape(len(z), -1), z], axis=1))[:, 1]
 
         return score, {"kind": "hist_gradient_boosting", **search.best_params_}
-    clf = _TorchClassifier(seed=seed).fit(features, loss, y)
+    clf = _TorchClassifier(seed=seed).fit(features, side, y)
     return clf.predict_proba, clf.params_
 
 
@@ -314,6 +316,7 @@ def panoramia_audit(
     top_rows: int = 10,
     seed: int = 0,
     num_threads: Optional[int] = 1,
+    mia_features: str = "target_loss",
 ) -> PanoramiaResult:
     """Audit ``target`` with PANORAMIA (Algorithm 1), using only members and generated non-members.
 
@@ -369,17 +372,20 @@ def panoramia_audit(
                       generator_size=generator_size, beta=beta, num_thresholds=num_thresholds,
                       classifier=classifier, helper=helper, helper_epochs=helper_epochs, helper_lr=helper_lr,
                       helper_batch_size=helper_batch_size, helper_size=helper_size, top_rows=top_rows,
-                      seed=seed)  # fmt: skip
+                      seed=seed, mia_features=mia_features)  # fmt: skip
 
 
 def _audit(target, members, *, encode, generator, audit_size, generator_size, beta, num_thresholds, classifier,
-           helper, helper_epochs, helper_lr, helper_batch_size, helper_size, top_rows, seed) -> PanoramiaResult:  # fmt: skip
+           helper, helper_epochs, helper_lr, helper_batch_size, helper_size, top_rows, seed,
+           mia_features) -> PanoramiaResult:  # fmt: skip
     if not isinstance(target, nn.Module):
         raise TypeError(f"`target` must be a torch.nn.Module, got {type(target).__name__}")
     data_kind = _data.kind(members, "members")
     n = _data.length(members)
     if classifier not in ("auto", "hgb", "torch"):
         raise ValueError(f"`classifier` must be 'auto', 'hgb' or 'torch', got {classifier!r}")
+    if mia_features not in ("target_loss", "calibrated"):
+        raise ValueError(f"`mia_features` must be 'target_loss' or 'calibrated', got {mia_features!r}")
     if encode is None:
         if data_kind == _data.TABLE:
             raise ValueError("`encode` is required for table members (e.g. AdultDataModule.to_dataset(t).tensors)")
@@ -454,9 +460,16 @@ def _audit(target, members, *, encode, generator, audit_size, generator_size, be
         feats_tr, feats_au, mask = coder.transform(train_rows), coder.transform(audit_rows), coder.categorical_mask
     else:
         feats_tr, feats_au = x_tr.cpu().numpy(), x_au.cpu().numpy()
-    base_score, base_params = train_classifier_model(feats_tr, h_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
-    mia_score, mia_params = train_classifier_model(feats_tr, f_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
-    t_b, t_a = base_score(feats_au, h_au), mia_score(feats_au, f_au)
+    log = lambda v: np.log(v + 1e-12)[:, None]  # noqa: E731
+    b_tr, b_au = log(h_tr), log(h_au)
+    if mia_features == "target_loss":
+        a_tr, a_au = log(f_tr), log(f_au)
+    else:  # the target's loss calibrated by the helper's (a reference model trained on synthetic data)
+        a_tr = np.concatenate([log(f_tr), log(h_tr), log(f_tr) - log(h_tr)], axis=1)
+        a_au = np.concatenate([log(f_au), log(h_au), log(f_au) - log(h_au)], axis=1)
+    base_score, base_params = train_classifier_model(feats_tr, b_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
+    mia_score, mia_params = train_classifier_model(feats_tr, a_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
+    t_b, t_a = base_score(feats_au, b_au), mia_score(feats_au, a_au)
     seconds["classifiers"] = time.perf_counter() - clock
 
     bounds = panoramia_bounds(s, t_b, t_a, beta=beta, num_thresholds=num_thresholds)

@@ -6,6 +6,7 @@ from sklearn.datasets import load_digits
 
 from lightning_privacy.data import AdultTable, load_adult
 from lightning_privacy.generators import (
+    BayesNetGenerator,
     DigitsGenerator,
     FilteredGenerator,
     Generator,
@@ -19,9 +20,9 @@ def adult():
     return load_adult("train").subset(np.arange(4000))
 
 
-@pytest.fixture(scope="module")
-def fitted(adult):
-    return TabularGenerator(seed=0).fit(adult)
+@pytest.fixture(scope="module", params=["cart", "bayesnet"])
+def fitted(adult, request):
+    return (TabularGenerator if request.param == "cart" else BayesNetGenerator)(seed=0).fit(adult)
 
 
 def _tv(a, b):
@@ -32,7 +33,7 @@ def _tv(a, b):
 
 
 def test_protocol():
-    for gen in (TabularGenerator(), DigitsGenerator(), HeldOutRows((np.zeros((2, 1)), np.zeros(2, int)))):
+    for gen in (TabularGenerator(), BayesNetGenerator(), DigitsGenerator(), HeldOutRows((np.zeros((2, 1)), np.zeros(2, int)))):
         assert isinstance(gen, Generator)
 
 
@@ -63,16 +64,17 @@ def test_tabular_marginals_and_dependence(adult, fitted):
     assert abs(fake.labels[fmarried].mean() - adult.labels[married].mean()) < 0.05
 
 
-def test_tabular_is_reproducible(adult):
-    a = TabularGenerator(seed=3).fit(adult).sample(50)
-    b = TabularGenerator(seed=3).fit(adult).sample(50)
-    c = TabularGenerator(seed=4).fit(adult).sample(50)
+@pytest.mark.parametrize("cls", [TabularGenerator, BayesNetGenerator])
+def test_tabular_is_reproducible(adult, cls):
+    a = cls(seed=3).fit(adult).sample(50)
+    b = cls(seed=3).fit(adult).sample(50)
+    c = cls(seed=4).fit(adult).sample(50)
     assert np.array_equal(a.numeric, b.numeric) and np.array_equal(a.categorical, b.categorical)
     assert not np.array_equal(a.numeric, c.numeric)
 
 
 def test_chow_liu_tree(adult):
-    gen = TabularGenerator(max_parents=1).fit(adult)
+    gen = BayesNetGenerator(max_parents=1).fit(adult)
     assert all(len(p) <= 1 for p in gen.parents.values())
     assert sorted(gen.order) == list(range(15)) and gen.order[0] == 14  # rooted at the label
 
@@ -83,9 +85,13 @@ def test_tabular_errors(adult):
     with pytest.raises(TypeError, match="must be a table"):
         TabularGenerator().fit(np.zeros((3, 2)))
     with pytest.raises(ValueError, match="`max_parents` must be an int in \\[0, 3\\], got 5"):
-        TabularGenerator(max_parents=5)
+        BayesNetGenerator(max_parents=5)
     with pytest.raises(ValueError, match="`max_bins` must be an int >= 2, got 1"):
-        TabularGenerator(max_bins=1)
+        BayesNetGenerator(max_bins=1)
+    with pytest.raises(ValueError, match="`min_samples_leaf` must be a positive int, got 0"):
+        TabularGenerator(min_samples_leaf=0)
+    with pytest.raises(TypeError, match="BayesNetGenerator fits tables"):
+        BayesNetGenerator().fit((np.zeros((3, 2)), np.zeros(3, int)))
     with pytest.raises(ValueError, match="before fit"):
         TabularGenerator().sample(3)
     with pytest.raises(ValueError, match="at least 2 rows"):
@@ -123,7 +129,7 @@ class _HalfBroken:
 
 
 def test_filter_removes_obviously_synthetic_rows(adult):
-    gen = FilteredGenerator(_HalfBroken(TabularGenerator(seed=0)), threshold=0.1).fit(adult)
+    gen = FilteredGenerator(_HalfBroken(BayesNetGenerator(seed=0)), threshold=0.1).fit(adult)
     out = gen.sample(500)
     assert len(out) == 500 and not np.any(out.numeric[:, 0] == -100.0)
     assert 0.3 < gen.acceptance_rate < 0.65
