@@ -30,7 +30,7 @@ import torch
 
 from lightning_privacy.data import AdultDataModule
 from lightning_privacy.functional.panoramia import panoramia_audit
-from lightning_privacy.generators import FilteredGenerator, HeldOutRows, TabularGenerator
+from lightning_privacy.generators import BayesNetGenerator, FilteredGenerator, HeldOutRows, TabularGenerator
 from lightning_privacy.generators import _data
 from lightning_privacy.models import TabularMLP
 
@@ -89,7 +89,8 @@ def train_target(name: str, *, epochs: int, batch_size: int, dp_epsilon: float |
     return {"model": model, "dm": dm, **info}
 
 
-def audit(target: dict, *, seed: int, real_nonmembers: bool) -> dict:
+def audit(target: dict, *, seed: int, real_nonmembers: bool, generator: str = "cart",
+          mia_features: str = "target_loss") -> dict:  # fmt: skip
     dm, model = target["dm"], target["model"]
     encode = lambda rows: dm.to_dataset(rows).tensors  # noqa: E731
     start, cpu = time.perf_counter(), time.process_time()
@@ -100,14 +101,17 @@ def audit(target: dict, *, seed: int, real_nonmembers: bool) -> dict:
                               audit_size=m, generator_size=len(dm.train_table) - m - n_train, helper_size=n_train,
                               seed=seed)  # fmt: skip
     else:
-        gen = FilteredGenerator(TabularGenerator(seed=seed), seed=seed)
-        res = panoramia_audit(model, dm.train_table, encode=encode, generator=gen, seed=seed)
+        base = TabularGenerator(seed=seed) if generator == "cart" else BayesNetGenerator(seed=seed)
+        gen = FilteredGenerator(base, seed=seed)
+        res = panoramia_audit(model, dm.train_table, encode=encode, generator=gen, seed=seed, mia_features=mia_features)
     return {"c_lb": res.c_lb, "c_eps": res.c_plus_epsilon_lb, "eps": res.epsilon, "wall": time.perf_counter() - start,
             "cpu": time.process_time() - cpu, "m": res.sizes["audit"], "result": res}  # fmt: skip
 
 
 def _fmt(values: list) -> str:
     v = np.asarray(values)
+    if len(v) == 0:
+        return "–"
     return f"{v.mean():.2f}" if len(v) == 1 else f"{v.mean():.2f} ({v.min():.2f}–{v.max():.2f})"
 
 
@@ -118,6 +122,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="MLP_E10 only, one seed")
     parser.add_argument("--cache-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "lp_panoramia_adult"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads for target training")
+    parser.add_argument("--generator", choices=["cart", "bayesnet"], default="cart",
+                        help="TabularGenerator (sequential CART, default) or BayesNetGenerator (MST-like)")
+    parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss")
+    parser.add_argument("--no-real", action="store_true", help="skip the real-non-member (RM;RN) audits")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cache = Path(args.cache_dir)
@@ -130,11 +138,13 @@ def main() -> None:
     rows = []
     for name, epochs, batch, dp_eps in specs:
         target = train_target(name, epochs=epochs, batch_size=batch, dp_epsilon=dp_eps, cache=cache)
-        gen = [audit(target, seed=s, real_nonmembers=False) for s in seeds]
-        real = [audit(target, seed=s, real_nonmembers=True) for s in seeds]
+        gen = [audit(target, seed=s, real_nonmembers=False, generator=args.generator, mia_features=args.mia_features)
+               for s in seeds]  # fmt: skip
+        real = [] if args.no_real else [audit(target, seed=s, real_nonmembers=True) for s in seeds]
         rows.append((name, target, gen, real))
         top = gen[0]["result"]
-        print(f"{name}: train acc {target['train_acc']:.3f}, test acc {target['test_acc']:.3f}; "
+        print(f"{name}: trained in {target.get('train_seconds', float('nan')):.0f} s; "
+              f"train acc {target['train_acc']:.3f}, test acc {target['test_acc']:.3f}; "
               f"audit {np.mean([g['wall'] for g in gen]):.0f} s wall / {np.mean([g['cpu'] for g in gen]):.0f} s CPU; "
               f"filter kept {top.acceptance_rate:.3f}; load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     print()
@@ -149,8 +159,8 @@ def main() -> None:
               f"{_fmt([g['c_eps'] for g in gen])} | {_fmt([g['eps'] for g in gen])} | {_fmt([r['c_lb'] for r in real])} | "
               f"{_fmt([r['c_eps'] for r in real])} | {paper_txt} | "
               f"{np.mean([g['wall'] for g in gen]):.0f} / {np.mean([g['cpu'] for g in gen]):.0f} |")  # fmt: skip
-    print(f"\nm = {rows[0][2][0]['m']} audit points (generated), {rows[0][3][0]['m']} (RM;RN); beta = 0.05; "
-          f"{len(seeds)} audit seed(s); load average at the end {os.getloadavg()}")
+    print(f"\nm = {rows[0][2][0]['m']} audit points (generated), 6000 (RM;RN); beta = 0.05; generator {args.generator}; "
+          f"MIA features {args.mia_features}; {len(seeds)} audit seed(s); load average at the end {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,8 @@ class PanoramiaAudit(Callback):
         helper_epochs: epochs of the helper model on synthetic data.
         classifier: ``"auto"``, ``"hgb"`` or ``"torch"``.
         top_rows: most-obviously-real rows listed in the text block.
+        mia_features: ``"target_loss"`` (the paper's MIA: x + target loss) or ``"calibrated"`` (also the
+            helper's loss as a reference; stronger on Adult, see the README).
         seed: seed of the whole audit.
 
     Attributes:
@@ -119,6 +121,7 @@ class PanoramiaAudit(Callback):
         helper_epochs: int = 10,
         classifier: str = "auto",
         top_rows: int = 10,
+        mia_features: str = "target_loss",
         seed: int = 0,
     ) -> None:
         if isinstance(member_fraction, bool) or not isinstance(member_fraction, (int, float)) or not 0 < member_fraction <= 1:
@@ -127,6 +130,8 @@ class PanoramiaAudit(Callback):
             raise MisconfigurationException(f"`beta` must be in (0, 1), got {beta!r}")
         if classifier not in ("auto", "hgb", "torch"):
             raise MisconfigurationException(f"`classifier` must be 'auto', 'hgb' or 'torch', got {classifier!r}")
+        if mia_features not in ("target_loss", "calibrated"):
+            raise MisconfigurationException(f"`mia_features` must be 'target_loss' or 'calibrated', got {mia_features!r}")
         for name, value, low in (("num_thresholds", num_thresholds, 1), ("helper_epochs", helper_epochs, 1),
                                  ("top_rows", top_rows, 0), ("audit_size", audit_size, 20),
                                  ("generator_size", generator_size, 20)):  # fmt: skip
@@ -139,6 +144,7 @@ class PanoramiaAudit(Callback):
         self.audit_size, self.generator_size = audit_size, generator_size
         self.beta, self.num_thresholds, self.helper_epochs = float(beta), num_thresholds, helper_epochs
         self.classifier, self.top_rows, self.seed = classifier, top_rows, seed
+        self.mia_features = mia_features
         self.result: Optional[PanoramiaResult] = None
         self._last: Dict[str, float] = {}
 
@@ -184,6 +190,7 @@ class PanoramiaAudit(Callback):
                 pl_module, members, encode=encode, generator=self.generator, audit_size=self.audit_size,
                 generator_size=self.generator_size, beta=self.beta, num_thresholds=self.num_thresholds,
                 classifier=self.classifier, helper_epochs=self.helper_epochs, top_rows=self.top_rows, seed=self.seed,
+                mia_features=self.mia_features,
             )  # fmt: skip
         except (ValueError, TypeError) as err:
             raise MisconfigurationException(f"PanoramiaAudit: {err}") from err

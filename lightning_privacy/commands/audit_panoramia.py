@@ -23,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generator-size", type=int, default=None, help="|D_G| (default: a third of the members)")
     parser.add_argument("--beta", type=float, default=0.05, help="1 - confidence of the bounds (default: %(default)s)")
     parser.add_argument("--helper-epochs", type=int, default=10)
+    parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss",
+                        help="the paper's MIA (x + target loss) or helper-calibrated losses (default: %(default)s)")
     parser.add_argument("--no-filter", action="store_true", help="do not filter obviously synthetic rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--figure", default=None, help="write the curves to this image file")
@@ -57,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     result = panoramia_audit(
         model, members, encode=lambda rows: dm.to_dataset(rows).tensors, generator=generator,
         audit_size=args.audit_size, generator_size=args.generator_size, beta=args.beta,
-        helper_epochs=args.helper_epochs, seed=args.seed,
+        helper_epochs=args.helper_epochs, seed=args.seed, mia_features=args.mia_features,
     )  # fmt: skip
     seconds = time.perf_counter() - start
     text = summary_text(result)

@@ -342,6 +342,10 @@ def panoramia_audit(
         top_rows: how many most-obviously-real audit points to report.
         seed: seeds the split, the generator draws (through the default generator), the game, the
             helper and the classifiers: the same seed gives the same numbers.
+        mia_features: ``"target_loss"`` (the paper: ``x`` and the target's loss) or ``"calibrated"``
+            (``x``, the target's and the helper's log-losses and their difference — the helper acting
+            as a reference model; still a valid MIA for Proposition 2, since the helper never saw
+            the audit rows).
         num_threads: threads for scikit-learn/OpenMP and torch during the audit (restored after);
             ``None`` leaves them alone. One thread is the default because boosted trees and small
             MLPs slow down several-fold from OpenMP spin-waiting on a busy shared CPU (measured: 1.1 s

@@ -100,6 +100,7 @@ def test_flat_arrays_without_generator_raise(tmp_path):
         ({"beta": 1.0}, "`beta` must be in \\(0, 1\\), got 1.0"),
         ({"audit_size": 5}, "`audit_size` must be an int >= 20, got 5"),
         ({"classifier": "svm"}, "`classifier` must be 'auto', 'hgb' or 'torch', got 'svm'"),
+        ({"mia_features": "x"}, "`mia_features` must be 'target_loss' or 'calibrated', got 'x'"),
         ({"generator": object()}, "`generator` must have fit\\(data\\) and sample\\(n\\)"),
     ],
 )
@@ -141,7 +142,7 @@ def test_cli_audit_panoramia(tmp_path, capsys):
     trainer.save_checkpoint(ckpt)
     out = tmp_path / "out.json"
     fig = tmp_path / "fig.png"
-    code = main(["audit", "panoramia", "--checkpoint", str(ckpt), "--member-fraction", "0.05",
+    code = main(["audit", "panoramia", "--checkpoint", str(ckpt), "--member-fraction", "0.05", "--mia-features", "calibrated",
                  "--helper-epochs", "1", "--figure", str(fig), "--output", str(out)])  # fmt: skip
     assert code == 0 and fig.stat().st_size > 0
     import json

@@ -52,11 +52,12 @@ def _audit(target, members, encode, **kw):
     return panoramia_audit(target, members, encode=encode, **kw)
 
 
-def test_leaking_target_gives_positive_epsilon(adult):
+@pytest.mark.parametrize("mia_features", ["target_loss", "calibrated"])
+def test_leaking_target_gives_positive_epsilon(adult, mia_features):
     table, encode = adult
     members = table.subset(np.arange(1500))
     target = Memoriser(*encode(members))
-    res = _audit(target, members, encode, audit_size=500, generator_size=500, seed=0)
+    res = _audit(target, members, encode, audit_size=500, generator_size=500, seed=0, mia_features=mia_features)
     assert res.epsilon > 0.5
     assert res.c_plus_epsilon_lb > res.c_lb
     assert res.sizes == {"members": 1500, "generator": 500, "train_members": 500, "train_generated": 500,
@@ -163,6 +164,8 @@ def test_errors(adult):
 
     with pytest.raises(ValueError, match="`members` and `generated D_out\\^tr` have mismatched shapes"):
         panoramia_audit(target, table.subset(np.arange(600)), encode=encode, generator=WrongWidth())
+    with pytest.raises(ValueError, match="`mia_features` must be 'target_loss' or 'calibrated', got 'x'"):
+        panoramia_audit(target, table, encode=encode, mia_features="x")
     with pytest.raises(ValueError, match="`classifier` must be 'auto', 'hgb' or 'torch', got 'svm'"):
         panoramia_audit(target, table, encode=encode, classifier="svm")
 
