@@ -126,6 +126,7 @@ def main() -> None:
                         help="TabularGenerator (sequential CART, default) or BayesNetGenerator (MST-like)")
     parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss")
     parser.add_argument("--no-real", action="store_true", help="skip the real-non-member (RM;RN) audits")
+    parser.add_argument("--figure", default=None, help="save MLP_E100's curves (first seed) to this image file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cache = Path(args.cache_dir)
@@ -142,6 +143,10 @@ def main() -> None:
                for s in seeds]  # fmt: skip
         real = [] if args.no_real else [audit(target, seed=s, real_nonmembers=True) for s in seeds]
         rows.append((name, target, gen, real))
+        if args.figure and name == "MLP_E100":
+            from lightning_privacy.callbacks.panoramia_audit import panoramia_figure
+
+            panoramia_figure(gen[0]["result"]).savefig(args.figure, dpi=110)
         top = gen[0]["result"]
         print(f"{name}: trained in {target.get('train_seconds', float('nan')):.0f} s; "
               f"train acc {target['train_acc']:.3f}, test acc {target['test_acc']:.3f}; "

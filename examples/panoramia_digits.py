@@ -55,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, nargs="*", default=[5, 100])
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss")
     args = parser.parse_args()
     torch.set_num_threads(1)
     digits = load_digits()
@@ -73,7 +74,8 @@ def main() -> None:
         gen, real, secs = [], [], []
         for seed in range(args.seeds):
             start = time.perf_counter()
-            gen.append(panoramia_audit(model, members, encode=encode, generator=DigitsGenerator(seed=seed), seed=seed))
+            gen.append(panoramia_audit(model, members, encode=encode, generator=DigitsGenerator(seed=seed), seed=seed,
+                                       mia_features=args.mia_features))
             secs.append(time.perf_counter() - start)
             real.append(panoramia_audit(model, members, encode=encode, generator=HeldOutRows(held_out, seed=seed),
                                         audit_size=199, generator_size=1200 - 2 * 199, helper_size=199, seed=seed))  # fmt: skip
@@ -86,7 +88,8 @@ def main() -> None:
               f"{fmt([r.c_plus_epsilon_lb for r in gen])} | {fmt([r.epsilon for r in gen])} | "
               f"{fmt([r.c_plus_epsilon_lb for r in real])} | {np.mean(secs):.0f} |", flush=True)  # fmt: skip
     print(f"\nm = {gen[0].sizes['audit']} audit points ({gen[0].sizes['audit_members']} members) with generated "
-          f"non-members, {real[0].sizes['audit']} with real ones; beta = 0.05; {args.seeds} audit seeds.")  # fmt: skip
+          f"non-members, {real[0].sizes['audit']} with real ones; beta = 0.05; {args.seeds} audit seeds; "
+          f"MIA features {args.mia_features}.")  # fmt: skip
 
 
 if __name__ == "__main__":

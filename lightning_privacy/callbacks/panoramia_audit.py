@@ -37,8 +37,9 @@ def panoramia_figure(result: PanoramiaResult):
 
     b = result.bounds
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    mia_label = "MIA (x + target loss)" if result.mia_features == "target_loss" else "MIA (x + target & helper losses)"
     for scores, label, color in ((result.baseline_scores, "baseline b (x + helper loss)", "C0"),
-                                 (result.mia_scores, "MIA (x + target loss)", "C3")):  # fmt: skip
+                                 (result.mia_scores, mia_label, "C3")):  # fmt: skip
         precision, recall, _ = precision_recall_curve(result.labels, scores)
         left.plot(recall, precision, color=color, label=label)
     left.axhline(b.members / len(result.labels), color="grey", linestyle=":", label="share of members")

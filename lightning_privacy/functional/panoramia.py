@@ -78,6 +78,7 @@ class PanoramiaResult:
     baseline_params: dict = field(default_factory=dict)
     mia_params: dict = field(default_factory=dict)
     acceptance_rate: float = float("nan")
+    mia_features: str = "target_loss"
 
     @property
     def c_lb(self) -> float:
@@ -483,7 +484,7 @@ def _audit(target, members, *, encode, generator, audit_size, generator_size, be
         sizes={"members": n, "generator": g, "train_members": n_train, "train_generated": n_train,
                "audit": m, "audit_members": int(s.sum()), "helper_train": _data.length(d_helper)},
         seconds=seconds, baseline_params=base_params, mia_params=mia_params,
-        acceptance_rate=float(getattr(generator, "acceptance_rate", float("nan"))),
+        acceptance_rate=float(getattr(generator, "acceptance_rate", float("nan"))), mia_features=mia_features,
     )  # fmt: skip
 
 
