@@ -152,3 +152,15 @@ def test_cli_audit_panoramia(tmp_path, capsys):
     assert "PANORAMIA audit" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--data must be 'adult'"):
         main(["audit", "panoramia", "--checkpoint", str(ckpt), "--data", "cifar"])
+
+
+def test_audit_after_dp_sgd_training(tmp_path):
+    """With the DPSGD callback (Opacus hooks on the module) the audit still runs at fit end."""
+    from lightning_privacy import DPSGD
+
+    audit = PanoramiaAudit(audit_size=300, generator_size=400, helper_epochs=1, num_thresholds=20, seed=0)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[DPSGD(noise_multiplier=1.0), audit], logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False, limit_val_batches=0,
+                         default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(TabularMLP(104, hidden=(32,), lr=1e-2), datamodule=SmallAdult(batch_size=128))
+    assert audit.result is not None and audit.result.epsilon >= 0.0
