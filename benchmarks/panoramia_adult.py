@@ -165,7 +165,8 @@ def main() -> None:
               f"{_fmt([r['c_eps'] for r in real])} | {paper_txt} | "
               f"{np.mean([g['wall'] for g in gen]):.0f} / {np.mean([g['cpu'] for g in gen]):.0f} |")  # fmt: skip
     print(f"\nm = {rows[0][2][0]['m']} audit points (generated), 6000 (RM;RN); beta = 0.05; generator {args.generator}; "
-          f"MIA features {args.mia_features}; {len(seeds)} audit seed(s); load average at the end {os.getloadavg()}")
+          f"MIA features {args.mia_features}; {len(seeds)} audit seed(s); torch threads {args.threads} (training), 1 (audit); "
+          f"load average at the end {os.getloadavg()}")
 
 
 if __name__ == "__main__":
