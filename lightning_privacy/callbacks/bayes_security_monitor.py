@@ -7,13 +7,15 @@ from typing import Any, Dict, List, Optional, Union
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.accountants import IAccountant
 from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis import bayes_security as bs
+from lightning_privacy.callbacks._plots import bayes_security_figure
+from lightning_privacy.callbacks._audit_utils import log_figure, log_scalars
 from lightning_privacy.callbacks._opacus import accountant_history, find_accountant, find_dpsgd
 
 EXACT_MODES = ("auto", "always", "never")
@@ -58,6 +60,11 @@ class BayesSecurityMonitor(Callback):
         delta: δ for ``dp/epsilon``; default: DPSGD's ``delta``, else ``1e-5``.
         relation: neighbouring relation, ``"replace"`` (substitution, as in the paper) or ``"add_remove"``.
         accountant: an Opacus accountant to read instead of finding it through the trainer.
+
+    Attributes:
+        epochs: one record per epoch, ``{"epoch", "closed", "exact"}`` (exact is ``None`` where not computed).
+        final: every logged value at the end of fit, with the exact β*.
+        final_closed_form: the closed-form β*_MIA at the end of fit.
 
     Example::
 
@@ -175,21 +182,20 @@ class BayesSecurityMonitor(Callback):
         values = self.compute(trainer, with_exact=True)
         if not values:
             return
-        closed = values.pop(CLOSED_FORM)
+        self.final_closed_form = values.pop(CLOSED_FORM)
         self.final = values
         if self.epochs and self.epochs[-1]["exact"] is None:
             self.epochs[-1]["exact"] = values[names.MIA_BAYES_SECURITY_EXACT]
-        self._log_report(trainer, values, closed)
+        self._log_report(trainer, values)
 
-    @rank_zero_only
-    def _log_report(self, trainer: "pl.Trainer", values: Dict[str, float], closed: float) -> None:
+    def _log_report(self, trainer: "pl.Trainer", values: Dict[str, float]) -> None:
+        log_scalars(trainer, {names.MIA_BAYES_SECURITY_EXACT: values[names.MIA_BAYES_SECURITY_EXACT]})
+        if not trainer.is_global_zero:
+            return
+        log_figure(trainer, "privacy/bayes_security", bayes_security_figure(self.epochs, values))
+        params = {k: v for k, v in values.items() if k.startswith("dp/")}
         for logger in trainer.loggers:
-            logger.log_metrics({names.MIA_BAYES_SECURITY_EXACT: values[names.MIA_BAYES_SECURITY_EXACT]}, step=trainer.global_step)
             if isinstance(logger, TensorBoardLogger):
-                from lightning_privacy.callbacks._plots import bayes_security_figure
-
-                logger.experiment.add_figure("privacy/bayes_security", bayes_security_figure(self.epochs, values), trainer.global_step)
-                params = {k: v for k, v in values.items() if k.startswith("dp/")}
                 logger.log_hyperparams(params, metrics={names.MIA_BAYES_SECURITY: values[names.MIA_BAYES_SECURITY]})
 
     # ------------------------------------------------------------------------------ state

@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from lightning_privacy import DPSGD, BayesSecurityMonitor, PrivacyBudgetStopping, names
-    from lightning_privacy.analysis import bayes_security as bs
     from lightning_privacy.data import AdultDataModule
     from lightning_privacy.models import TabularMLP
 
@@ -71,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
 
     final = monitor.final
-    history = [(s, p, t) for s, p, t in dpsgd.accountant.history]
-    closed = bs.mia_bayes_security(**bs.history_segments(history))
+    closed = monitor.final_closed_form
     rows = [
         ("test accuracy", f"{test_acc:.4f}"),
         ("noise multiplier σ (planned)", f"{dpsgd.noise_multiplier:.4f}"),
