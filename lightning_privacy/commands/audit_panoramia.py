@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dotted path of the LightningModule class (default: %(default)s)")
     parser.add_argument("--data", default="adult", help="member data: only 'adult' (the AdultDataModule train split)")
     parser.add_argument("--data-path", default=None, help="folder with adult.data/adult.test (default: bundled copy)")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the AdultDataModule train/val split the model used")
     parser.add_argument("--member-fraction", type=float, default=1.0, help="share of the training rows the auditor holds")
     parser.add_argument("--audit-size", type=int, default=None, help="m, audit points (default: a third of the members)")
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     module_name, _, class_name = args.model_class.rpartition(".")
     model_class = getattr(importlib.import_module(module_name), class_name)
     model = model_class.load_from_checkpoint(args.checkpoint, map_location="cpu")
-    dm = AdultDataModule(path=args.data_path, seed=args.split_seed)
+    dm = AdultDataModule(path=args.data_path, val_fraction=args.val_fraction, seed=args.split_seed)
     dm.setup("fit")
     members = dm.train_table
     if args.member_fraction < 1:
