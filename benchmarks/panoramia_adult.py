@@ -90,7 +90,7 @@ def train_target(name: str, *, epochs: int, batch_size: int, dp_epsilon: float |
 
 
 def audit(target: dict, *, seed: int, real_nonmembers: bool, generator: str = "cart",
-          mia_features: str = "target_loss") -> dict:  # fmt: skip
+          mia_features: str = "target_loss", sdv_epochs: int = 10) -> dict:  # fmt: skip
     dm, model = target["dm"], target["model"]
     encode = lambda rows: dm.to_dataset(rows).tensors  # noqa: E731
     start, cpu = time.perf_counter(), time.process_time()
@@ -101,7 +101,13 @@ def audit(target: dict, *, seed: int, real_nonmembers: bool, generator: str = "c
                               audit_size=m, generator_size=len(dm.train_table) - m - n_train, helper_size=n_train,
                               seed=seed)  # fmt: skip
     else:
-        base = TabularGenerator(seed=seed) if generator == "cart" else BayesNetGenerator(seed=seed)
+        if generator.startswith("sdv-"):  # optional: pip install sdv
+            from lightning_privacy.generators import SDVGenerator
+
+            kind = {"sdv-gaussian-copula": "gaussian_copula", "sdv-ctgan": "ctgan"}[generator]
+            base = SDVGenerator(kind, seed=seed, **({"epochs": sdv_epochs} if kind == "ctgan" else {}))
+        else:
+            base = TabularGenerator(seed=seed) if generator == "cart" else BayesNetGenerator(seed=seed)
         gen = FilteredGenerator(base, seed=seed)
         res = panoramia_audit(model, dm.train_table, encode=encode, generator=gen, seed=seed, mia_features=mia_features)
     return {"c_lb": res.c_lb, "c_eps": res.c_plus_epsilon_lb, "eps": res.epsilon, "wall": time.perf_counter() - start,
@@ -122,8 +128,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="MLP_E10 only, one seed")
     parser.add_argument("--cache-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "lp_panoramia_adult"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads for target training")
-    parser.add_argument("--generator", choices=["cart", "bayesnet"], default="cart",
-                        help="TabularGenerator (sequential CART, default) or BayesNetGenerator (MST-like)")
+    parser.add_argument("--generator", choices=["cart", "bayesnet", "sdv-gaussian-copula", "sdv-ctgan"], default="cart",
+                        help="TabularGenerator (sequential CART, default), BayesNetGenerator (MST-like), or SDV's "
+                             "GaussianCopula / CTGAN (optional: pip install sdv)")  # fmt: skip
+    parser.add_argument("--sdv-epochs", type=int, default=10, help="CTGAN training epochs (sdv-ctgan)")
     parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss")
     parser.add_argument("--no-real", action="store_true", help="skip the real-non-member (RM;RN) audits")
     parser.add_argument("--figure", default=None, help="save MLP_E100's curves (first seed) to this image file")
@@ -139,8 +147,8 @@ def main() -> None:
     rows = []
     for name, epochs, batch, dp_eps in specs:
         target = train_target(name, epochs=epochs, batch_size=batch, dp_epsilon=dp_eps, cache=cache)
-        gen = [audit(target, seed=s, real_nonmembers=False, generator=args.generator, mia_features=args.mia_features)
-               for s in seeds]  # fmt: skip
+        gen = [audit(target, seed=s, real_nonmembers=False, generator=args.generator, mia_features=args.mia_features,
+                     sdv_epochs=args.sdv_epochs) for s in seeds]  # fmt: skip
         real = [] if args.no_real else [audit(target, seed=s, real_nonmembers=True) for s in seeds]
         rows.append((name, target, gen, real))
         if args.figure and name == "MLP_E100":
