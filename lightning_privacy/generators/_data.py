@@ -39,6 +39,24 @@ def kind(data: Any, name: str = "data") -> str:
     )
 
 
+def table_arrays(data: Any, who: str) -> tuple:
+    """``(numeric float64, categorical, labels)`` of a table that a tabular generator can fit.
+
+    Raises:
+        TypeError: for anything but a table (naming ``who``).
+        ValueError: for fewer than 2 rows.
+    """
+    if kind(data) != TABLE:
+        raise TypeError(
+            f"{who} fits tables (numeric/categorical/labels), got {type(data).__name__}; "
+            "use DigitsGenerator for (x, y) image arrays"
+        )
+    labels = np.asarray(data.labels)
+    if len(labels) < 2:
+        raise ValueError(f"`data` must have at least 2 rows to fit a generator, got {len(labels)}")
+    return np.asarray(data.numeric, dtype=np.float64), np.asarray(data.categorical), labels
+
+
 def length(data: Any) -> int:
     return len(data.labels) if kind(data) == TABLE else len(data[1])
 

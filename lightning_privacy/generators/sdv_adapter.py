@@ -90,16 +90,7 @@ class SDVGenerator:
         return pd.DataFrame(columns)
 
     def fit(self, data: Any) -> "SDVGenerator":
-        if _data.kind(data) != _data.TABLE:
-            raise TypeError(
-                f"SDVGenerator fits tables (numeric/categorical/labels), got {type(data).__name__}; "
-                "use DigitsGenerator for (x, y) image arrays"
-            )
-        labels = np.asarray(data.labels)
-        if len(labels) < 2:
-            raise ValueError(f"`data` must have at least 2 rows to fit a generator, got {len(labels)}")
-        numeric = np.asarray(data.numeric, dtype=np.float64)
-        categorical = np.asarray(data.categorical)
+        numeric, categorical, labels = _data.table_arrays(data, "SDVGenerator")
         self._table_type, self._cat_dtype, self._label_dtype = type(data), categorical.dtype, labels.dtype
         self._d, self._k = numeric.shape[1], categorical.shape[1]
         frame = self._frame(numeric, categorical, labels)

@@ -133,14 +133,7 @@ class BayesNetGenerator:
 
     # ------------------------------------------------------------------ structure + parameters
     def fit(self, data: Any) -> "BayesNetGenerator":
-        if _data.kind(data) != _data.TABLE:
-            raise TypeError(
-                f"BayesNetGenerator fits tables (numeric/categorical/labels), got {type(data).__name__}; "
-                "use DigitsGenerator for (x, y) image arrays"
-            )
-        n = len(data.labels)
-        if n < 2:
-            raise ValueError(f"`data` must have at least 2 rows to fit a generator, got {n}")
+        _data.table_arrays(data, "BayesNetGenerator")  # validates
         self._table_type = type(data)
         codes = self._discretise(data)
         n, ncol = codes.shape
@@ -272,16 +265,7 @@ class TabularGenerator:
         self._fitted = False
 
     def fit(self, data: Any) -> "TabularGenerator":
-        if _data.kind(data) != _data.TABLE:
-            raise TypeError(
-                f"TabularGenerator fits tables (numeric/categorical/labels), got {type(data).__name__}; "
-                "use DigitsGenerator for (x, y) image arrays"
-            )
-        labels = np.asarray(data.labels)
-        if len(labels) < 2:
-            raise ValueError(f"`data` must have at least 2 rows to fit a generator, got {len(labels)}")
-        numeric = np.asarray(data.numeric, dtype=np.float64)
-        categorical = np.asarray(data.categorical)
+        numeric, categorical, labels = _data.table_arrays(data, "TabularGenerator")
         self._table_type, self._cat_dtype = type(data), categorical.dtype
         self._vocab = [np.unique(categorical[:, j]) for j in range(categorical.shape[1])]
         self._k, self._d = categorical.shape[1], numeric.shape[1]
