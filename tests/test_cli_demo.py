@@ -10,6 +10,9 @@ def test_demo_runs_and_prints_the_summary(tmp_path, capsys):
     accuracy = float(out.split("test accuracy")[1].split()[0])
     assert accuracy > 0.75  # Adult's majority class is 0.75; DP-SGD must beat it
     assert (tmp_path / "demo" / "version_0").is_dir()
+    report = tmp_path / "demo" / "version_0" / "privacy_report.md"
+    assert f"Privacy report:   {report}" in out
+    assert report.read_text(encoding="utf-8").startswith("# Privacy report")
 
 
 def test_demo_rejects_bad_arguments(capsys):

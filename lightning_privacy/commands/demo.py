@@ -4,13 +4,15 @@ An MLP (104-64-32-2) is trained on the bundled UCI Adult data with three callbac
 ``DPSGD(target_bayes_security=..., epochs=...)`` plans the noise for the target, the
 ``BayesSecurityMonitor`` logs β*_MIA every epoch, and ``PrivacyBudgetStopping`` stops before the step
 that would break the budget (the trainer is allowed one epoch more than planned to show it). Runs in
-about a minute on a 2-core CPU; TensorBoard logs go to ``--logdir``.
+about a minute on a 2-core CPU; TensorBoard logs go to ``--logdir``, the privacy report
+(:mod:`lightning_privacy.report`) to ``privacy_report.md`` in the run's log folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 NAME = "demo"
 HELP = "Train an MLP on Adult with DP-SGD, Bayes-security monitoring and budget stopping; print a summary."
@@ -46,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_privacy import DPSGD, BayesSecurityMonitor, PrivacyBudgetStopping, names
     from lightning_privacy.data import AdultDataModule
     from lightning_privacy.models import TabularMLP
+    from lightning_privacy.report import log_privacy_report
 
     import torch
 
@@ -89,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print("-" * (width + 22))
+    report_path = Path(logger.log_dir) / "privacy_report.md"
+    log_privacy_report(trainer, report_path)
+    print(f"Privacy report:   {report_path}")
     print(f"TensorBoard logs: {logger.log_dir}")
     print(f"Open them with:   tensorboard --logdir {args.logdir}")
     return 0
