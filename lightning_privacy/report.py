@@ -99,7 +99,7 @@ def _epsilon_star(cb: Any) -> List[tuple]:
 
 def _panoramia(cb: Any) -> List[tuple]:
     r = cb.result
-    values = cb._last if r is None else {names.PANORAMIA_EPSILON: r.epsilon, names.PANORAMIA_C_LB: r.c_lb,
+    values = cb.last_values if r is None else {names.PANORAMIA_EPSILON: r.epsilon, names.PANORAMIA_C_LB: r.c_lb,
                                           names.PANORAMIA_C_PLUS_EPSILON_LB: r.c_plus_epsilon_lb}  # fmt: skip
     if not values:
         return [("PANORAMIA", "—", "not run")]

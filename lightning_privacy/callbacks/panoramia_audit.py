@@ -208,6 +208,12 @@ class PanoramiaAudit(Callback):
         audit.log_text(trainer, SUMMARY_TAG, text)
         rank_zero_info(text.splitlines()[0])
 
+
+    @property
+    def last_values(self) -> Dict[str, float]:
+        """The last audit's logged scalars (ε̃, c_lb, {c+ε}_lb); kept in the callback's state."""
+        return dict(self._last)
+
     @override
     def state_dict(self) -> Dict[str, Any]:
         return {"version": 1, "last": dict(self._last)}
