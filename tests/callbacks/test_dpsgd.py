@@ -181,3 +181,12 @@ def test_several_train_loaders_are_rejected(tmp_path):
         trainer([DPSGD(noise_multiplier=1.0)], tmp_path).fit(
             tiny_module(), train_dataloaders={"a": tiny_loader(), "b": tiny_loader()}
         )
+
+
+def test_poisson_swap_fails_loudly_if_lightning_changes_its_data_source(tmp_path):
+    from lightning_privacy.callbacks._poisson import install_poisson_sampling
+
+    t = trainer([], tmp_path)
+    t.fit_loop._data_source = object()  # what a Lightning refactor would look like to us
+    with pytest.raises(RuntimeError, match="not supported by DPSGD's Poisson sampling"):
+        install_poisson_sampling(t, DPSGD(noise_multiplier=1.0))
