@@ -5,7 +5,8 @@ Lightning has no public hook to replace the train dataloader whichever way it is
 in ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``), which ``fit_loop.setup_data`` asks for
 the loader after ``on_fit_start``. :func:`install_poisson_sampling` replaces that source by a subclass
 whose ``dataloader()`` converts the user's loader with Opacus' ``DPDataLoader.from_data_loader``. If
-Lightning changes this internal, installation fails loudly (tests/callbacks/test_poisson.py checks it).
+Lightning changes this internal, installation fails loudly (tests/callbacks/test_dpsgd.py checks the swap for every loader source
+and the failure).
 """
 
 from __future__ import annotations
