@@ -71,6 +71,26 @@ def accountant_history(trainer: "pl.Trainer", accountant: Optional[IAccountant] 
     return [(float(s), float(p), int(t)) for s, p, t in find_accountant(trainer, accountant).history]
 
 
+def next_step_mechanism(trainer: "pl.Trainer", accountant: Optional[IAccountant] = None, *, who: str) -> Tuple[float, float]:
+    """``(noise_multiplier, sample_rate)`` the next optimizer step will use.
+
+    Known in advance from our DPSGD; for a user's ``make_private`` run, the last accountant segment.
+
+    Raises:
+        MisconfigurationException: before the first step of a run without DPSGD (naming ``who``).
+    """
+    dpsgd = find_dpsgd(trainer)
+    if dpsgd is not None and dpsgd.noise_multiplier is not None and dpsgd.sample_rate is not None:
+        return float(dpsgd.noise_multiplier), float(dpsgd.sample_rate)
+    history = accountant_history(trainer, accountant)
+    if history:
+        return history[-1][0], history[-1][1]
+    raise MisconfigurationException(
+        f"{who} cannot tell the noise multiplier and sample rate before the first step of a user's make_private "
+        "run; use lightning_privacy.DPSGD."
+    )
+
+
 def history_steps(history: List[Segment]) -> int:
     """Total optimizer steps recorded in an accountant history."""
     return sum(int(t) for _, _, t in history)

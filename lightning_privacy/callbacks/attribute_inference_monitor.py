@@ -16,7 +16,13 @@ from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis.bayes_security import ai_bayes_security
-from lightning_privacy.callbacks._opacus import accountant_history, dp_optimizers, find_dpsgd, history_steps
+from lightning_privacy.callbacks._opacus import (
+    accountant_history,
+    dp_optimizers,
+    find_dpsgd,
+    history_steps,
+    next_step_mechanism,
+)
 from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS, attribute_sensitivity, hook_free_twin, sync_training_mode
 from lightning_privacy.functional.attributes import SensitiveAttribute
 
@@ -161,16 +167,12 @@ class AttributeInferenceMonitor(Callback):
         if dpsgd is not None:
             self._set_max_grad_norm(dpsgd.max_grad_norm)
         self._commit(trainer)
-        if dpsgd is not None and dpsgd.noise_multiplier is not None and dpsgd.sample_rate is not None:
-            mechanism = (float(dpsgd.noise_multiplier), float(dpsgd.sample_rate))
-        else:
-            history = accountant_history(trainer, self.accountant)
-            if not history or self.max_grad_norm is None:
-                raise MisconfigurationException(
-                    "AttributeInferenceMonitor cannot tell σ, p and C before the first step of a user's make_private "
-                    "run; use lightning_privacy.DPSGD."
-                )
-            mechanism = (history[-1][0], history[-1][1])
+        mechanism = next_step_mechanism(trainer, self.accountant, who="AttributeInferenceMonitor")
+        if self.max_grad_norm is None:
+            raise MisconfigurationException(
+                "AttributeInferenceMonitor cannot tell C before the first step of a user's make_private run; "
+                "use lightning_privacy.DPSGD."
+            )
         return self.bayes_security(extra_worst_case_step=mechanism)
 
     # ------------------------------------------------------------------------------ bookkeeping

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -48,6 +49,15 @@ def module_regularization(pl_module: "pl.LightningModule", regularization: float
             f"{type(pl_module).__name__} has no `regularization` attribute: pass `regularization` (Λ)"
         )
     return float(value)
+
+
+def check_linear_head_model(pl_module: "pl.LightningModule", layer: Any, regularization: float | None, who: str) -> None:
+    """Fail in ``setup`` (naming ``who``) when the model has no supported linear head or no Λ."""
+    try:
+        resolve_linear_head(pl_module, layer)
+    except ValueError as err:
+        raise MisconfigurationException(f"{who} does not support this model: {err}") from err
+    module_regularization(pl_module, regularization)
 
 
 class OutputPerturbation(Callback):
@@ -108,11 +118,7 @@ class OutputPerturbation(Callback):
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if stage != "fit":
             return
-        try:
-            resolve_linear_head(pl_module, self.layer)
-        except ValueError as err:
-            raise MisconfigurationException(f"OutputPerturbation does not support this model: {err}") from err
-        module_regularization(pl_module, self.regularization)
+        check_linear_head_model(pl_module, self.layer, self.regularization, "OutputPerturbation")
         if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):
             rank_zero_warn(
                 "OutputPerturbation: checkpoints saved during training hold the weights *before* the noise, "

@@ -11,7 +11,6 @@ from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
 import numpy as np
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException

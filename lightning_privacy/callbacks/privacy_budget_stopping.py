@@ -12,7 +12,7 @@ from opacus.accountants import IAccountant
 from typing_extensions import override
 
 from lightning_privacy.analysis import bayes_security as bs
-from lightning_privacy.callbacks._opacus import accountant_history, find_dpsgd
+from lightning_privacy.callbacks._opacus import accountant_history, next_step_mechanism
 
 THREATS = ("mia", "ai")
 
@@ -93,7 +93,7 @@ class PrivacyBudgetStopping(Callback):
         if self.threat == "ai":
             return self._ai_monitor(trainer).bayes_security_after_next_step(trainer)
         history = accountant_history(trainer, self.accountant)
-        sigma, rate = self._current_mechanism(trainer, history)
+        sigma, rate = next_step_mechanism(trainer, self.accountant, who="PrivacyBudgetStopping")
         return bs.mia_bayes_security(**bs.history_segments(history + [(sigma, rate, 1)]), relation=self.relation)
 
     def next_step_breaks_budget(self, trainer: "pl.Trainer") -> bool:
@@ -101,7 +101,7 @@ class PrivacyBudgetStopping(Callback):
         if self.threat == "ai" or not self.exact:
             return self.bayes_security_after_next_step(trainer) < self.min_bayes_security
         history = accountant_history(trainer, self.accountant)
-        sigma, rate = self._current_mechanism(trainer, history)
+        sigma, rate = next_step_mechanism(trainer, self.accountant, who="PrivacyBudgetStopping")
         if history and history[-1][:2] == (sigma, rate):
             prefix, done = history[:-1], history[-1][2]
         else:
@@ -150,17 +150,6 @@ class PrivacyBudgetStopping(Callback):
             result = largest(ok_exact, lo, hi, 0.002)
         self._cache = {key: result}
         return result
-
-    def _current_mechanism(self, trainer: "pl.Trainer", history) -> tuple:
-        dpsgd = find_dpsgd(trainer)
-        if dpsgd is not None and dpsgd.noise_multiplier is not None and dpsgd.sample_rate is not None:
-            return float(dpsgd.noise_multiplier), float(dpsgd.sample_rate)
-        if history:
-            return history[-1][0], history[-1][1]
-        raise MisconfigurationException(
-            "PrivacyBudgetStopping cannot tell the noise multiplier and sample rate before the first step of "
-            "a user's make_private run; use lightning_privacy.DPSGD or pass the accountant after one step."
-        )
 
     def _ai_monitor(self, trainer: "pl.Trainer") -> Any:
         from lightning_privacy.callbacks.attribute_inference_monitor import AttributeInferenceMonitor

@@ -14,7 +14,7 @@ from typing_extensions import override
 from lightning_privacy import names
 from lightning_privacy.analysis import privacy_profile as pp
 from lightning_privacy.callbacks._audit_utils import log_figure, log_histogram, log_scalars, log_text, sharded_loader
-from lightning_privacy.callbacks.output_perturbation import OutputPerturbation, module_regularization
+from lightning_privacy.callbacks.output_perturbation import OutputPerturbation, check_linear_head_model, module_regularization
 from lightning_privacy.functional.privacy_profile import (
     linear_head_inputs,
     logistic_per_example_gradients,
@@ -140,11 +140,7 @@ class PrivacyProfileAudit(Callback):
     def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
         if stage != "fit":
             return
-        try:
-            resolve_linear_head(pl_module, self.layer)
-        except ValueError as err:
-            raise MisconfigurationException(f"PrivacyProfileAudit does not support this model: {err}") from err
-        module_regularization(pl_module, self.regularization)
+        check_linear_head_model(pl_module, self.layer, self.regularization, "PrivacyProfileAudit")
 
     def _rows(self, trainer: "pl.Trainer") -> Iterable:
         """Every training row in a fixed order (all of them: the audit runs on global rank 0 only)."""
