@@ -74,7 +74,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--naive-examples", type=int, default=None, help="time the naive loop on this many rows and scale")
+    parser.add_argument(
+        "--naive-examples", type=int, default=None, help="time the naive loop on this many rows and scale"
+    )
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -92,8 +94,9 @@ def main(argv=None) -> int:
     dp_model.load_state_dict(model.state_dict())
     optimizer = torch.optim.SGD(dp_model.parameters(), lr=0.1)
     loader = DataLoader(dm.train_dataset, batch_size=args.batch_size)
-    gsm, dp_opt, _ = PrivacyEngine().make_private(module=dp_model, optimizer=optimizer, data_loader=loader,
-                                                  noise_multiplier=1.0, max_grad_norm=c)  # fmt: skip
+    gsm, dp_opt, _ = PrivacyEngine().make_private(
+        module=dp_model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0, max_grad_norm=c
+    )
 
     def dp_step():
         dp_opt.zero_grad(set_to_none=True)
@@ -104,10 +107,22 @@ def main(argv=None) -> int:
 
     rows = []
     results = {}
-    for label, method, values in (("exact", "exact", "all"), ("approximate", "approximate", "all"), ("extremes", "exact", "extremes")):
+    for label, method, values in (
+        ("exact", "exact", "all"),
+        ("approximate", "approximate", "all"),
+        ("extremes", "exact", "extremes"),
+    ):
         for backend in ("auto", "func"):
-            fn = lambda: attribute_sensitivity(model, x, y, attribute=age, max_grad_norm=c, method=method,  # noqa: E731
-                                               values=values, backend=backend)  # fmt: skip
+            fn = lambda: attribute_sensitivity(
+                model,
+                x,
+                y,
+                attribute=age,
+                max_grad_norm=c,
+                method=method,  # noqa: E731
+                values=values,
+                backend=backend,
+            )
             t, r = timed(fn, args.repeats)
             results[(label, backend)] = (t, r)
 
@@ -116,10 +131,15 @@ def main(argv=None) -> int:
     r_naive = naive_exact(model, x, y, age, c, n_naive)
     t_naive = (time.perf_counter() - start) * args.batch_size / n_naive
     if n_naive == args.batch_size:
-        assert abs(r_naive - results[("exact", "auto")][1]) <= 1e-4 * max(r_naive, 1e-12), (r_naive, results[("exact", "auto")][1])
+        assert abs(r_naive - results[("exact", "auto")][1]) <= 1e-4 * max(r_naive, 1e-12), (
+            r_naive,
+            results[("exact", "auto")][1],
+        )
 
-    print(f"Adult MLP ({sum(p.numel() for p in model.parameters())} parameters), |A| = {k}, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} thread(s), median of {args.repeats} runs\n")  # fmt: skip
+    print(
+        f"Adult MLP ({sum(p.numel() for p in model.parameters())} parameters), |A| = {k}, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} thread(s), median of {args.repeats} runs\n"
+    )
     print("| step | time per step | × DP-SGD step | R_t |")
     print("|---|---:|---:|---:|")
     print(f"| (a) plain DP-SGD step (Opacus) | {t_dp * 1e3:.1f} ms | 1.0 | |")

@@ -35,7 +35,9 @@ def main(argv=None) -> int:
         f"{'sigma':>5} {'epochs':>6} {'steps':>7} | {'closed':>7} {'exact':>7} {'closed-exact':>12} "
         f"{'err_bound':>9} | {'t_closed':>9} {'t_exact':>8} {'ratio':>9}"
     )
-    print(f"p = {p:g}, relation = {args.relation}, PLD grid = {bs.DEFAULT_VALUE_DISCRETIZATION_INTERVAL:g} (pessimistic)")
+    print(
+        f"p = {p:g}, relation = {args.relation}, PLD grid = {bs.DEFAULT_VALUE_DISCRETIZATION_INTERVAL:g} (pessimistic)"
+    )
     print(header)
     print("-" * len(header))
     ratios = []

@@ -62,7 +62,9 @@ class AuditAt(Callback):
         if epoch in self.epochs:
             results = dict(self.audit.audit(trainer, pl_module))
             results["auroc"] = population_auroc(pl_module, self.population)
-            results["dp_epsilon"] = self.dpsgd.epsilon(self.audit.details["parametric"].delta) if self.dpsgd else float("nan")
+            results["dp_epsilon"] = (
+                self.dpsgd.epsilon(self.audit.details["parametric"].delta) if self.dpsgd else float("nan")
+            )
             if self.train_loader is not None:
                 results["train_acc"] = accuracy(pl_module, self.train_loader)
             results["epoch"] = epoch
@@ -82,9 +84,15 @@ def accuracy(model, loader) -> float:
 
 def _trainer(epochs: int, callbacks) -> pl.Trainer:
     return pl.Trainer(
-        max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-    )  # fmt: skip
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )
 
 
 def run(seeds: int, noise_multipliers, dp_epochs: int, overfit_rows: int, overfit_epochs: int, epochs=EPOCHS) -> dict:
@@ -140,8 +148,15 @@ def figure(summary, path: str) -> None:
     points = [(summary[s]["eps"].mean(), summary[s]["auroc"].mean()) for s in labels]
     for s, (e, a) in zip(labels, points):
         eps, auc = summary[s]["eps"], summary[s]["auroc"]
-        ax.errorbar(e, a, xerr=[[e - eps.min()], [eps.max() - e]], yerr=[[a - auc.min()], [auc.max() - a]],
-                    fmt="o" if s.startswith("non-DP") else "s", capsize=3, label=s)  # fmt: skip
+        ax.errorbar(
+            e,
+            a,
+            xerr=[[e - eps.min()], [eps.max() - e]],
+            yerr=[[a - auc.min()], [auc.max() - a]],
+            fmt="o" if s.startswith("non-DP") else "s",
+            capsize=3,
+            label=s,
+        )
     front = pareto(points)
     ax.plot([points[i][0] for i in front], [points[i][1] for i in front], "k--", alpha=0.6, label="Pareto frontier")
     ax.set_xlabel("Epsilon* (parametric; mean, min-max over seeds)")
@@ -169,9 +184,13 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     start = time.perf_counter()
-    records = run(args.seeds, args.noise_multipliers, args.dp_epochs, args.overfit_rows, args.overfit_epochs, args.epochs)
+    records = run(
+        args.seeds, args.noise_multipliers, args.dp_epochs, args.overfit_rows, args.overfit_epochs, args.epochs
+    )
     summary = {}
-    print("| strategy | seeds | Epsilon* parametric | Epsilon* empirical | audit/mia_epsilon_lower | AUROC (population) | DP-SGD ε (RDP, same δ) |")
+    print(
+        "| strategy | seeds | Epsilon* parametric | Epsilon* empirical | audit/mia_epsilon_lower | AUROC (population) | DP-SGD ε (RDP, same δ) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for strategy, rs in records.items():
         col = lambda key: np.array([r.get(key, np.nan) for r in rs], dtype=float)  # noqa: E731
@@ -179,11 +198,15 @@ def main() -> None:
         fmt = lambda a: f"{np.nanmean(a):.3f} ± {np.nanstd(a, ddof=1):.3f}" if np.isfinite(a).any() else "—"  # noqa: E731
         dp = col("dp_epsilon")
         extra = f" (train acc {np.mean(col('train_acc')):.3f})" if "train_acc" in rs[0] else ""
-        print(f"| {strategy}{extra} | {len(rs)} | {fmt(col(names.EPSILON_STAR))} | {fmt(col(names.EPSILON_STAR_EMPIRICAL))} | "
-              f"{fmt(col(names.MIA_EPSILON_LOWER))} | {fmt(col('auroc'))} | {fmt(dp) if np.isfinite(dp).any() else '—'} |")  # fmt: skip
+        print(
+            f"| {strategy}{extra} | {len(rs)} | {fmt(col(names.EPSILON_STAR))} | {fmt(col(names.EPSILON_STAR_EMPIRICAL))} | "
+            f"{fmt(col(names.MIA_EPSILON_LOWER))} | {fmt(col('auroc'))} | {fmt(dp) if np.isfinite(dp).any() else '—'} |"
+        )
     delta = 1.0 / (27146 * np.log(27146))
-    print(f"\ndelta = 1/(n ln n) = {delta:.3g} (n = 27,146 training rows; over-fitted: n = {args.overfit_rows}); "
-          f"non-members: adult.test (15,060 rows); total time {time.perf_counter() - start:.0f} s")  # fmt: skip
+    print(
+        f"\ndelta = 1/(n ln n) = {delta:.3g} (n = 27,146 training rows; over-fitted: n = {args.overfit_rows}); "
+        f"non-members: adult.test (15,060 rows); total time {time.perf_counter() - start:.0f} s"
+    )
     if args.figure:
         figure(summary, args.figure)
         print(f"figure: {args.figure}")

@@ -26,8 +26,12 @@ def simulate(reps: int, distances=(0, 1, 2, 3), sizes=(1_000, 10_000, 100_000), 
     for d in distances:
         for n in sizes:
             delta = default_delta(n)
-            truth = epsilon_star_from_distributions(stats.gamma(K, scale=THETA), stats.gamma(K + d, scale=THETA), delta=delta)
-            truth_001 = epsilon_star_from_distributions(stats.gamma(K, scale=THETA), stats.gamma(K + d, scale=THETA), delta=0.001)
+            truth = epsilon_star_from_distributions(
+                stats.gamma(K, scale=THETA), stats.gamma(K + d, scale=THETA), delta=delta
+            )
+            truth_001 = epsilon_star_from_distributions(
+                stats.gamma(K, scale=THETA), stats.gamma(K + d, scale=THETA), delta=0.001
+            )
             emp, par = [], []
             for rep in range(reps):
                 rng = np.random.default_rng([seed, d, n, rep])
@@ -35,7 +39,9 @@ def simulate(reps: int, distances=(0, 1, 2, 3), sizes=(1_000, 10_000, 100_000), 
                 population = rng.gamma(K + d, THETA, n)
                 emp.append(epsilon_star(members, population, delta=delta, method="empirical"))
                 par.append(epsilon_star(members, population, delta=delta, method="parametric"))
-            rows.append(dict(d=d, n=n, delta=delta, truth=truth, truth_001=truth_001, emp=np.array(emp), par=np.array(par)))
+            rows.append(
+                dict(d=d, n=n, delta=delta, truth=truth, truth_001=truth_001, emp=np.array(emp), par=np.array(par))
+            )
     return rows
 
 
@@ -59,7 +65,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     rows = simulate(args.reps)
-    print("| d | n | delta | true eps* (delta) | true eps* (rates in (0.001, 0.999)) | empirical (mean ± sd) | parametric (mean ± sd) | |emp − true| | |par − true| |")
+    print(
+        "| d | n | delta | true eps* (delta) | true eps* (rates in (0.001, 0.999)) | empirical (mean ± sd) | parametric (mean ± sd) | |emp − true| | |par − true| |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
@@ -68,7 +76,9 @@ def main() -> None:
             f"{abs(r['emp'].mean() - r['truth']):.3f} | {abs(r['par'].mean() - r['truth']):.3f} |"
         )
     t = timing()
-    print(f"\nTiming, 10^6 + 10^6 losses (best of 3): parametric {t['parametric']:.3f} s, empirical {t['empirical']:.3f} s")
+    print(
+        f"\nTiming, 10^6 + 10^6 losses (best of 3): parametric {t['parametric']:.3f} s, empirical {t['empirical']:.3f} s"
+    )
 
 
 if __name__ == "__main__":

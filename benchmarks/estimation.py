@@ -21,7 +21,6 @@ Run: ``python benchmarks/estimation.py`` (about a minute plus the authors' ~10â€
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 
@@ -47,8 +46,10 @@ def _median_seconds(fn, repeats: int) -> float:
 def worked_example(verify: bool) -> None:
     print("(i) Worked example, Section 3.2: FN=35 TP=65 FP=25 TN=75, delta=0.05, 95% two-sided")
     ours = {m: epsilon_interval(**WORKED, delta=0.05, alpha=0.05, method=m) for m in METHODS}
-    ours_t = {m: _median_seconds(lambda m=m: epsilon_interval(**WORKED, delta=0.05, alpha=0.05, method=m), 20)
-              for m in METHODS}  # fmt: skip
+    ours_t = {
+        m: _median_seconds(lambda m=m: epsilon_interval(**WORKED, delta=0.05, alpha=0.05, method=m), 20)
+        for m in METHODS
+    }
     try:
         import privacy_estimates
         from privacy_estimates import AttackResults
@@ -63,19 +64,25 @@ def worked_example(verify: bool) -> None:
             lo, hi = privacy_estimates.compute_eps_lo_hi(count=count, delta=0.05, alpha=0.05, method=THEIRS[m])
             theirs_t[m] = time.perf_counter() - start
             theirs[m] = (float(lo), float(hi))
-    print(f"    {'method':<16}{'paper':>16}{'ours':>18}{'ours ms':>10}{'privacy-estimates':>20}{'theirs ms':>11}{'ratio':>9}")
+    print(
+        f"    {'method':<16}{'paper':>16}{'ours':>18}{'ours ms':>10}{'privacy-estimates':>20}{'theirs ms':>11}{'ratio':>9}"
+    )
     for m in METHODS:
         p, o = PAPER[m], ours[m]
         t = theirs.get(m)
         t_str = f"[{t[0]:.4f}, {t[1]:.4f}]" if t else "-"
         ratio = f"{theirs_t[m] / ours_t[m]:.0f}x" if t else "-"
         t_ms = f"{1e3 * theirs_t[m]:.1f}" if t else "-"
-        print(f"    {m:<16}{f'[{p[0]:.3f}, {p[1]:.3f}]':>16}{f'[{o[0]:.4f}, {o[1]:.4f}]':>18}"
-              f"{1e3 * ours_t[m]:>10.2f}{t_str:>20}{t_ms:>11}{ratio:>9}")  # fmt: skip
+        print(
+            f"    {m:<16}{f'[{p[0]:.3f}, {p[1]:.3f}]':>16}{f'[{o[0]:.4f}, {o[1]:.4f}]':>18}"
+            f"{1e3 * ours_t[m]:>10.2f}{t_str:>20}{t_ms:>11}{ratio:>9}"
+        )
     if theirs:
         diff = max(abs(a - b) for a, b in zip(ours["bayes"], theirs["bayes"]))
-        print(f"    Bayesian: largest endpoint difference ours vs privacy-estimates = {diff:.4f} "
-              "(their root finder uses xtol=1e-2, dblquad epsabs=5e-3)")  # fmt: skip
+        print(
+            f"    Bayesian: largest endpoint difference ours vs privacy-estimates = {diff:.4f} "
+            "(their root finder uses xtol=1e-2, dblquad epsabs=5e-3)"
+        )
     if verify and privacy_estimates is not None:
         from privacy_estimates.joint_density import Beta
 
@@ -94,8 +101,10 @@ def _counts(rate_fn: float, rate_fp: float, per_class: int) -> dict:
 
 
 def figure_4(delta: float) -> None:
-    print(f"(ii) Figure 4: FPR = FNR = 0.4, 90% two-sided, delta={delta:g}; trials (members + non-members, "
-          "half each) for an interval inside eps_hat +/- 0.15")  # fmt: skip
+    print(
+        f"(ii) Figure 4: FPR = FNR = 0.4, 90% two-sided, delta={delta:g}; trials (members + non-members, "
+        "half each) for an interval inside eps_hat +/- 0.15"
+    )
     true_eps = epsilon_from_rates(fnr=0.4, fpr=0.4, delta=delta)
     paper = {"bayes": "just over 500", "jeffreys": "slightly < 1500", "clopper_pearson": "~1500"}
     print(f"    eps_hat at the true rates = {true_eps:.4f}")
@@ -117,29 +126,37 @@ def figure_4(delta: float) -> None:
 def figure_5(delta: float, trials: int) -> None:
     per_class = trials // 2
     grid = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
-    print(f"(iii) Figure 5: {trials} trials ({per_class} per class), 90% two-sided, delta={delta:g}; width reduction "
-          "of the Bayesian interval, % vs Jeffreys / % vs Clopper-Pearson (rows FPR, columns FNR)")  # fmt: skip
+    print(
+        f"(iii) Figure 5: {trials} trials ({per_class} per class), 90% two-sided, delta={delta:g}; width reduction "
+        "of the Bayesian interval, % vs Jeffreys / % vs Clopper-Pearson (rows FPR, columns FNR)"
+    )
     print("    " + "FPR\\FNR".ljust(8) + "".join(f"{g:>9}" for g in grid))
     vs_j, vs_cp = [], []
     for fpr in grid:
         row = []
         for fnr in grid:
             c = _counts(fnr, fpr, per_class)
-            w = {m: (lambda iv: iv[1] - iv[0])(epsilon_interval(**c, delta=delta, alpha=0.1, method=m)) for m in METHODS}
+            w = {
+                m: (lambda iv: iv[1] - iv[0])(epsilon_interval(**c, delta=delta, alpha=0.1, method=m)) for m in METHODS
+            }
             rj, rc = 1 - w["bayes"] / w["jeffreys"], 1 - w["bayes"] / w["clopper_pearson"]
             vs_j.append(rj)
             vs_cp.append(rc)
             row.append(f"{100 * rj:>4.0f}/{100 * rc:<4.0f}")
         print(f"    {fpr:<8}" + "".join(f"{r:>9}" for r in row))
-    print(f"    range vs Jeffreys: {100 * min(vs_j):.0f}-{100 * max(vs_j):.0f}% (paper 20-32%); "
-          f"vs Clopper-Pearson: {100 * min(vs_cp):.0f}-{100 * max(vs_cp):.0f}% (paper 36-52%)")  # fmt: skip
+    print(
+        f"    range vs Jeffreys: {100 * min(vs_j):.0f}-{100 * max(vs_j):.0f}% (paper 20-32%); "
+        f"vs Clopper-Pearson: {100 * min(vs_cp):.0f}-{100 * max(vs_cp):.0f}% (paper 36-52%)"
+    )
     print()
 
 
 def selection(reps: int) -> None:
     n, alpha, delta = 100, 0.05, 1e-5
-    print(f"(iv) Attack without power: {n} members + {n} non-members, scores ~ N(0,1) for both, delta={delta:g}, "
-          f"alpha={alpha}, Bayesian, {reps} repetitions: share of runs claiming eps_lower > 0 (nominal <= alpha)")  # fmt: skip
+    print(
+        f"(iv) Attack without power: {n} members + {n} non-members, scores ~ N(0,1) for both, delta={delta:g}, "
+        f"alpha={alpha}, Bayesian, {reps} repetitions: share of runs claiming eps_lower > 0 (nominal <= alpha)"
+    )
     rng = np.random.default_rng(1)
     member = np.r_[np.ones(n, bool), np.zeros(n, bool)]
     cases = [("holdout", "attack"), ("bonferroni", "attack"), ("none", "attack"), ("holdout", "full")]
@@ -154,7 +171,9 @@ def selection(reps: int) -> None:
             claims[(sel, region)] += res.epsilon_lower > 0
     print(f"    {'selection':<12}{'region':<8}{'false claims':>14}{'ms/call':>9}")
     for sel, region in cases:
-        print(f"    {sel:<12}{region:<8}{claims[(sel, region)] / reps:>14.3f}{1e3 * seconds[(sel, region)] / reps:>9.1f}")
+        print(
+            f"    {sel:<12}{region:<8}{claims[(sel, region)] / reps:>14.3f}{1e3 * seconds[(sel, region)] / reps:>9.1f}"
+        )
     print()
 
 

@@ -45,8 +45,12 @@ class HandMadeOpacus(TabularMLP):
         self.hooks = GradSampleHooks(self)
         loader = self.datamodule.train_dataloader()
         sample_rate = 1 / len(loader)
-        opt = DPOptimizer(torch.optim.SGD(self.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP,
-                          expected_batch_size=int(len(loader.dataset) * sample_rate))  # fmt: skip
+        opt = DPOptimizer(
+            torch.optim.SGD(self.parameters(), lr=LR),
+            noise_multiplier=SIGMA,
+            max_grad_norm=CLIP,
+            expected_batch_size=int(len(loader.dataset) * sample_rate),
+        )
         opt.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=sample_rate))
         return opt
 
@@ -68,8 +72,15 @@ def run(kind: str, datamodule: AdultDataModule, epochs: int) -> float:
         model = TabularMLP(datamodule.num_features, hidden=(64, 32), lr=LR)
         callbacks = [DPSGD(noise_multiplier=SIGMA, max_grad_norm=CLIP), BayesSecurityMonitor(), timer]
         fit_kwargs = {"train_dataloaders": datamodule.train_dataloader()}
-    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(model, **fit_kwargs)
     return timer.per_epoch
 

@@ -30,8 +30,7 @@ import torch
 
 from lightning_privacy.data import AdultDataModule
 from lightning_privacy.functional.panoramia import panoramia_audit
-from lightning_privacy.generators import BayesNetGenerator, FilteredGenerator, HeldOutRows, TabularGenerator
-from lightning_privacy.generators import _data
+from lightning_privacy.generators import BayesNetGenerator, FilteredGenerator, HeldOutRows, TabularGenerator, _data
 from lightning_privacy.models import TabularMLP
 
 HIDDEN = (150, 100, 50, 10)
@@ -67,14 +66,22 @@ def train_target(name: str, *, epochs: int, batch_size: int, dp_epsilon: float |
             from lightning_privacy.callbacks.dpsgd import DPSGD
 
             sample_rate = 1 / math.ceil(len(dm.train_dataset) / batch_size)
-            sigma = get_noise_multiplier(target_epsilon=dp_epsilon, target_delta=1e-5, sample_rate=sample_rate,
-                                         epochs=epochs, accountant="rdp")  # fmt: skip
+            sigma = get_noise_multiplier(
+                target_epsilon=dp_epsilon, target_delta=1e-5, sample_rate=sample_rate, epochs=epochs, accountant="rdp"
+            )
             dp = DPSGD(noise_multiplier=sigma, max_grad_norm=1.0, delta=1e-5)
             callbacks.append(dp)
         start = time.perf_counter()
-        trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                             deterministic=True)  # fmt: skip
+        trainer = pl.Trainer(
+            max_epochs=epochs,
+            callbacks=callbacks,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            deterministic=True,
+        )
         trainer.fit(model, datamodule=dm)
         info["train_seconds"] = time.perf_counter() - start
         if dp_epsilon is not None:
@@ -89,17 +96,31 @@ def train_target(name: str, *, epochs: int, batch_size: int, dp_epsilon: float |
     return {"model": model, "dm": dm, **info}
 
 
-def audit(target: dict, *, seed: int, real_nonmembers: bool, generator: str = "cart",
-          mia_features: str = "target_loss", sdv_epochs: int = 10) -> dict:  # fmt: skip
+def audit(
+    target: dict,
+    *,
+    seed: int,
+    real_nonmembers: bool,
+    generator: str = "cart",
+    mia_features: str = "target_loss",
+    sdv_epochs: int = 10,
+) -> dict:
     dm, model = target["dm"], target["model"]
     encode = lambda rows: dm.to_dataset(rows).tensors  # noqa: E731
     start, cpu = time.perf_counter(), time.process_time()
     if real_nonmembers:
         pool = _data.concat(dm.val_table, dm.test_table)
         m = n_train = 6000
-        res = panoramia_audit(model, dm.train_table, encode=encode, generator=HeldOutRows(pool, seed=seed),
-                              audit_size=m, generator_size=len(dm.train_table) - m - n_train, helper_size=n_train,
-                              seed=seed)  # fmt: skip
+        res = panoramia_audit(
+            model,
+            dm.train_table,
+            encode=encode,
+            generator=HeldOutRows(pool, seed=seed),
+            audit_size=m,
+            generator_size=len(dm.train_table) - m - n_train,
+            helper_size=n_train,
+            seed=seed,
+        )
     else:
         if generator.startswith("sdv-"):  # optional: pip install sdv
             from lightning_privacy.generators import SDVGenerator
@@ -110,8 +131,15 @@ def audit(target: dict, *, seed: int, real_nonmembers: bool, generator: str = "c
             base = TabularGenerator(seed=seed) if generator == "cart" else BayesNetGenerator(seed=seed)
         gen = FilteredGenerator(base, seed=seed)
         res = panoramia_audit(model, dm.train_table, encode=encode, generator=gen, seed=seed, mia_features=mia_features)
-    return {"c_lb": res.c_lb, "c_eps": res.c_plus_epsilon_lb, "eps": res.epsilon, "wall": time.perf_counter() - start,
-            "cpu": time.process_time() - cpu, "m": res.sizes["audit"], "result": res}  # fmt: skip
+    return {
+        "c_lb": res.c_lb,
+        "c_eps": res.c_plus_epsilon_lb,
+        "eps": res.epsilon,
+        "wall": time.perf_counter() - start,
+        "cpu": time.process_time() - cpu,
+        "m": res.sizes["audit"],
+        "result": res,
+    }
 
 
 def _fmt(values: list) -> str:
@@ -128,9 +156,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="MLP_E10 only, one seed")
     parser.add_argument("--cache-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "lp_panoramia_adult"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads for target training")
-    parser.add_argument("--generator", choices=["cart", "bayesnet", "sdv-gaussian-copula", "sdv-ctgan"], default="cart",
-                        help="TabularGenerator (sequential CART, default), BayesNetGenerator (MST-like), or SDV's "
-                             "GaussianCopula / CTGAN (optional: pip install sdv)")  # fmt: skip
+    parser.add_argument(
+        "--generator",
+        choices=["cart", "bayesnet", "sdv-gaussian-copula", "sdv-ctgan"],
+        default="cart",
+        help="TabularGenerator (sequential CART, default), BayesNetGenerator (MST-like), or SDV's "
+        "GaussianCopula / CTGAN (optional: pip install sdv)",
+    )
     parser.add_argument("--sdv-epochs", type=int, default=10, help="CTGAN training epochs (sdv-ctgan)")
     parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss")
     parser.add_argument("--no-real", action="store_true", help="skip the real-non-member (RM;RN) audits")
@@ -147,8 +179,17 @@ def main() -> None:
     rows = []
     for name, epochs, batch, dp_eps in specs:
         target = train_target(name, epochs=epochs, batch_size=batch, dp_epsilon=dp_eps, cache=cache)
-        gen = [audit(target, seed=s, real_nonmembers=False, generator=args.generator, mia_features=args.mia_features,
-                     sdv_epochs=args.sdv_epochs) for s in seeds]  # fmt: skip
+        gen = [
+            audit(
+                target,
+                seed=s,
+                real_nonmembers=False,
+                generator=args.generator,
+                mia_features=args.mia_features,
+                sdv_epochs=args.sdv_epochs,
+            )
+            for s in seeds
+        ]
         real = [] if args.no_real else [audit(target, seed=s, real_nonmembers=True) for s in seeds]
         rows.append((name, target, gen, real))
         if args.figure and name == "MLP_E100":
@@ -156,25 +197,36 @@ def main() -> None:
 
             panoramia_figure(gen[0]["result"]).savefig(args.figure, dpi=110)
         top = gen[0]["result"]
-        print(f"{name}: trained in {target.get('train_seconds', float('nan')):.0f} s; "
-              f"train acc {target['train_acc']:.3f}, test acc {target['test_acc']:.3f}; "
-              f"audit {np.mean([g['wall'] for g in gen]):.0f} s wall / {np.mean([g['cpu'] for g in gen]):.0f} s CPU; "
-              f"filter kept {top.acceptance_rate:.3f}; load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+        print(
+            f"{name}: trained in {target.get('train_seconds', float('nan')):.0f} s; "
+            f"train acc {target['train_acc']:.3f}, test acc {target['test_acc']:.3f}; "
+            f"audit {np.mean([g['wall'] for g in gen]):.0f} s wall / {np.mean([g['cpu'] for g in gen]):.0f} s CPU; "
+            f"filter kept {top.acceptance_rate:.3f}; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
     print()
-    print("| model | train / test acc | c_lb | {c+ε}_lb | ε̃ | RM;RN c_lb | RM;RN {c+ε}_lb (= ε, c = 0) | "
-          "paper c_lb / {c+ε}_lb / ε̃ | audit wall / CPU s |")
+    print(
+        "| model | train / test acc | c_lb | {c+ε}_lb | ε̃ | RM;RN c_lb | RM;RN {c+ε}_lb (= ε, c = 0) | "
+        "paper c_lb / {c+ε}_lb / ε̃ | audit wall / CPU s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, target, gen, real in rows:
-        label = name if "dp_epsilon" not in target else f"{name} (σ={target['sigma']:.2f}, ε={target['dp_epsilon']:.2f})"
+        label = (
+            name if "dp_epsilon" not in target else f"{name} (σ={target['sigma']:.2f}, ε={target['dp_epsilon']:.2f})"
+        )
         paper = PAPER.get(name)
         paper_txt = f"{paper[0]} / {paper[1]} / {paper[2]} ({paper[3]})" if paper else "ε̃ = 0 at small ε (images)"
-        print(f"| {label} | {target['train_acc']:.3f} / {target['test_acc']:.3f} | {_fmt([g['c_lb'] for g in gen])} | "
-              f"{_fmt([g['c_eps'] for g in gen])} | {_fmt([g['eps'] for g in gen])} | {_fmt([r['c_lb'] for r in real])} | "
-              f"{_fmt([r['c_eps'] for r in real])} | {paper_txt} | "
-              f"{np.mean([g['wall'] for g in gen]):.0f} / {np.mean([g['cpu'] for g in gen]):.0f} |")  # fmt: skip
-    print(f"\nm = {rows[0][2][0]['m']} audit points (generated), 6000 (RM;RN); beta = 0.05; generator {args.generator}; "
-          f"MIA features {args.mia_features}; {len(seeds)} audit seed(s); torch threads {args.threads} (training), 1 (audit); "
-          f"load average at the end {os.getloadavg()}")
+        print(
+            f"| {label} | {target['train_acc']:.3f} / {target['test_acc']:.3f} | {_fmt([g['c_lb'] for g in gen])} | "
+            f"{_fmt([g['c_eps'] for g in gen])} | {_fmt([g['eps'] for g in gen])} | {_fmt([r['c_lb'] for r in real])} | "
+            f"{_fmt([r['c_eps'] for r in real])} | {paper_txt} | "
+            f"{np.mean([g['wall'] for g in gen]):.0f} / {np.mean([g['cpu'] for g in gen]):.0f} |"
+        )
+    print(
+        f"\nm = {rows[0][2][0]['m']} audit points (generated), 6000 (RM;RN); beta = 0.05; generator {args.generator}; "
+        f"MIA features {args.mia_features}; {len(seeds)} audit seed(s); torch threads {args.threads} (training), 1 (audit); "
+        f"load average at the end {os.getloadavg()}"
+    )
 
 
 if __name__ == "__main__":

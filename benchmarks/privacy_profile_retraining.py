@@ -35,8 +35,14 @@ def lightning_optimum(x: np.ndarray, y: np.ndarray, regularization: float) -> np
 
     model = LogisticRegressionModule(x.shape[1], regularization=regularization)
     loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=len(y))
-    trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu")  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(model, loader)
     return model.weights.numpy()
 
@@ -62,9 +68,11 @@ def main() -> None:
     print(f"A(x) (scipy trust-exact + Newton polish): ‖∇J‖ = {grad_norm:.1e}, {fit_time * 1e3:.1f} ms")
     if not args.skip_lightning:
         trained = lightning_optimum(x, y, lam)
-        print(f"Lightning LogisticRegressionModule (full-batch L-BFGS): ‖A_lightning − A(x)‖ = "
-              f"{np.linalg.norm(trained - base):.1e}, ‖∇J‖ = "
-              f"{np.linalg.norm(pp.objective_gradient(trained, x, y, regularization=lam)):.1e}")  # fmt: skip
+        print(
+            f"Lightning LogisticRegressionModule (full-batch L-BFGS): ‖A_lightning − A(x)‖ = "
+            f"{np.linalg.norm(trained - base):.1e}, ‖∇J‖ = "
+            f"{np.linalg.norm(pp.objective_gradient(trained, x, y, regularization=lam)):.1e}"
+        )
 
     start = time.perf_counter()
     gradients = pp.logistic_gradients(base, x, y)
@@ -100,18 +108,24 @@ def main() -> None:
     print("|---|---|")
     print(f"| profile for all {n} rows (gradients + A_wc + ranked losses) | {profile_time:.4f} |")
     print(f"| one retraining (warm start, ‖∇J‖ < 1e-12) | {retrain_time:.4f} |")
-    print(f"| one retraining per row, all {n} rows ({'measured' if rows.size == n else 'extrapolated'}) | "
-          f"{retrain_time * n:.1f} |")  # fmt: skip
+    print(
+        f"| one retraining per row, all {n} rows ({'measured' if rows.size == n else 'extrapolated'}) | "
+        f"{retrain_time * n:.1f} |"
+    )
     print(f"| speed-up | {retrain_time * n / profile_time:.0f}× |")
 
     start = time.perf_counter()
     transition = pp.transition_analysis(base, neighbours, dataset_size=n, regularization=lam, num_samples=128)
     print()
-    print(f"Most exposed rows at M = A(x) (index: ‖A_wc − A(x)‖): "
-          + ", ".join(f"{i}: {v:.2e}" for i, v in zip(*profile.most_exposed(5))))  # fmt: skip
-    print(f"Transition analysis ({transition.epsilons.size} ε values, 128 model samples, "
-          f"{time.perf_counter() - start:.1f} s): recommended ε range "
-          f"[{transition.epsilon_low:.3g}, {transition.epsilon_high:.3g}]")  # fmt: skip
+    print(
+        "Most exposed rows at M = A(x) (index: ‖A_wc − A(x)‖): "
+        + ", ".join(f"{i}: {v:.2e}" for i, v in zip(*profile.most_exposed(5)))
+    )
+    print(
+        f"Transition analysis ({transition.epsilons.size} ε values, 128 model samples, "
+        f"{time.perf_counter() - start:.1f} s): recommended ε range "
+        f"[{transition.epsilon_low:.3g}, {transition.epsilon_high:.3g}]"
+    )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ class EpochTable(pl.Callback):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (paper: 30)")
-    parser.add_argument("--plan-epochs", type=int, default=20, help="σ is planned for the target after this many epochs")
+    parser.add_argument(
+        "--plan-epochs", type=int, default=20, help="σ is planned for the target after this many epochs"
+    )
     parser.add_argument("--target", type=float, default=0.9, help="β*_MIA target of the σ plan (paper: 0.9)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
@@ -73,7 +75,9 @@ def main(argv=None) -> int:
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--limit-train-batches", type=int, default=None, help="for a quick smoke test")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids oversubscription on shared CPUs)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1 avoids oversubscription on shared CPUs)"
+    )
     parser.add_argument("--logdir", default="runs/adult_attribute_inference")
     args = parser.parse_args(argv)
 
@@ -85,7 +89,14 @@ def main(argv=None) -> int:
     model = TabularMLP(dm.num_features, lr=args.lr, optimizer=args.optimizer)
     logger = TensorBoardLogger(args.logdir, name="", default_hp_metric=False)
     logger.experiment.add_custom_scalars(
-        {"privacy": {"Bayes security: AI vs MIA": ["Multiline", [names.AI_BAYES_SECURITY, AI_EXACT, names.MIA_BAYES_SECURITY]]}}
+        {
+            "privacy": {
+                "Bayes security: AI vs MIA": [
+                    "Multiline",
+                    [names.AI_BAYES_SECURITY, AI_EXACT, names.MIA_BAYES_SECURITY],
+                ]
+            }
+        }
     )
     table = EpochTable(dm)
     dpsgd = DPSGD(target_bayes_security=args.target, epochs=args.plan_epochs, max_grad_norm=args.max_grad_norm)
@@ -97,10 +108,16 @@ def main(argv=None) -> int:
         table,
     ]
     trainer = pl.Trainer(
-        max_epochs=args.epochs, callbacks=callbacks, logger=logger, enable_checkpointing=False,
-        enable_progress_bar=False, limit_train_batches=args.limit_train_batches, limit_val_batches=0,
-        num_sanity_val_steps=0, enable_model_summary=False,
-    )  # fmt: skip
+        max_epochs=args.epochs,
+        callbacks=callbacks,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_train_batches=args.limit_train_batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
+    )
     start = time.perf_counter()
     trainer.fit(model, dm)
     elapsed = time.perf_counter() - start
@@ -124,7 +141,11 @@ def main(argv=None) -> int:
     (out / "table.md").write_text(text + "\n")
     fig, ax = plt.subplots(figsize=(6, 4))
     epochs = [r["epoch"] for r in table.rows]
-    for key, label in ((names.AI_BAYES_SECURITY, "β*_AI approximate"), (AI_EXACT, "β*_AI exact"), (names.MIA_BAYES_SECURITY, "β*_MIA")):
+    for key, label in (
+        (names.AI_BAYES_SECURITY, "β*_AI approximate"),
+        (AI_EXACT, "β*_AI exact"),
+        (names.MIA_BAYES_SECURITY, "β*_MIA"),
+    ):
         ax.plot(epochs, [r[key] for r in table.rows], marker=".", label=label)
     ax.set_xlabel("epoch")
     ax.set_ylabel("Bayes security β*")

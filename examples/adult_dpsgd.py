@@ -44,19 +44,25 @@ class EpochTable(Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         metrics = trainer.callback_metrics
-        self.rows.append((trainer.current_epoch + 1, float(metrics["val_acc"]), float(metrics[names.MIA_BAYES_SECURITY])))
+        self.rows.append(
+            (trainer.current_epoch + 1, float(metrics["val_acc"]), float(metrics[names.MIA_BAYES_SECURITY]))
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5, help="epochs the noise is planned for (default: %(default)s)")
     parser.add_argument("--target", type=float, default=0.9, help="β*_MIA budget in (0, 1) (default: %(default)s)")
-    parser.add_argument("--logdir", default="lightning_logs", help="TensorBoard logs and checkpoints (default: %(default)s)")
+    parser.add_argument(
+        "--logdir", default="lightning_logs", help="TensorBoard logs and checkpoints (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.epochs < 1 or not 0 < args.target < 1:
         parser.error("--epochs must be >= 1 and --target in (0, 1)")
-    warnings.filterwarnings("ignore", ".*LeafSpec.*|.*does not have many workers.*|.*Secure RNG.*|.*Full backward hook.*")
+    warnings.filterwarnings(
+        "ignore", ".*LeafSpec.*|.*does not have many workers.*|.*Secure RNG.*|.*Full backward hook.*"
+    )
     torch.set_num_threads(1)  # a tiny MLP: one thread is as fast and avoids OpenMP spin-waiting on a busy CPU
     pl.seed_everything(args.seed, verbose=False)
 
@@ -69,23 +75,38 @@ def main(argv: list[str] | None = None) -> None:
     table = EpochTable()
     early = EarlyStopping(monitor=names.MIA_BAYES_SECURITY, mode="max", divergence_threshold=args.target, patience=1000)
     logger = TensorBoardLogger(args.logdir, name="adult_dpsgd")
-    checkpoint = ModelCheckpoint(dirpath=f"{logger.log_dir}/checkpoints", monitor="val_acc", mode="max",
-                                 filename="best-{epoch}-{val_acc:.4f}", save_last=True)  # fmt: skip
+    checkpoint = ModelCheckpoint(
+        dirpath=f"{logger.log_dir}/checkpoints",
+        monitor="val_acc",
+        mode="max",
+        filename="best-{epoch}-{val_acc:.4f}",
+        save_last=True,
+    )
     trainer = pl.Trainer(
-        max_epochs=args.epochs + 1, callbacks=[dpsgd, monitor, budget, table, early, checkpoint], logger=logger,
-        accelerator="cpu", devices=1, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+        max_epochs=args.epochs + 1,
+        callbacks=[dpsgd, monitor, budget, table, early, checkpoint],
+        logger=logger,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=dm)
 
-    print(f"\nDP-SGD on Adult: σ = {dpsgd.noise_multiplier:.4f} planned for β*_MIA ≥ {args.target} after "
-          f"{args.epochs} epochs (sample rate {dpsgd.sample_rate:.5f})")  # fmt: skip
+    print(
+        f"\nDP-SGD on Adult: σ = {dpsgd.noise_multiplier:.4f} planned for β*_MIA ≥ {args.target} after "
+        f"{args.epochs} epochs (sample rate {dpsgd.sample_rate:.5f})"
+    )
     print(f"{'epoch':>5}  {'val acc':>7}  {'β*_MIA':>7}")
     for epoch, acc, beta in table.rows:
         print(f"{epoch:>5}  {acc:>7.4f}  {beta:>7.4f}")
     stopped = budget.stopped_at_step
     print(f"stopped by the budget after step {stopped}" if stopped is not None else "budget not reached")
-    print(f"final β*_MIA exact (PLD): {monitor.final[names.MIA_BAYES_SECURITY_EXACT]:.4f}, "
-          f"accountant ε at δ = {dpsgd.delta:g}: {dpsgd.epsilon():.3f}")  # fmt: skip
+    print(
+        f"final β*_MIA exact (PLD): {monitor.final[names.MIA_BAYES_SECURITY_EXACT]:.4f}, "
+        f"accountant ε at δ = {dpsgd.delta:g}: {dpsgd.epsilon():.3f}"
+    )
     print(f"best checkpoint (val_acc {float(checkpoint.best_model_score):.4f}): {checkpoint.best_model_path}")
     print(f"last checkpoint: {checkpoint.last_model_path}")
     print(f"TensorBoard logs: {logger.log_dir}")

@@ -53,21 +53,33 @@ def main() -> None:
     model = LogisticRegressionModule(x.shape[1], regularization=args.regularization)
     perturbation = OutputPerturbation(epsilon=args.epsilon, seed=args.seed)
     audit = PrivacyProfileAudit(
-        top_k=10, feature_names=list(NUMERIC), row_features=table.numeric, num_samples=args.num_samples,
+        top_k=10,
+        feature_names=list(NUMERIC),
+        row_features=table.numeric,
+        num_samples=args.num_samples,
         seed=args.seed,
-    )  # fmt: skip
+    )
     logger = TensorBoardLogger(args.logdir, name="adult_privacy_profile")
     trainer = pl.Trainer(
-        max_epochs=2, logger=logger, callbacks=[perturbation, audit], enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-    )  # fmt: skip
+        max_epochs=2,
+        logger=logger,
+        callbacks=[perturbation, audit],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(model, loader)  # full batch: each step is a full L-BFGS run
 
     ta = audit.transition
-    print(f"\nn = {len(x)}, Λ = {args.regularization:g}, ‖∇J(A(x))‖ = {audit.gradient_norm:.1e}, "
-          f"bound on the A_wc error = {audit.approximation_bound:.2e}")  # fmt: skip
-    print(f"released model: ε = {args.epsilon:g} (β = {perturbation.beta:.4g}), "
-          f"‖M − A(x)‖ = {np.linalg.norm(perturbation.noise):.2e}")  # fmt: skip
+    print(
+        f"\nn = {len(x)}, Λ = {args.regularization:g}, ‖∇J(A(x))‖ = {audit.gradient_norm:.1e}, "
+        f"bound on the A_wc error = {audit.approximation_bound:.2e}"
+    )
+    print(
+        f"released model: ε = {args.epsilon:g} (β = {perturbation.beta:.4g}), "
+        f"‖M − A(x)‖ = {np.linalg.norm(perturbation.noise):.2e}"
+    )
     print("\nMost exposed training rows for the released model (raw values):")
     print(f"{'rank':>4} {'row':>6} {'|l|':>9} " + " ".join(f"{c:>14}" for c in NUMERIC))
     for r, row in enumerate(audit.top_rows, 1):
@@ -75,8 +87,10 @@ def main() -> None:
 
     top = int(np.argmax(ta.quantiles))
     fraction = (ta.curves[top] - ta.low_plateau[top]) / (ta.high_plateau[top] - ta.low_plateau[top])
-    print(f"\nTypical profile of the most exposed rank, mean|l|/β across ε "
-          f"(plateaus {ta.low_plateau[top]:.3g} and {ta.high_plateau[top]:.3g}):")  # fmt: skip
+    print(
+        f"\nTypical profile of the most exposed rank, mean|l|/β across ε "
+        f"(plateaus {ta.low_plateau[top]:.3g} and {ta.high_plateau[top]:.3g}):"
+    )
     for eps, value, frac in list(zip(ta.epsilons, ta.curves[top], fraction))[::4]:
         print(f"  ε = {eps:10.3g}   mean|l|/β = {value:.3e}   {regime(frac, ta.tolerance)}")
     print("\nOnsets per tracked rank quantile (low-ε plateau ends / high-ε plateau starts):")

@@ -42,24 +42,44 @@ def train(args: argparse.Namespace) -> str:
     dm.setup("fit")
     model = TabularMLP(dm.num_features, hidden=(150, 100, 50, 10), lr=5e-4, optimizer="adam")
     trainer = pl.Trainer(
-        max_epochs=args.epochs, default_root_dir=args.logdir, accelerator="cpu", devices=1, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+        max_epochs=args.epochs,
+        default_root_dir=args.logdir,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=dm)
     path = Path(args.logdir) / "audit_checkpoint" / "model.ckpt"
     path.parent.mkdir(parents=True, exist_ok=True)
     trainer.save_checkpoint(path)
-    print(f"trained {args.epochs} epoch(s): val acc {float(trainer.callback_metrics['val_acc']):.4f}; checkpoint: {path}")
+    print(
+        f"trained {args.epochs} epoch(s): val acc {float(trainer.callback_metrics['val_acc']):.4f}; checkpoint: {path}"
+    )
     return str(path)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default=None, help="audit this TabularMLP checkpoint instead of training one")
-    parser.add_argument("--epochs", type=int, default=10, help="training epochs when no --checkpoint (default: %(default)s)")
-    parser.add_argument("--logdir", default="lightning_logs", help="where the checkpoint and audit files go (default: %(default)s)")
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the Adult train/val split used in training (default: %(default)s)")
-    parser.add_argument("--helper-epochs", type=int, default=10, help="PANORAMIA helper-model epochs (default: %(default)s)")
+    parser.add_argument(
+        "--epochs", type=int, default=10, help="training epochs when no --checkpoint (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--logdir", default="lightning_logs", help="where the checkpoint and audit files go (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--split-seed",
+        type=int,
+        default=0,
+        help="seed of the Adult train/val split used in training (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--helper-epochs", type=int, default=10, help="PANORAMIA helper-model epochs (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", ".*LeafSpec.*|.*does not have many workers.*|.*val_dataloader.*")
@@ -82,13 +102,28 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{names.EPSILON_STAR_EMPIRICAL:<28} {eps_star[names.EPSILON_STAR_EMPIRICAL]:.4f}")
     if names.MIA_EPSILON_LOWER in eps_star:
         print(f"{names.MIA_EPSILON_LOWER:<28} {eps_star[names.MIA_EPSILON_LOWER]:.4f}")
-    print(f"{'members / non-members':<28} {eps_star['num_members']} / {eps_star['num_nonmembers']} "
-          f"({eps_star['nonmembers']} rows), δ = {eps_star['delta']:.3g}")  # fmt: skip
+    print(
+        f"{'members / non-members':<28} {eps_star['num_members']} / {eps_star['num_nonmembers']} "
+        f"({eps_star['nonmembers']} rows), δ = {eps_star['delta']:.3g}"
+    )
 
     report = out_dir / "panoramia.json"
     figure = out_dir / "panoramia.png"
-    command = ["audit", "panoramia", "--checkpoint", checkpoint, "--output", str(report), "--figure", str(figure),
-               "--helper-epochs", str(args.helper_epochs), "--seed", str(args.seed), *split]  # fmt: skip
+    command = [
+        "audit",
+        "panoramia",
+        "--checkpoint",
+        checkpoint,
+        "--output",
+        str(report),
+        "--figure",
+        str(figure),
+        "--helper-epochs",
+        str(args.helper_epochs),
+        "--seed",
+        str(args.seed),
+        *split,
+    ]
     print(f"\n$ lightning-privacy {' '.join(command)}")
     code = cli.main(command)  # prints PANORAMIA's own report
     if code != 0:
@@ -96,9 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     panoramia = json.loads(report.read_text(encoding="utf-8"))
 
     print("\nSummary (same checkpoint, no retraining)")
-    print(f"  Epsilon*   parametric ε* = {eps_star[names.EPSILON_STAR]:.4f}   empirical = {eps_star[names.EPSILON_STAR_EMPIRICAL]:.4f}")
-    print(f"  PANORAMIA  ε̃ = {panoramia['epsilon']:.4f}   c_lb = {panoramia['c_lb']:.4f}   "
-          f"{{c+ε}}_lb = {panoramia['c_plus_epsilon_lb']:.4f}   (β = {panoramia['beta']:g}; ε̃ is not a DP lower bound)")  # fmt: skip
+    print(
+        f"  Epsilon*   parametric ε* = {eps_star[names.EPSILON_STAR]:.4f}   empirical = {eps_star[names.EPSILON_STAR_EMPIRICAL]:.4f}"
+    )
+    print(
+        f"  PANORAMIA  ε̃ = {panoramia['epsilon']:.4f}   c_lb = {panoramia['c_lb']:.4f}   "
+        f"{{c+ε}}_lb = {panoramia['c_plus_epsilon_lb']:.4f}   (β = {panoramia['beta']:g}; ε̃ is not a DP lower bound)"
+    )
     print(f"  checkpoint: {checkpoint}")
     print(f"  PANORAMIA report: {report}   figure: {figure}")
 

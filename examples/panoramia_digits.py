@@ -26,10 +26,16 @@ from lightning_privacy.generators import DigitsGenerator, HeldOutRows
 
 def make_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Flatten(),
-        nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
-    )  # fmt: skip
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def encode(rows):
@@ -74,22 +80,45 @@ def main() -> None:
         gen, real, secs = [], [], []
         for seed in range(args.seeds):
             start = time.perf_counter()
-            gen.append(panoramia_audit(model, members, encode=encode, generator=DigitsGenerator(seed=seed), seed=seed,
-                                       mia_features=args.mia_features))
+            gen.append(
+                panoramia_audit(
+                    model,
+                    members,
+                    encode=encode,
+                    generator=DigitsGenerator(seed=seed),
+                    seed=seed,
+                    mia_features=args.mia_features,
+                )
+            )
             secs.append(time.perf_counter() - start)
-            real.append(panoramia_audit(model, members, encode=encode, generator=HeldOutRows(held_out, seed=seed),
-                                        audit_size=199, generator_size=1200 - 2 * 199, helper_size=199, seed=seed))  # fmt: skip
+            real.append(
+                panoramia_audit(
+                    model,
+                    members,
+                    encode=encode,
+                    generator=HeldOutRows(held_out, seed=seed),
+                    audit_size=199,
+                    generator_size=1200 - 2 * 199,
+                    helper_size=199,
+                    seed=seed,
+                )
+            )
 
         def fmt(values):
             v = np.asarray(values)
             return f"{v.mean():.2f} ({v.min():.2f}–{v.max():.2f})"
 
-        print(f"| CNN {epochs} epochs | {acc_tr:.3f} / {acc_te:.3f} | {fmt([r.c_lb for r in gen])} | "
-              f"{fmt([r.c_plus_epsilon_lb for r in gen])} | {fmt([r.epsilon for r in gen])} | "
-              f"{fmt([r.c_plus_epsilon_lb for r in real])} | {np.mean(secs):.0f} |", flush=True)  # fmt: skip
-    print(f"\nm = {gen[0].sizes['audit']} audit points ({gen[0].sizes['audit_members']} members) with generated "
-          f"non-members, {real[0].sizes['audit']} with real ones; beta = 0.05; {args.seeds} audit seeds; "
-          f"MIA features {args.mia_features}.")  # fmt: skip
+        print(
+            f"| CNN {epochs} epochs | {acc_tr:.3f} / {acc_te:.3f} | {fmt([r.c_lb for r in gen])} | "
+            f"{fmt([r.c_plus_epsilon_lb for r in gen])} | {fmt([r.epsilon for r in gen])} | "
+            f"{fmt([r.c_plus_epsilon_lb for r in real])} | {np.mean(secs):.0f} |",
+            flush=True,
+        )
+    print(
+        f"\nm = {gen[0].sizes['audit']} audit points ({gen[0].sizes['audit_members']} members) with generated "
+        f"non-members, {real[0].sizes['audit']} with real ones; beta = 0.05; {args.seeds} audit seeds; "
+        f"MIA features {args.mia_features}."
+    )
 
 
 if __name__ == "__main__":

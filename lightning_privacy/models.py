@@ -176,9 +176,14 @@ class LogisticRegressionModule(pl.LightningModule):
     def configure_optimizers(self):
         if self.hparams.optimizer == "lbfgs":
             return torch.optim.LBFGS(
-                self.parameters(), lr=self.hparams.lr, max_iter=self.hparams.max_iter,
-                tolerance_grad=1e-13, tolerance_change=0.0, history_size=20, line_search_fn="strong_wolfe",
-            )  # fmt: skip
+                self.parameters(),
+                lr=self.hparams.lr,
+                max_iter=self.hparams.max_iter,
+                tolerance_grad=1e-13,
+                tolerance_change=0.0,
+                history_size=20,
+                line_search_fn="strong_wolfe",
+            )
         if self.hparams.optimizer == "adam":
             return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)

@@ -18,14 +18,24 @@ from lightning_privacy import _CALLBACKS, names
 __all__ = ["REPORT_TAG", "log_privacy_report", "privacy_report"]
 
 REPORT_TAG = "privacy/report"
-_REPORTED = ("DPSGD", "BayesSecurityMonitor", "AttributeInferenceMonitor", "PrivacyBudgetStopping",
-             "EpsilonStarAudit", "PanoramiaAudit", "PrivacyProfileAudit")  # fmt: skip
+_REPORTED = (
+    "DPSGD",
+    "BayesSecurityMonitor",
+    "AttributeInferenceMonitor",
+    "PrivacyBudgetStopping",
+    "EpsilonStarAudit",
+    "PanoramiaAudit",
+    "PrivacyProfileAudit",
+)
 
 
-def _of(trainer: "pl.Trainer", name: str) -> List[Any]:
+def _of(trainer: pl.Trainer, name: str) -> List[Any]:
     """Callbacks of class ``name`` or a subclass, matched by qualified name (no module is imported)."""
-    return [c for c in trainer.callbacks if any(
-        (k.__module__, k.__name__) == (_CALLBACKS[name], name) for k in type(c).__mro__)]
+    return [
+        c
+        for c in trainer.callbacks
+        if any((k.__module__, k.__name__) == (_CALLBACKS[name], name) for k in type(c).__mro__)
+    ]
 
 
 def _table(title: str, rows: List[tuple]) -> str:
@@ -40,11 +50,18 @@ def _dpsgd(cb: Any) -> List[tuple]:
     return [
         ("noise multiplier σ", sigma, "Gaussian noise of std σ·C is added to every summed batch gradient"),
         ("clipping norm C", f"{cb.max_grad_norm:g}", "each example's gradient is clipped to norm ≤ C"),
-        ("sample rate p", "—" if rate is None else f"{rate:.6g}", "each example joins a batch with probability p (Poisson)"),
+        (
+            "sample rate p",
+            "—" if rate is None else f"{rate:.6g}",
+            "each example joins a batch with probability p (Poisson)",
+        ),
         ("optimizer steps", str(cb.steps), "DP-SGD steps recorded by the accountant"),
-        (f"ε at δ = {cb.delta:g} ({cb.accountant_mechanism} accountant)", f"{cb.epsilon():.4g}",
-         "the run is (ε, δ)-DP by the accountant's upper bound; a reference, in ε units"),
-    ]  # fmt: skip
+        (
+            f"ε at δ = {cb.delta:g} ({cb.accountant_mechanism} accountant)",
+            f"{cb.epsilon():.4g}",
+            "the run is (ε, δ)-DP by the accountant's upper bound; a reference, in ε units",
+        ),
+    ]
 
 
 def _bayes(cb: Any) -> List[tuple]:
@@ -53,16 +70,38 @@ def _bayes(cb: Any) -> List[tuple]:
         return [("β*_MIA", "—", "no DP-SGD step was recorded, nothing to bound")]
     beta = final[names.MIA_BAYES_SECURITY]
     rows = [
-        ("β*_MIA", f"{beta:.4f}", f"any membership attacker's accuracy ≤ {100 * (1 - beta / 2):.1f}% at a uniform prior; TPR ≤ "
-         f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.2f} at FPR 0.01 (the lower of closed form and exact)"),
-        ("β*_MIA exact (PLD)", f"{final[names.MIA_BAYES_SECURITY_EXACT]:.4f}", "exact: 1 − δ(ε=0) from a pessimistic PLD"),
-        ("β*_MIA closed form", f"{cb.final_closed_form:.4f}", "approximate (Cor. 7); can overstate security, most for σ < 1"),
+        (
+            "β*_MIA",
+            f"{beta:.4f}",
+            f"any membership attacker's accuracy ≤ {100 * (1 - beta / 2):.1f}% at a uniform prior; TPR ≤ "
+            f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.2f} at FPR 0.01 (the lower of closed form and exact)",
+        ),
+        (
+            "β*_MIA exact (PLD)",
+            f"{final[names.MIA_BAYES_SECURITY_EXACT]:.4f}",
+            "exact: 1 − δ(ε=0) from a pessimistic PLD",
+        ),
+        (
+            "β*_MIA closed form",
+            f"{cb.final_closed_form:.4f}",
+            "approximate (Cor. 7); can overstate security, most for σ < 1",
+        ),
         ("membership advantage", f"{final[names.MIA_ADVANTAGE]:.4f}", "1 − β*: bound on any attacker's TPR − FPR"),
-        ("TPR bound at FPR 0.01", f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.4f}", "share of members any attacker finds while flagging 1% of non-members"),
+        (
+            "TPR bound at FPR 0.01",
+            f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.4f}",
+            "share of members any attacker finds while flagging 1% of non-members",
+        ),
         ("TPR bound at FPR 0.1", f"{final[names.MIA_TPR_BOUND_FPR_0_1]:.4f}", "the same at 10% of non-members flagged"),
-    ]  # fmt: skip
+    ]
     if names.APPROXIMATION_ERROR in final:
-        rows.append(("closed-form error term", f"{final[names.APPROXIMATION_ERROR]:.4g}", "Prop. 4 worst-case bound; loose (often > 1)"))
+        rows.append(
+            (
+                "closed-form error term",
+                f"{final[names.APPROXIMATION_ERROR]:.4g}",
+                "Prop. 4 worst-case bound; loose (often > 1)",
+            )
+        )
     return rows
 
 
@@ -70,11 +109,15 @@ def _ai(cb: Any) -> List[tuple]:
     if cb.max_grad_norm is None:
         return [("β*_AI", "—", "no DP-SGD step was seen, nothing to bound")]
     return [
-        (f"β*_AI (`{cb.key}`)", f"{cb.bayes_security():.4f}", f"attribute `{cb.attribute.name}`: any attacker's error ≥ β* × the "
-         "error of guessing from the prior alone; data-dependent, may leak membership"),
+        (
+            f"β*_AI (`{cb.key}`)",
+            f"{cb.bayes_security():.4f}",
+            f"attribute `{cb.attribute.name}`: any attacker's error ≥ β* × the "
+            "error of guessing from the prior alone; data-dependent, may leak membership",
+        ),
         ("steps accounted", str(cb.steps), "unmeasured steps count at the worst case R = 2C"),
         ("largest sensitivity R_t", f"{cb.max_sensitivity:.4g}", f"worst case would be 2C = {2 * cb.max_grad_norm:g}"),
-    ]  # fmt: skip
+    ]
 
 
 def _stopping(cb: Any) -> List[tuple]:
@@ -82,10 +125,13 @@ def _stopping(cb: Any) -> List[tuple]:
     stopped = "no" if cb.stopped_at_step is None else str(cb.stopped_at_step)
     return [
         (f"budget β*_{threat} ≥", f"{cb.min_bayes_security:g}", "training stops before the step that would break it"),
-        ("stopped after step", stopped, "step of the stop (\"no\": the budget was never reached)"),
-        ("decision", "exact PLD" if cb.exact and cb.threat == "mia" else "closed form / worst case",
-         "exact is safe; the closed form is approximate"),
-    ]  # fmt: skip
+        ("stopped after step", stopped, 'step of the stop ("no": the budget was never reached)'),
+        (
+            "decision",
+            "exact PLD" if cb.exact and cb.threat == "mia" else "closed form / worst case",
+            "exact is safe; the closed form is approximate",
+        ),
+    ]
 
 
 def _epsilon_star(cb: Any) -> List[tuple]:
@@ -99,15 +145,34 @@ def _epsilon_star(cb: Any) -> List[tuple]:
 
 def _panoramia(cb: Any) -> List[tuple]:
     r = cb.result
-    values = cb.last_values if r is None else {names.PANORAMIA_EPSILON: r.epsilon, names.PANORAMIA_C_LB: r.c_lb,
-                                          names.PANORAMIA_C_PLUS_EPSILON_LB: r.c_plus_epsilon_lb}  # fmt: skip
+    values = (
+        cb.last_values
+        if r is None
+        else {
+            names.PANORAMIA_EPSILON: r.epsilon,
+            names.PANORAMIA_C_LB: r.c_lb,
+            names.PANORAMIA_C_PLUS_EPSILON_LB: r.c_plus_epsilon_lb,
+        }
+    )
     if not values:
         return [("PANORAMIA", "—", "not run")]
     return [
-        ("ε̃", f"{values[names.PANORAMIA_EPSILON]:.4g}", "NOT a lower bound on ε-DP: measured leakage beyond the generator's gap c_lb"),
-        ("c_lb", f"{values[names.PANORAMIA_C_LB]:.4g}", "how distinguishable generated rows are from real ones (lower bound)"),
-        ("{c+ε}_lb", f"{values[names.PANORAMIA_C_PLUS_EPSILON_LB]:.4g}", "the same for the membership attack on the model"),
-    ]  # fmt: skip
+        (
+            "ε̃",
+            f"{values[names.PANORAMIA_EPSILON]:.4g}",
+            "NOT a lower bound on ε-DP: measured leakage beyond the generator's gap c_lb",
+        ),
+        (
+            "c_lb",
+            f"{values[names.PANORAMIA_C_LB]:.4g}",
+            "how distinguishable generated rows are from real ones (lower bound)",
+        ),
+        (
+            "{c+ε}_lb",
+            f"{values[names.PANORAMIA_C_PLUS_EPSILON_LB]:.4g}",
+            "the same for the membership attack on the model",
+        ),
+    ]
 
 
 def _profile(cb: Any) -> List[tuple]:
@@ -115,22 +180,37 @@ def _profile(cb: Any) -> List[tuple]:
         return [("privacy profile", "—", "not run (or not on this rank)")]
     t = cb.transition
     return [
-        ("largest row loss", f"{float(cb.profile.losses[-1]):.4g}", "|l| of the most exposed training row (|l|/β without ε)"),
-        ("recommended ε range", f"[{t.epsilon_low:.3g}, {t.epsilon_high:.3g}]", "below: no privacy gain; above: no more loss"),
+        (
+            "largest row loss",
+            f"{float(cb.profile.losses[-1]):.4g}",
+            "|l| of the most exposed training row (|l|/β without ε)",
+        ),
+        (
+            "recommended ε range",
+            f"[{t.epsilon_low:.3g}, {t.epsilon_high:.3g}]",
+            "below: no privacy gain; above: no more loss",
+        ),
         ("gradient norm ‖∇J‖", f"{cb.gradient_norm:.3g}", "0 at the optimum the analysis assumes"),
-        ("approximation bound", f"{cb.approximation_bound:.3g}", "bound on the relative error of the worst-case neighbours"),
-    ]  # fmt: skip
+        (
+            "approximation bound",
+            f"{cb.approximation_bound:.3g}",
+            "bound on the relative error of the worst-case neighbours",
+        ),
+    ]
 
 
 _SECTIONS = {
-    "DPSGD": ("DP-SGD", _dpsgd), "BayesSecurityMonitor": ("Bayes security against membership inference", _bayes),
+    "DPSGD": ("DP-SGD", _dpsgd),
+    "BayesSecurityMonitor": ("Bayes security against membership inference", _bayes),
     "AttributeInferenceMonitor": ("Bayes security against attribute inference", _ai),
-    "PrivacyBudgetStopping": ("Budget stopping", _stopping), "EpsilonStarAudit": ("Epsilon* audit", _epsilon_star),
-    "PanoramiaAudit": ("PANORAMIA audit", _panoramia), "PrivacyProfileAudit": ("Privacy profile audit", _profile),
-}  # fmt: skip
+    "PrivacyBudgetStopping": ("Budget stopping", _stopping),
+    "EpsilonStarAudit": ("Epsilon* audit", _epsilon_star),
+    "PanoramiaAudit": ("PANORAMIA audit", _panoramia),
+    "PrivacyProfileAudit": ("Privacy profile audit", _profile),
+}
 
 
-def privacy_report(trainer: "pl.Trainer") -> str:
+def privacy_report(trainer: pl.Trainer) -> str:
     """A Markdown report of the privacy callbacks in ``trainer.callbacks`` (call after ``fit``).
 
     Raises:
@@ -150,12 +230,14 @@ def privacy_report(trainer: "pl.Trainer") -> str:
         for cb in _of(trainer, name):
             parts.append(_table(title, rows(cb)))
     if not parts:
-        raise ValueError(f"No privacy callback in trainer.callbacks: add one of {', '.join(_REPORTED)} to get a report.")
+        raise ValueError(
+            f"No privacy callback in trainer.callbacks: add one of {', '.join(_REPORTED)} to get a report."
+        )
     header = f"# Privacy report\n\nAfter {trainer.current_epoch} epoch(s), global step {trainer.global_step}."
     return "\n\n".join([header, *parts]) + "\n"
 
 
-def log_privacy_report(trainer: "pl.Trainer", path: Optional[Union[str, Path]] = None) -> str:
+def log_privacy_report(trainer: pl.Trainer, path: Optional[Union[str, Path]] = None) -> str:
     """:func:`privacy_report`, written as TensorBoard text ``privacy/report`` (rank 0) and to ``path`` if given."""
     from lightning_privacy.callbacks._audit_utils import log_text
 

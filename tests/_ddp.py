@@ -33,7 +33,8 @@ def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> 
     """
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(world_size, _free_port(), fn, args, queue), nprocs=world_size,
-                       join=True, start_method="spawn")  # fmt: skip
+    mp.start_processes(
+        _worker, args=(world_size, _free_port(), fn, args, queue), nprocs=world_size, join=True, start_method="spawn"
+    )
     results = dict(queue.get() for _ in range(world_size))
     return [results[r] for r in range(world_size)]

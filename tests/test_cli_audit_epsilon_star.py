@@ -19,8 +19,15 @@ def checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     dm = AdultDataModule(batch_size=512)
     model = TabularMLP(104, hidden=(16,), lr=0.05)
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=10, limit_val_batches=0, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=10,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=dm)
     path = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
     trainer.save_checkpoint(path)
@@ -46,8 +53,23 @@ def test_cli_matches_direct_computation(checkpoint, capsys):
 
 def test_cli_table_with_test_rows_and_explicit_delta(checkpoint, capsys):
     path, _, _ = checkpoint
-    assert main(["audit", "epsilon-star", "--checkpoint", str(path), "--nonmembers", "test", "--delta", "1e-6",
-                 "--model", "lightning_privacy.models:TabularMLP"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "audit",
+                "epsilon-star",
+                "--checkpoint",
+                str(path),
+                "--nonmembers",
+                "test",
+                "--delta",
+                "1e-6",
+                "--model",
+                "lightning_privacy.models:TabularMLP",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "27146 / 15060 (test rows)" in text and names.EPSILON_STAR in text and "1e-06" in text
 

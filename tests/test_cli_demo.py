@@ -4,8 +4,14 @@ from lightning_privacy.cli import main
 def test_demo_runs_and_prints_the_summary(tmp_path, capsys):
     assert main(["demo", "--epochs", "1", "--logdir", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out
-    for line in ("test accuracy", "β*_MIA closed form", "β*_MIA exact", "TPR bound at FPR 0.01 / 0.1",
-                 "accountant ε at δ", "tensorboard --logdir"):  # fmt: skip
+    for line in (
+        "test accuracy",
+        "β*_MIA closed form",
+        "β*_MIA exact",
+        "TPR bound at FPR 0.01 / 0.1",
+        "accountant ε at δ",
+        "tensorboard --logdir",
+    ):
         assert line in out
     accuracy = float(out.split("test accuracy")[1].split()[0])
     assert accuracy > 0.75  # Adult's majority class is 0.75; DP-SGD must beat it

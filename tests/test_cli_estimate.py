@@ -24,8 +24,24 @@ def test_table_of_the_worked_example(capsys):
 
 
 def test_json_one_sided_perfect_attack(capsys):
-    argv = ["estimate", "--fn", "0", "--tp", "1000", "--fp", "0", "--tn", "1000", "--delta", "1e-5", "--alpha", "0.1",
-            "--sided", "one", "--json"]  # fmt: skip
+    argv = [
+        "estimate",
+        "--fn",
+        "0",
+        "--tp",
+        "1000",
+        "--fp",
+        "0",
+        "--tn",
+        "1000",
+        "--delta",
+        "1e-5",
+        "--alpha",
+        "0.1",
+        "--sided",
+        "one",
+        "--json",
+    ]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["intervals"]["clopper_pearson"]["low"] == pytest.approx(5.81, abs=0.005)
@@ -39,6 +55,7 @@ def test_bad_input_is_a_clear_error(capsys):
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "lightning_privacy.cli", *WORKED], check=True, capture_output=True,
-                         text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "lightning_privacy.cli", *WORKED], check=True, capture_output=True, text=True
+    ).stdout
     assert "Bayesian (joint posterior)       0.522" in out

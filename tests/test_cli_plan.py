@@ -1,8 +1,8 @@
 """`lightning-privacy plan`: σ for a target Bayes security (Cherubin et al. 2024, Eq. 4)."""
 
 import json
-import re
 import math
+import re
 
 import pytest
 
@@ -40,7 +40,9 @@ def test_purchase_paper_plan(capsys):
 
 
 def test_exact_plan_meets_target_under_pld(capsys):
-    out = run_json(capsys, "--target", "0.9", "--sample-rate", "0.05", "--steps", "200", "--relation", "add_remove", "--exact")
+    out = run_json(
+        capsys, "--target", "0.9", "--sample-rate", "0.05", "--steps", "200", "--relation", "add_remove", "--exact"
+    )
     assert out["planned_with"] == "exact"
     assert out["noise_multiplier"] > out["noise_multiplier_closed_form"]
     assert out["mia_bayes_security_exact"] >= 0.9

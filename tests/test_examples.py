@@ -15,9 +15,13 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def _run(script: str, *args: str, cwd: Path) -> str:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+        [sys.executable, str(EXAMPLES / script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -42,6 +46,14 @@ def test_audit_checkpoint(tmp_path):
     checkpoint = logdir / "audit_checkpoint" / "model.ckpt"
     assert checkpoint.is_file() and (logdir / "audit_checkpoint" / "panoramia.json").is_file()
     # the same checkpoint audited again, without training
-    again = _run("audit_checkpoint.py", "--checkpoint", str(checkpoint), "--helper-epochs", "2",
-                 "--logdir", str(tmp_path / "again"), cwd=tmp_path)  # fmt: skip
+    again = _run(
+        "audit_checkpoint.py",
+        "--checkpoint",
+        str(checkpoint),
+        "--helper-epochs",
+        "2",
+        "--logdir",
+        str(tmp_path / "again"),
+        cwd=tmp_path,
+    )
     assert "trained" not in again and "audit/epsilon_star " in again

@@ -15,13 +15,17 @@ from lightning_privacy import (
 )
 from lightning_privacy.models import LogisticRegressionModule, TabularMLP
 from lightning_privacy.report import privacy_report
-from tests.callbacks.test_attribute_inference_monitor import ATTR, SIGMA, _fit as _fit_ai
+from tests.callbacks.test_attribute_inference_monitor import ATTR, SIGMA
+from tests.callbacks.test_attribute_inference_monitor import _fit as _fit_ai
 from tests.callbacks.test_epsilon_star_audit import _data as _es_data
 from tests.callbacks.test_epsilon_star_audit import _trainer as _es_trainer
 from tests.callbacks.test_panoramia_audit import _fit as _fit_panoramia
-from tests.callbacks.test_privacy_profile_audit import D, N
+from tests.callbacks.test_privacy_profile_audit import (
+    D,
+    N,
+    data,  # noqa: F401  (fixture)
+)
 from tests.callbacks.test_privacy_profile_audit import _trainer as _pp_trainer
-from tests.callbacks.test_privacy_profile_audit import data  # noqa: F401  (fixture)
 
 
 def _row(report: str, quantity: str) -> str:

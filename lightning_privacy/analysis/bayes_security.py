@@ -79,7 +79,9 @@ def _real_array(name: str, value: Any) -> np.ndarray:
         except Exception as exc:  # pragma: no cover - exotic inputs
             raise TypeError(f"Expected argument `{name}` to be numeric, but got {value!r}.") from exc
         if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(f"Expected argument `{name}` to be a real number or a 1-D sequence of them, but got {value!r}.")
+            raise TypeError(
+                f"Expected argument `{name}` to be a real number or a 1-D sequence of them, but got {value!r}."
+            )
         arr = arr.astype(float)
     if arr.ndim > 1:
         raise ValueError(f"Expected argument `{name}` to be a scalar or 1-D, but got shape {arr.shape}: {value!r}.")
@@ -356,7 +358,9 @@ def ai_bayes_security(
     c = float(c)
     r = _real_array("sensitivities", sensitivities)
     if r.ndim != 1:
-        raise ValueError(f"Expected argument `sensitivities` to be a 1-D sequence (one R_t per step), but got {sensitivities!r}.")
+        raise ValueError(
+            f"Expected argument `sensitivities` to be a 1-D sequence (one R_t per step), but got {sensitivities!r}."
+        )
     if np.any(r < 0.0):
         raise ValueError(f"Expected argument `sensitivities` to be >= 0, but got {sensitivities!r}.")
     if steps is None:
@@ -525,7 +529,10 @@ def noise_multiplier_for_exact(
 
     def ok(sigma: float) -> bool:
         beta = mia_bayes_security_exact(
-            sample_rate=sample_rate, noise_multiplier=sigma, steps=steps, relation=relation,
+            sample_rate=sample_rate,
+            noise_multiplier=sigma,
+            steps=steps,
+            relation=relation,
             value_discretization_interval=value_discretization_interval,
         )
         return beta >= target

@@ -127,7 +127,9 @@ def _check_losses(losses: Any, name: str) -> np.ndarray:
     try:
         array = np.asarray(losses, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"Expected argument `{name}` to be a 1-D array of floats, but got {type(losses).__name__}") from err
+        raise TypeError(
+            f"Expected argument `{name}` to be a 1-D array of floats, but got {type(losses).__name__}"
+        ) from err
     if array.ndim != 1:
         raise ValueError(f"Expected argument `{name}` to be 1-D, but got shape {array.shape}")
     if array.size == 0:
@@ -256,8 +258,10 @@ def _sup_over_thresholds(member: Any, nonmember: Any, delta: float) -> tuple:
         if b > a:  # refine the grid maximum inside its bracket (bounded Brent)
             res = optimize.minimize_scalar(
                 lambda x: -float(_log_ratios(np.array([x]), member, nonmember, log_delta)[index, 0]),
-                bounds=(a, b), method="bounded", options={"xatol": 1e-12 * max(1.0, abs(a), abs(b))},
-            )  # fmt: skip
+                bounds=(a, b),
+                method="bounded",
+                options={"xatol": 1e-12 * max(1.0, abs(a), abs(b))},
+            )
             if np.isfinite(res.fun) and -res.fun > value:
                 value, tau = -float(res.fun), float(res.x)
         if value > best[0]:
@@ -363,18 +367,31 @@ def _parametric(members: np.ndarray, nonmembers: np.ndarray, delta: float, seed:
     rng = np.random.default_rng(seed)
     ks_tr, ks_pop = _ks_pvalue(phi_tr, rng), _ks_pvalue(phi_pop, rng)
     common = dict(
-        method="parametric", delta=delta, num_members=members.size, num_nonmembers=nonmembers.size,
-        loss_min=low, loss_max=high, member_mean=mu_tr, member_std=sd_tr, nonmember_mean=mu_pop,
-        nonmember_std=sd_pop, ks_pvalue_member=ks_tr, ks_pvalue_nonmember=ks_pop,
-    )  # fmt: skip
+        method="parametric",
+        delta=delta,
+        num_members=members.size,
+        num_nonmembers=nonmembers.size,
+        loss_min=low,
+        loss_max=high,
+        member_mean=mu_tr,
+        member_std=sd_tr,
+        nonmember_mean=mu_pop,
+        nonmember_std=sd_pop,
+        ks_pvalue_member=ks_tr,
+        ks_pvalue_nonmember=ks_pop,
+    )
     if ratio is None or log_best <= 0.0:
         return EpsilonStarDetails(epsilon_star=0.0, ratio=None, threshold=None, fpr=None, fnr=None, **common)
     fpr = float(stats.norm.cdf(psi_tau, -mu_pop, sd_pop))
     fnr = float(stats.norm.sf(psi_tau, -mu_tr, sd_tr))
     return EpsilonStarDetails(
-        epsilon_star=float(log_best), ratio=ratio, threshold=_inverse_transform(-psi_tau, low, high),
-        fpr=fpr, fnr=fnr, **common,
-    )  # fmt: skip
+        epsilon_star=float(log_best),
+        ratio=ratio,
+        threshold=_inverse_transform(-psi_tau, low, high),
+        fpr=fpr,
+        fnr=fnr,
+        **common,
+    )
 
 
 def _empirical(members: np.ndarray, nonmembers: np.ndarray, delta: float) -> EpsilonStarDetails:
@@ -399,9 +416,13 @@ def _empirical(members: np.ndarray, nonmembers: np.ndarray, delta: float) -> Eps
     if index is None:
         return EpsilonStarDetails(epsilon_star=0.0, ratio=None, threshold=None, fpr=None, fnr=None, **common)
     return EpsilonStarDetails(
-        epsilon_star=float(np.log(best)), ratio=index, threshold=float(thresholds[i]),
-        fpr=float(fpr[i]), fnr=float(fnr[i]), **common,
-    )  # fmt: skip
+        epsilon_star=float(np.log(best)),
+        ratio=index,
+        threshold=float(thresholds[i]),
+        fpr=float(fpr[i]),
+        fnr=float(fnr[i]),
+        **common,
+    )
 
 
 def epsilon_star_details(

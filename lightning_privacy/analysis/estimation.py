@@ -309,17 +309,20 @@ def _panels(post: _Posterior, e: np.ndarray, delta: float, region: str):
     """Gauss-Legendre nodes/weights in x for each ε (rows), with panel edges at every kink."""
     yq = post.y_levels[None, :]
     edges = [
-        np.zeros_like(e), np.ones_like(e),
+        np.zeros_like(e),
+        np.ones_like(e),
         np.broadcast_to(post.x_levels[None, :], (e.shape[0], post.x_levels.size)),
         # x where lo(x) crosses each y quantile, and lo's kinks
         np.maximum((1 - delta - yq) / e, 1 - delta - yq * e),
-        (1 - delta) / (1 + e), np.full_like(e, 1 - delta),
-    ]  # fmt: skip
+        (1 - delta) / (1 + e),
+        np.full_like(e, 1 - delta),
+    ]
     if region == "full":
         edges += [
             np.minimum(1 - (yq - delta) / e, delta + (1 - yq) * e),
-            np.full_like(e, delta), 1 - (1 - delta) / (1 + e),
-        ]  # fmt: skip
+            np.full_like(e, delta),
+            1 - (1 - delta) / (1 + e),
+        ]
     edges = np.sort(np.clip(np.concatenate(edges, axis=1), 0.0, 1.0), axis=1)
     a, b = edges[:, :-1, None], edges[:, 1:, None]
     half = (b - a) / 2
@@ -430,6 +433,7 @@ def epsilon_density(epsilon, *, fn: int, tp: int, fp: int, tn: int, delta: float
 
 def _bayes_quantile(post: _Posterior, level: float, delta: float, region: str) -> float:
     """ε at which the posterior CDF crosses ``level``: sup{ε : F(ε) ≤ level} (= inf{F ≥ level})."""
+
     def f(eps: float) -> float:
         return float(_cdf(post, np.array([eps]), delta, region)[0]) - level
 
@@ -502,8 +506,7 @@ def epsilon_interval(
     _check_choice("region", region, REGIONS)
     if method == "bayes":
         return _bayes_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, sided=sided, region=region)
-    low, high = _rect_eps_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, method=method, sided=sided,
-                                   region=region)  # fmt: skip
+    low, high = _rect_eps_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, method=method, sided=sided, region=region)
     return float(low), float(high)
 
 
@@ -561,7 +564,9 @@ def _check_scores(scores: Any, is_member: Any) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("Expected argument `scores` to contain no NaN, but it does.")
     if m.dtype != bool:
         if not np.all((m == 0) | (m == 1)):
-            raise ValueError(f"Expected argument `is_member` to hold 0/1 or booleans, but got values {np.unique(m)[:5]}.")
+            raise ValueError(
+                f"Expected argument `is_member` to hold 0/1 or booleans, but got values {np.unique(m)[:5]}."
+            )
         m = m.astype(bool)
     return s, m
 
@@ -601,8 +606,7 @@ def roc_counts(scores, is_member) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 def _lower_limits(fn, tp, fp, tn, *, delta, alpha, method, sided, region) -> np.ndarray:
     """Lower limit of ε̂ for every confusion matrix (exact; Bayesian ones pruned by a cheap bound)."""
     if method != "bayes":
-        low, _ = _rect_eps_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, method=method, sided=sided,
-                                    region=region)  # fmt: skip
+        low, _ = _rect_eps_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, method=method, sided=sided, region=region)
         return np.asarray(low, dtype=float)
     tail = alpha / 2 if sided == "two" else alpha
     fn, tp, fp, tn = (np.asarray(v, dtype=float) for v in (fn, tp, fp, tn))
@@ -744,7 +748,19 @@ def epsilon_lower_bound(
     fn, tn = int(m.sum()) - tp, int((~m).sum()) - fp
     low, high = epsilon_interval(fn=fn, tp=tp, fp=fp, tn=tn, alpha=alpha_test, **settings)
     return EpsilonLowerBound(
-        epsilon_lower=low, interval_low=low, interval_high=high, threshold=float(threshold),
-        tp=tp, fp=fp, tn=tn, fn=fn, optimistic=selection == "none", method=method, selection=selection,
-        alpha=alpha, alpha_per_test=alpha_test, delta=delta, n_thresholds=n_thresholds,
-    )  # fmt: skip
+        epsilon_lower=low,
+        interval_low=low,
+        interval_high=high,
+        threshold=float(threshold),
+        tp=tp,
+        fp=fp,
+        tn=tn,
+        fn=fn,
+        optimistic=selection == "none",
+        method=method,
+        selection=selection,
+        alpha=alpha,
+        alpha_per_test=alpha_test,
+        delta=delta,
+        n_thresholds=n_thresholds,
+    )

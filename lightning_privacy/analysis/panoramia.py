@@ -341,8 +341,19 @@ def panoramia_bounds(
     ib, ia = int(np.argmax(c_curve)), int(np.argmax(a_curve))
     c_lb, ca_lb = float(c_curve[ib]), float(a_curve[ia])
     return PanoramiaBounds(
-        c_lb=c_lb, c_plus_epsilon_lb=ca_lb, epsilon=max(0.0, ca_lb - c_lb), beta=beta,
-        per_threshold_beta=per_beta, counts=counts, members=int(s.sum()),
-        baseline_guesses=rb, baseline_true_positives=tpb, mia_guesses=ra, mia_true_positives=tpa,
-        c_lb_curve=c_curve, c_plus_epsilon_lb_curve=a_curve, baseline_best=ib, mia_best=ia,
-    )  # fmt: skip
+        c_lb=c_lb,
+        c_plus_epsilon_lb=ca_lb,
+        epsilon=max(0.0, ca_lb - c_lb),
+        beta=beta,
+        per_threshold_beta=per_beta,
+        counts=counts,
+        members=int(s.sum()),
+        baseline_guesses=rb,
+        baseline_true_positives=tpb,
+        mia_guesses=ra,
+        mia_true_positives=tpa,
+        c_lb_curve=c_curve,
+        c_plus_epsilon_lb_curve=a_curve,
+        baseline_best=ib,
+        mia_best=ia,
+    )

@@ -128,7 +128,7 @@ class UnitBallScaler:
     max_norm: float
 
     @classmethod
-    def fit(cls, features) -> "UnitBallScaler":
+    def fit(cls, features) -> UnitBallScaler:
         """Fit on ``features`` ``(n, d)``; constant columns keep scale 1."""
         x = _matrix("features", features)
         mean = x.mean(axis=0)
@@ -236,9 +236,14 @@ def fit_logistic_regression(
     _positive("gtol", gtol)
     start = np.zeros(x.shape[1]) if initial is None else _vector("initial", initial)
     result = optimize.minimize(
-        _objective, start, args=(x, y, lam), jac=True, hess=_hessian, method="trust-exact",
+        _objective,
+        start,
+        args=(x, y, lam),
+        jac=True,
+        hess=_hessian,
+        method="trust-exact",
         options={"gtol": max(gtol, 1e-8), "maxiter": _count("max_iter", max_iter, 1)},
-    )  # fmt: skip
+    )
     # Trust-region steps stall once objective differences reach rounding level; finish with plain
     # Newton steps, which need only the gradient and converge quadratically on this strongly
     # convex objective.
@@ -498,9 +503,15 @@ class TypicalProfile:
 
 
 def typical_profile(
-    base, neighbours, *, epsilon: float, dataset_size: int, regularization: float,
-    num_samples: int = 200, seed=0,
-) -> TypicalProfile:  # fmt: skip
+    base,
+    neighbours,
+    *,
+    epsilon: float,
+    dataset_size: int,
+    regularization: float,
+    num_samples: int = 200,
+    seed=0,
+) -> TypicalProfile:
     """Mean sorted profile over ``num_samples`` model points drawn from the mechanism (Monte Carlo).
 
     Example::
@@ -524,9 +535,15 @@ def typical_profile(
 
 
 def default_epsilon_grid(
-    base, neighbours, *, dataset_size: int, regularization: float, num: int = 41, margin: float = 1e3,
+    base,
+    neighbours,
+    *,
+    dataset_size: int,
+    regularization: float,
+    num: int = 41,
+    margin: float = 1e3,
     quantiles: Sequence[float] = (0.5, 1.0),
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """A log-spaced ε grid wide enough to show both plateaus of :func:`transition_analysis`.
 
     The transition of row ``i`` sits where the typical noise radius ``d/β`` meets
@@ -599,10 +616,17 @@ class TransitionAnalysis:
 
 
 def transition_analysis(
-    base, neighbours, *, dataset_size: int, regularization: float, epsilons: Sequence[float] | None = None,
-    quantiles: Sequence[float] = (0.5, 0.9, 0.99, 1.0), num_samples: int = 200, tolerance: float = 0.05,
+    base,
+    neighbours,
+    *,
+    dataset_size: int,
+    regularization: float,
+    epsilons: Sequence[float] | None = None,
+    quantiles: Sequence[float] = (0.5, 0.9, 0.99, 1.0),
+    num_samples: int = 200,
+    tolerance: float = 0.05,
     seed=0,
-) -> TransitionAnalysis:  # fmt: skip
+) -> TransitionAnalysis:
     """Locate the two plateaus of the typical profile and the ε range worth trying (Sec. 5.4).
 
     The same ``num_samples`` noise directions and ``Gamma(d, 1)`` radii are reused at every ε (the
@@ -642,9 +666,7 @@ def transition_analysis(
     if q.ndim != 1 or q.size == 0 or np.any(~np.isfinite(q)) or np.any((q < 0) | (q > 1)):
         raise ValueError(f"`quantiles` must be a non-empty 1-D sequence in [0, 1], got {quantiles!r}")
     if epsilons is None:
-        epsilons = default_epsilon_grid(
-            a, nb, dataset_size=dataset_size, regularization=regularization, quantiles=q
-        )  # fmt: skip
+        epsilons = default_epsilon_grid(a, nb, dataset_size=dataset_size, regularization=regularization, quantiles=q)
     eps = np.asarray(epsilons, dtype=np.float64)
     if eps.ndim != 1 or eps.size < 3 or not np.all(np.isfinite(eps)) or np.any(eps <= 0) or np.any(np.diff(eps) <= 0):
         raise ValueError(f"`epsilons` must be a strictly increasing 1-D grid of >= 3 finite values > 0, got {eps!r}")
@@ -679,20 +701,27 @@ def transition_analysis(
         below = fraction[r] <= tol
         if not below[0]:
             raise ValueError(
-                f"`epsilons` does not reach the low-ε plateau for quantile {q[r]}: extend the grid below "
-                f"{eps[0]:.3g}"
+                f"`epsilons` does not reach the low-ε plateau for quantile {q[r]}: extend the grid below {eps[0]:.3g}"
             )
         low_onsets[r] = eps[np.argmin(below) - 1] if not below.all() else eps[-1]
         above = fraction[r] >= 1.0 - tol
         if not above[-1]:
             raise ValueError(
-                f"`epsilons` does not reach the high-ε plateau for quantile {q[r]}: extend the grid above "
-                f"{eps[-1]:.3g}"
+                f"`epsilons` does not reach the high-ε plateau for quantile {q[r]}: extend the grid above {eps[-1]:.3g}"
             )
         first = eps.size - np.argmin(above[::-1]) if not above.all() else 0
         high_onsets[r] = eps[first]
     return TransitionAnalysis(
-        epsilons=eps, betas=betas, quantiles=q, ranks=ranks, curves=curves, low_plateau=low,
-        high_plateau=high, low_onsets=low_onsets, high_onsets=high_onsets,
-        epsilon_low=float(low_onsets.min()), epsilon_high=float(high_onsets.max()), tolerance=tol,
-    )  # fmt: skip
+        epsilons=eps,
+        betas=betas,
+        quantiles=q,
+        ranks=ranks,
+        curves=curves,
+        low_plateau=low,
+        high_plateau=high,
+        low_onsets=low_onsets,
+        high_onsets=high_onsets,
+        epsilon_low=float(low_onsets.min()),
+        epsilon_high=float(high_onsets.max()),
+        tolerance=tol,
+    )

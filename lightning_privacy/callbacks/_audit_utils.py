@@ -30,11 +30,11 @@ DEFAULT_BATCH_SIZE = 256
 
 
 # --- writing ----------------------------------------------------------------------------------
-def _step(trainer: "pl.Trainer", step: Optional[int]) -> int:
+def _step(trainer: pl.Trainer, step: Optional[int]) -> int:
     return int(trainer.global_step if step is None else step)
 
 
-def log_scalars(trainer: "pl.Trainer", metrics: Mapping[str, float], step: Optional[int] = None) -> None:
+def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: Optional[int] = None) -> None:
     """``logger.log_metrics(metrics, step)`` for every logger, on global rank 0; then ``logger.save()``."""
     if not trainer.is_global_zero or not metrics:
         return
@@ -44,7 +44,7 @@ def log_scalars(trainer: "pl.Trainer", metrics: Mapping[str, float], step: Optio
         logger.save()
 
 
-def tensorboard_experiments(trainer: "pl.Trainer") -> list:
+def tensorboard_experiments(trainer: pl.Trainer) -> list:
     """The ``SummaryWriter``-like experiments of ``trainer.loggers`` (empty off global rank 0)."""
     if not trainer.is_global_zero:
         return []
@@ -56,21 +56,21 @@ def tensorboard_experiments(trainer: "pl.Trainer") -> list:
     return out
 
 
-def log_histogram(trainer: "pl.Trainer", tag: str, values: Any, step: Optional[int] = None) -> None:
+def log_histogram(trainer: pl.Trainer, tag: str, values: Any, step: Optional[int] = None) -> None:
     """A histogram of ``values`` (array or tensor) on every TensorBoard logger, on global rank 0."""
     for experiment in tensorboard_experiments(trainer):
         experiment.add_histogram(tag, values, _step(trainer, step))
         experiment.flush()
 
 
-def log_text(trainer: "pl.Trainer", tag: str, text: str, step: Optional[int] = None) -> None:
+def log_text(trainer: pl.Trainer, tag: str, text: str, step: Optional[int] = None) -> None:
     """Markdown ``text`` on every TensorBoard logger, on global rank 0."""
     for experiment in tensorboard_experiments(trainer):
         experiment.add_text(tag, text, _step(trainer, step))
         experiment.flush()
 
 
-def log_figure(trainer: "pl.Trainer", tag: str, figure: Any, step: Optional[int] = None, close: bool = True) -> None:
+def log_figure(trainer: pl.Trainer, tag: str, figure: Any, step: Optional[int] = None, close: bool = True) -> None:
     """A matplotlib ``figure`` on every TensorBoard logger, on global rank 0; closed afterwards."""
     try:
         for experiment in tensorboard_experiments(trainer):
@@ -107,9 +107,12 @@ def sharded_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -> I
     if world_size > 1:
         dataset = Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(
-        dataset, batch_size=loader.batch_size or DEFAULT_BATCH_SIZE, shuffle=False, collate_fn=loader.collate_fn,
+        dataset,
+        batch_size=loader.batch_size or DEFAULT_BATCH_SIZE,
+        shuffle=False,
+        collate_fn=loader.collate_fn,
         num_workers=0,
-    )  # fmt: skip
+    )
 
 
 def _first(loaders: Any) -> Any:
@@ -120,7 +123,7 @@ def _first(loaders: Any) -> Any:
     return loaders
 
 
-def member_loader(trainer: "pl.Trainer", given: Optional[Iterable] = None) -> Iterable:
+def member_loader(trainer: pl.Trainer, given: Optional[Iterable] = None) -> Iterable:
     """The training data for an audit, in a fixed order, this rank's share.
 
     ``given``, else the datamodule's ``member_dataloader()``, else the dataset behind the Trainer's train
@@ -139,7 +142,7 @@ def member_loader(trainer: "pl.Trainer", given: Optional[Iterable] = None) -> It
     return sharded_loader(source, rank=trainer.global_rank, world_size=trainer.world_size)
 
 
-def population_loader(trainer: "pl.Trainer", given: Optional[Iterable] = None) -> Iterable:
+def population_loader(trainer: pl.Trainer, given: Optional[Iterable] = None) -> Iterable:
     """Non-member (population) data for an audit: ``given``, else the validation data, this rank's share."""
     source = given
     if source is None:

@@ -20,12 +20,12 @@ from opacus.optimizers import DPOptimizer
 Segment = Tuple[float, float, int]  # (noise_multiplier, sample_rate, steps), Opacus' history order
 
 
-def dp_optimizers(trainer: "pl.Trainer") -> List[DPOptimizer]:
+def dp_optimizers(trainer: pl.Trainer) -> List[DPOptimizer]:
     """The Opacus ``DPOptimizer`` instances among the trainer's optimizers."""
     return [opt for opt in trainer.optimizers if isinstance(opt, DPOptimizer)]
 
 
-def find_dpsgd(trainer: "pl.Trainer") -> Optional[Any]:
+def find_dpsgd(trainer: pl.Trainer) -> Optional[Any]:
     """Our DPSGD callback, if the trainer has one."""
     from lightning_privacy.callbacks.dpsgd import DPSGD
 
@@ -33,7 +33,7 @@ def find_dpsgd(trainer: "pl.Trainer") -> Optional[Any]:
     return found[0] if found else None
 
 
-def find_accountant(trainer: "pl.Trainer", accountant: Optional[IAccountant] = None) -> IAccountant:
+def find_accountant(trainer: pl.Trainer, accountant: Optional[IAccountant] = None) -> IAccountant:
     """The accountant that records the DP-SGD steps of this training run.
 
     Order: an explicitly given accountant, then our DPSGD callback's, then the accountant behind the
@@ -61,17 +61,18 @@ def find_accountant(trainer: "pl.Trainer", accountant: Optional[IAccountant] = N
         if isinstance(candidate, IAccountant):
             return candidate
     raise MisconfigurationException(
-        "Found a DPOptimizer but not its accountant; pass `accountant=privacy_engine.accountant` to "
-        "the monitor."
+        "Found a DPOptimizer but not its accountant; pass `accountant=privacy_engine.accountant` to the monitor."
     )
 
 
-def accountant_history(trainer: "pl.Trainer", accountant: Optional[IAccountant] = None) -> List[Segment]:
+def accountant_history(trainer: pl.Trainer, accountant: Optional[IAccountant] = None) -> List[Segment]:
     """The run-length history ``[(noise_multiplier, sample_rate, steps), ...]`` of this run."""
     return [(float(s), float(p), int(t)) for s, p, t in find_accountant(trainer, accountant).history]
 
 
-def next_step_mechanism(trainer: "pl.Trainer", accountant: Optional[IAccountant] = None, *, who: str) -> Tuple[float, float]:
+def next_step_mechanism(
+    trainer: pl.Trainer, accountant: Optional[IAccountant] = None, *, who: str
+) -> Tuple[float, float]:
     """``(noise_multiplier, sample_rate)`` the next optimizer step will use.
 
     Known in advance from our DPSGD; for a user's ``make_private`` run, the last accountant segment.

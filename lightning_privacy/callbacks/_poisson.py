@@ -33,7 +33,7 @@ class PoissonDataSource(_DataLoaderSource):
         return make_poisson_loader(self.trainer, self.callback, self.original.dataloader())
 
 
-def install_poisson_sampling(trainer: "pl.Trainer", callback: Any) -> None:
+def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
     """Make ``trainer`` draw its train batches by Poisson sampling (see module docstring)."""
     fit_loop = trainer.fit_loop
     source = getattr(fit_loop, "_data_source", None)
@@ -49,7 +49,7 @@ def install_poisson_sampling(trainer: "pl.Trainer", callback: Any) -> None:
     )
 
 
-def make_poisson_loader(trainer: "pl.Trainer", callback: Any, loader: Any) -> DPDataLoader:
+def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any) -> DPDataLoader:
     """Convert one train loader; records (and checks) ``callback.sample_rate``."""
     if isinstance(loader, DPDataLoader):
         dp_loader = loader

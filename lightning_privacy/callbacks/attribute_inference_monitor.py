@@ -23,7 +23,13 @@ from lightning_privacy.callbacks._opacus import (
     history_steps,
     next_step_mechanism,
 )
-from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS, attribute_sensitivity, hook_free_twin, sync_training_mode
+from lightning_privacy.functional.attribute_sensitivity import (
+    BACKENDS,
+    METHODS,
+    attribute_sensitivity,
+    hook_free_twin,
+    sync_training_mode,
+)
 from lightning_privacy.functional.attributes import SensitiveAttribute
 
 STATE_VERSION = 1
@@ -109,10 +115,14 @@ class AttributeInferenceMonitor(Callback):
         try:
             self.tracked_attribute = attribute.select(values)
         except (TypeError, ValueError) as err:
-            raise MisconfigurationException(f"`values`={values!r} does not fit attribute {attribute.name!r}: {err}") from err
+            raise MisconfigurationException(
+                f"`values`={values!r} does not fit attribute {attribute.name!r}: {err}"
+            ) from err
         if not isinstance(publish, bool):
             raise MisconfigurationException(f"`publish` must be a bool, got {publish!r}")
-        if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
             raise MisconfigurationException(f"`chunk_size` must be a positive int or None, got {chunk_size!r}")
         if backend not in BACKENDS:
             raise MisconfigurationException(f"`backend` can be {', '.join(BACKENDS)}, got {backend!r}")
@@ -152,7 +162,9 @@ class AttributeInferenceMonitor(Callback):
         rows = [(s["noise_multiplier"], s["sample_rate"], s["steps"], math.sqrt(s["sum_sq"])) for s in self.segments]
         if extra_worst_case_step is not None:
             if self.max_grad_norm is None:
-                raise MisconfigurationException("The clipping norm is not known yet (no DP optimizer step has been seen).")
+                raise MisconfigurationException(
+                    "The clipping norm is not known yet (no DP optimizer step has been seen)."
+                )
             rows.append((*extra_worst_case_step, 1, 2.0 * self.max_grad_norm))
         if not rows:
             return 1.0
@@ -161,7 +173,7 @@ class AttributeInferenceMonitor(Callback):
             sample_rate=rate, noise_multiplier=sigma, max_grad_norm=self.max_grad_norm, sensitivities=root, steps=steps
         )
 
-    def bayes_security_after_next_step(self, trainer: "pl.Trainer") -> float:
+    def bayes_security_after_next_step(self, trainer: pl.Trainer) -> float:
         """β*_AI if one more optimizer step with the worst case R = 2C were taken (for budget stopping)."""
         dpsgd = find_dpsgd(trainer)
         if dpsgd is not None:
@@ -178,7 +190,9 @@ class AttributeInferenceMonitor(Callback):
     # ------------------------------------------------------------------------------ bookkeeping
     def _set_max_grad_norm(self, value: Any) -> None:
         if isinstance(value, (list, tuple)):
-            raise MisconfigurationException("AttributeInferenceMonitor supports flat clipping only (one max_grad_norm), not per-layer.")
+            raise MisconfigurationException(
+                "AttributeInferenceMonitor supports flat clipping only (one max_grad_norm), not per-layer."
+            )
         value = float(value)
         if self.max_grad_norm is not None and value != self.max_grad_norm:
             raise RuntimeError(
@@ -192,9 +206,11 @@ class AttributeInferenceMonitor(Callback):
             last["steps"] += steps
             last["sum_sq"] += sum_sq
         else:
-            self.segments.append(dict(noise_multiplier=sigma, sample_rate=rate, steps=steps, sum_sq=sum_sq, measured=measured))
+            self.segments.append(
+                dict(noise_multiplier=sigma, sample_rate=rate, steps=steps, sum_sq=sum_sq, measured=measured)
+            )
 
-    def _commit(self, trainer: "pl.Trainer") -> None:
+    def _commit(self, trainer: pl.Trainer) -> None:
         """Align with the accountant: new steps get the pending R_t (last one) or the worst case 2C."""
         history = accountant_history(trainer, self.accountant)
         total, tracked = history_steps(history), self.steps
@@ -209,7 +225,9 @@ class AttributeInferenceMonitor(Callback):
         if self.max_grad_norm is None:
             optimizers = dp_optimizers(trainer)
             if not optimizers:
-                raise MisconfigurationException("The accountant recorded steps but no Opacus DPOptimizer gives max_grad_norm.")
+                raise MisconfigurationException(
+                    "The accountant recorded steps but no Opacus DPOptimizer gives max_grad_norm."
+                )
             self._set_max_grad_norm(optimizers[0].max_grad_norm)
         worst = 4.0 * self.max_grad_norm**2
         start = 0
@@ -229,7 +247,7 @@ class AttributeInferenceMonitor(Callback):
 
     # ------------------------------------------------------------------------------ hooks
     @override
-    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._twin = None
         self._pending = None
         if not self.publish and not self._warned:
@@ -241,11 +259,13 @@ class AttributeInferenceMonitor(Callback):
             self._warned = True
 
     @override
-    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._batch = batch  # the step's batch, used at the step's weights in on_before_optimizer_step
 
     @override
-    def on_before_optimizer_step(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", optimizer: Any) -> None:
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if not isinstance(optimizer, DPOptimizer):
             raise MisconfigurationException(
                 f"AttributeInferenceMonitor needs Opacus DP-SGD (a DPOptimizer), got {type(optimizer).__name__}; add "
@@ -257,24 +277,35 @@ class AttributeInferenceMonitor(Callback):
             self._twin = hook_free_twin(pl_module)
         sync_training_mode(self._twin, pl_module)
         self._pending = attribute_sensitivity(
-            self._twin, inputs, targets, attribute=self.tracked_attribute, max_grad_norm=self.max_grad_norm,
-            method=self.method, loss_fn=self.loss_fn, params=dict(pl_module.named_parameters()),
-            buffers=dict(pl_module.named_buffers()), chunk_size=self.chunk_size, backend=self.backend, sync=True,
-        )  # fmt: skip
+            self._twin,
+            inputs,
+            targets,
+            attribute=self.tracked_attribute,
+            max_grad_norm=self.max_grad_norm,
+            method=self.method,
+            loss_fn=self.loss_fn,
+            params=dict(pl_module.named_parameters()),
+            buffers=dict(pl_module.named_buffers()),
+            chunk_size=self.chunk_size,
+            backend=self.backend,
+            sync=True,
+        )
         self._batch = None
 
     @override
-    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", *args: Any) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         pending = self._pending
         self._commit(trainer)
         if self.publish and pending is not None:
             pl_module.log(names.AI_SENSITIVITY, pending, on_step=True, on_epoch=False, reduce_fx="max", sync_dist=False)
 
     @override
-    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._commit(trainer)
         if self.max_grad_norm is not None:
-            pl_module.log(self.key, self.bayes_security(), on_step=False, on_epoch=True, reduce_fx="min", sync_dist=True)
+            pl_module.log(
+                self.key, self.bayes_security(), on_step=False, on_epoch=True, reduce_fx="min", sync_dist=True
+            )
 
     # ------------------------------------------------------------------------------ state
     @override
@@ -292,9 +323,13 @@ class AttributeInferenceMonitor(Callback):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         missing = {"version", "segments", "max_grad_norm"} - set(state_dict)
         if missing:
-            raise RuntimeError(f"AttributeInferenceMonitor state is missing {sorted(missing)}: refusing to restart R at 0")
+            raise RuntimeError(
+                f"AttributeInferenceMonitor state is missing {sorted(missing)}: refusing to restart R at 0"
+            )
         if state_dict["version"] != STATE_VERSION:
-            raise RuntimeError(f"AttributeInferenceMonitor state version {state_dict['version']!r} is not {STATE_VERSION}")
+            raise RuntimeError(
+                f"AttributeInferenceMonitor state version {state_dict['version']!r} is not {STATE_VERSION}"
+            )
         self.segments = [dict(s) for s in state_dict["segments"]]
         self.max_sensitivity = float(state_dict.get("max_sensitivity", 0.0))
         self.max_grad_norm = None if state_dict["max_grad_norm"] is None else float(state_dict["max_grad_norm"])

@@ -14,9 +14,9 @@ from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis import bayes_security as bs
-from lightning_privacy.callbacks._plots import bayes_security_figure
 from lightning_privacy.callbacks._audit_utils import log_figure, log_scalars
 from lightning_privacy.callbacks._opacus import accountant_history, find_accountant, find_dpsgd
+from lightning_privacy.callbacks._plots import bayes_security_figure
 
 EXACT_MODES = ("auto", "always", "never")
 CLOSED_FORM = "_closed_form"  # internal: the raw closed form, kept for the figure
@@ -87,9 +87,13 @@ class BayesSecurityMonitor(Callback):
         if exact not in EXACT_MODES:
             raise MisconfigurationException(f"`exact` must be one of {EXACT_MODES}, got {exact!r}")
         if not (isinstance(max_trusted_epochs, (int, float)) and max_trusted_epochs > 0):
-            raise MisconfigurationException(f"`max_trusted_epochs` must be a positive number, got {max_trusted_epochs!r}")
+            raise MisconfigurationException(
+                f"`max_trusted_epochs` must be a positive number, got {max_trusted_epochs!r}"
+            )
         if error_threshold is not None and not (isinstance(error_threshold, (int, float)) and error_threshold > 0):
-            raise MisconfigurationException(f"`error_threshold` must be a positive number or None, got {error_threshold!r}")
+            raise MisconfigurationException(
+                f"`error_threshold` must be a positive number or None, got {error_threshold!r}"
+            )
         if delta is not None and not (isinstance(delta, float) and 0 < delta < 1):
             raise MisconfigurationException(f"`delta` must be a float in (0, 1), got {delta!r}")
         if relation not in ("replace", "add_remove"):
@@ -104,13 +108,13 @@ class BayesSecurityMonitor(Callback):
         self._warned = False
 
     # ------------------------------------------------------------------------------ computation
-    def _delta(self, trainer: "pl.Trainer") -> float:
+    def _delta(self, trainer: pl.Trainer) -> float:
         if self.delta is not None:
             return self.delta
         dpsgd = find_dpsgd(trainer)
         return dpsgd.delta if dpsgd is not None else 1e-5
 
-    def compute(self, trainer: "pl.Trainer", *, with_exact: Optional[bool] = None) -> Dict[str, float]:
+    def compute(self, trainer: pl.Trainer, *, with_exact: Optional[bool] = None) -> Dict[str, float]:
         """All logged values for the history so far (``with_exact`` overrides the ``exact`` mode)."""
         history = accountant_history(trainer, self.accountant)
         if not history:
@@ -155,16 +159,16 @@ class BayesSecurityMonitor(Callback):
             return False
         return self.error_threshold is None or error <= self.error_threshold
 
-    def _find_accountant(self, trainer: "pl.Trainer") -> IAccountant:
+    def _find_accountant(self, trainer: pl.Trainer) -> IAccountant:
         return find_accountant(trainer, self.accountant)
 
     # ------------------------------------------------------------------------------ hooks
     @override
-    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._find_accountant(trainer)  # fail early, with a clear message, if training is not private
 
     @override
-    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         values = self.compute(trainer)
         if not values:
             return
@@ -172,13 +176,20 @@ class BayesSecurityMonitor(Callback):
         for key, value in values.items():
             lower_is_safe = key in (names.MIA_BAYES_SECURITY, names.MIA_BAYES_SECURITY_EXACT)
             pl_module.log(
-                key, float(value), prog_bar=key == names.MIA_BAYES_SECURITY, on_epoch=True, on_step=False,
-                reduce_fx="min" if lower_is_safe else "max", sync_dist=True,
-            )  # fmt: skip
-        self.epochs.append({"epoch": trainer.current_epoch, "closed": closed, "exact": values.get(names.MIA_BAYES_SECURITY_EXACT)})
+                key,
+                float(value),
+                prog_bar=key == names.MIA_BAYES_SECURITY,
+                on_epoch=True,
+                on_step=False,
+                reduce_fx="min" if lower_is_safe else "max",
+                sync_dist=True,
+            )
+        self.epochs.append(
+            {"epoch": trainer.current_epoch, "closed": closed, "exact": values.get(names.MIA_BAYES_SECURITY_EXACT)}
+        )
 
     @override
-    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         values = self.compute(trainer, with_exact=True)
         if not values:
             return
@@ -188,7 +199,7 @@ class BayesSecurityMonitor(Callback):
             self.epochs[-1]["exact"] = values[names.MIA_BAYES_SECURITY_EXACT]
         self._log_report(trainer, values)
 
-    def _log_report(self, trainer: "pl.Trainer", values: Dict[str, float]) -> None:
+    def _log_report(self, trainer: pl.Trainer, values: Dict[str, float]) -> None:
         log_scalars(trainer, {names.MIA_BAYES_SECURITY_EXACT: values[names.MIA_BAYES_SECURITY_EXACT]})
         if not trainer.is_global_zero:
             return

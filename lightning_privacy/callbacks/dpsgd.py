@@ -143,7 +143,7 @@ class DPSGD(Callback):
 
     # ----------------------------------------------------------------------------------- checks
     @override
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         if trainer.accumulate_grad_batches != 1:
@@ -172,26 +172,31 @@ class DPSGD(Callback):
                     "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
                 )
         elif not isinstance(trainer.strategy, SingleDeviceStrategy):
-            rank_zero_warn(f"DPSGD was tested with single-device and DDP strategies, not {type(trainer.strategy).__name__}.")
+            rank_zero_warn(
+                f"DPSGD was tested with single-device and DDP strategies, not {type(trainer.strategy).__name__}."
+            )
         install_poisson_sampling(trainer, self)
 
     # ----------------------------------------------------------------------------------- wiring
     @override
-    def on_fit_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         optimizers = trainer.strategy.optimizers
         if len(optimizers) != 1:
             raise MisconfigurationException(
                 f"DPSGD supports exactly one optimizer; configure_optimizers returned {len(optimizers)}."
             )
         if isinstance(optimizers[0], DPOptimizer):
-            raise MisconfigurationException("The optimizer is already an Opacus DPOptimizer; remove DPSGD or make_private.")
+            raise MisconfigurationException(
+                "The optimizer is already an Opacus DPOptimizer; remove DPSGD or make_private."
+            )
         loader = make_poisson_loader(trainer, self, trainer.fit_loop._data_source.original.dataloader())
         self.steps_per_epoch = len(loader)
         if self.target_bayes_security is not None:
             planned = noise_multiplier_for_exact(
-                target=float(self.target_bayes_security), sample_rate=self.sample_rate,
+                target=float(self.target_bayes_security),
+                sample_rate=self.sample_rate,
                 steps=self.epochs * self.steps_per_epoch,
-            )  # fmt: skip
+            )
             self.noise_multiplier = planned
             rank_zero_info(
                 f"DPSGD: planned noise_multiplier={planned:.4f} for β*_MIA ≥ {self.target_bayes_security} after "
@@ -222,7 +227,7 @@ class DPSGD(Callback):
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.sample_rate)
 
     @override
-    def teardown(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self._hooks is not None:
             self._hooks.cleanup()
             self._hooks = None
@@ -269,7 +274,9 @@ class DPSGD(Callback):
         self.accountant.history = [(float(s), float(p), int(t)) for s, p, t in state_dict["history"]]
 
     @override
-    def on_load_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", checkpoint: Dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Dict[str, Any]
+    ) -> None:
         if self.state_key not in checkpoint.get("callbacks", {}):
             raise RuntimeError(
                 f"The checkpoint has no DPSGD state under {self.state_key!r}: its privacy history is unknown, so "

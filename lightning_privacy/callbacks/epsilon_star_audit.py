@@ -132,7 +132,9 @@ class EpsilonStarAudit(Callback):
         log_figure: bool = True,
         mia_alpha: float = 0.05,
     ) -> None:
-        if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 0.5):
+        if delta is not None and (
+            isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 0.5
+        ):
             raise MisconfigurationException(f"`delta` must be in the open interval (0, 0.5), got {delta!r}")
         if every_n_epochs is not None and (
             isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1
@@ -152,22 +154,24 @@ class EpsilonStarAudit(Callback):
         self.details: Dict[str, EpsilonStarDetails] = {}
 
     @override
-    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
             self.audit(trainer, pl_module)
 
     @override
-    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.audit(trainer, pl_module)
 
-    def audit(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> Dict[str, float]:
+    def audit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[str, float]:
         """Score both sets, compute Epsilon* (collective: call on every rank), write from rank 0."""
         members_in = audit.member_loader(trainer, self.member_dataloader)
         population_in = audit.population_loader(trainer, self.population_dataloader)
         member_losses = membership_losses_from_loader(pl_module, members_in, forward_fn=self.forward_fn)
         nonmember_losses = membership_losses_from_loader(pl_module, population_in, forward_fn=self.forward_fn)
         local = torch.cat([member_losses, nonmember_losses]).double()
-        is_member = torch.cat([torch.ones_like(member_losses, dtype=torch.bool), torch.zeros_like(nonmember_losses, dtype=torch.bool)])
+        is_member = torch.cat(
+            [torch.ones_like(member_losses, dtype=torch.bool), torch.zeros_like(nonmember_losses, dtype=torch.bool)]
+        )
 
         metric = EpsilonStar(delta=self.delta)
         metric.update(local, is_member)  # every rank updates, even with an empty shard
@@ -181,7 +185,9 @@ class EpsilonStarAudit(Callback):
         self.details = {}
         for method, key in (("parametric", names.EPSILON_STAR), ("empirical", names.EPSILON_STAR_EMPIRICAL)):
             try:
-                self.details[method] = epsilon_star_details(members.numpy(), nonmembers.numpy(), delta=delta, method=method)
+                self.details[method] = epsilon_star_details(
+                    members.numpy(), nonmembers.numpy(), delta=delta, method=method
+                )
             except ValueError as err:  # e.g. a constant model: no Normal can be fitted
                 rank_zero_warn(f"EpsilonStarAudit: {key} not computed: {err}")
                 continue
@@ -196,7 +202,7 @@ class EpsilonStarAudit(Callback):
         self._write(trainer, members.numpy(), nonmembers.numpy())
         return results
 
-    def _write(self, trainer: "pl.Trainer", members: np.ndarray, nonmembers: np.ndarray) -> None:
+    def _write(self, trainer: pl.Trainer, members: np.ndarray, nonmembers: np.ndarray) -> None:
         if not trainer.is_global_zero:
             return
         audit.log_scalars(trainer, self.results)
@@ -215,7 +221,9 @@ class EpsilonStarAudit(Callback):
         lines = ["| quantity | value |", "|---|---|"]
         lines += [f"| `{key}` | {value:.4f} |" for key, value in self.results.items()]
         for method, d in self.details.items():
-            lines.append(f"| {method}: members / non-members / delta | {d.num_members} / {d.num_nonmembers} / {d.delta:.3g} |")
+            lines.append(
+                f"| {method}: members / non-members / delta | {d.num_members} / {d.num_nonmembers} / {d.delta:.3g} |"
+            )
             if d.ratio is not None:
                 lines.append(
                     f"| {method}: threshold (loss) / FPR / FNR / ratio | {d.threshold:.4g} / {d.fpr:.3g} / {d.fnr:.3g} / "
@@ -223,7 +231,11 @@ class EpsilonStarAudit(Callback):
                 )
         d = self.details.get("parametric")
         if d is not None:
-            lines.append(f"| Normal fits of φ: members / non-members | N({d.member_mean:.4f}, {d.member_std:.4f}²) / "
-                         f"N({d.nonmember_mean:.4f}, {d.nonmember_std:.4f}²) |")  # fmt: skip
-            lines.append(f"| KS p-values of the fits: members / non-members | {d.ks_pvalue_member:.3g} / {d.ks_pvalue_nonmember:.3g} |")
+            lines.append(
+                f"| Normal fits of φ: members / non-members | N({d.member_mean:.4f}, {d.member_std:.4f}²) / "
+                f"N({d.nonmember_mean:.4f}, {d.nonmember_std:.4f}²) |"
+            )
+            lines.append(
+                f"| KS p-values of the fits: members / non-members | {d.ks_pvalue_member:.3g} / {d.ks_pvalue_nonmember:.3g} |"
+            )
         return "Epsilon* audit\n\n" + "\n".join(lines)

@@ -21,13 +21,19 @@ def _positive_or_none(name: str, value, integer: bool = False, optional: bool = 
     if value is None and optional:
         return None
     kind = int if integer else (int, float)
-    if value is None or isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value) or value <= 0:
+    if (
+        value is None
+        or isinstance(value, bool)
+        or not isinstance(value, kind)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         expected = ("a positive int" if integer else "a finite number > 0") + (" or None" if optional else "")
         raise MisconfigurationException(f"`{name}` must be {expected}, got {value!r}")
     return value
 
 
-def training_set_size(trainer: "pl.Trainer") -> int:
+def training_set_size(trainer: pl.Trainer) -> int:
     """Rows in the training set (the dataset behind ``trainer.train_dataloader``, all ranks together)."""
     loader = trainer.train_dataloader
     dataset = getattr(loader, "dataset", None)
@@ -39,7 +45,7 @@ def training_set_size(trainer: "pl.Trainer") -> int:
         ) from None
 
 
-def module_regularization(pl_module: "pl.LightningModule", regularization: float | None) -> float:
+def module_regularization(pl_module: pl.LightningModule, regularization: float | None) -> float:
     """``Λ``: the argument if given, else the module's ``regularization`` attribute."""
     if regularization is not None:
         return float(regularization)
@@ -51,7 +57,7 @@ def module_regularization(pl_module: "pl.LightningModule", regularization: float
     return float(value)
 
 
-def check_linear_head_model(pl_module: "pl.LightningModule", layer: Any, regularization: float | None, who: str) -> None:
+def check_linear_head_model(pl_module: pl.LightningModule, layer: Any, regularization: float | None, who: str) -> None:
     """Fail in ``setup`` (naming ``who``) when the model has no supported linear head or no Λ."""
     try:
         resolve_linear_head(pl_module, layer)
@@ -115,7 +121,7 @@ class OutputPerturbation(Callback):
         self.beta: float | None = None
 
     @override
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         check_linear_head_model(pl_module, self.layer, self.regularization, "OutputPerturbation")
@@ -126,7 +132,7 @@ class OutputPerturbation(Callback):
             )
 
     @override
-    def on_train_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         head = resolve_linear_head(pl_module, self.layer)
         lam = module_regularization(pl_module, self.regularization)
         n = self.dataset_size if self.dataset_size is not None else training_set_size(trainer)

@@ -37,8 +37,10 @@ def panoramia_figure(result: PanoramiaResult):
     b = result.bounds
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     mia_label = "MIA (x + target loss)" if result.mia_features == "target_loss" else "MIA (x + target & helper losses)"
-    for scores, label, color in ((result.baseline_scores, "baseline b (x + helper loss)", "C0"),
-                                 (result.mia_scores, mia_label, "C3")):  # fmt: skip
+    for scores, label, color in (
+        (result.baseline_scores, "baseline b (x + helper loss)", "C0"),
+        (result.mia_scores, mia_label, "C3"),
+    ):
         precision, recall, _ = precision_recall_curve(result.labels, scores)
         left.plot(recall, precision, color=color, label=label)
     left.axhline(b.members / len(result.labels), color="grey", linestyle=":", label="share of members")
@@ -124,21 +126,33 @@ class PanoramiaAudit(Callback):
         mia_features: str = "target_loss",
         seed: int = 0,
     ) -> None:
-        if isinstance(member_fraction, bool) or not isinstance(member_fraction, (int, float)) or not 0 < member_fraction <= 1:
+        if (
+            isinstance(member_fraction, bool)
+            or not isinstance(member_fraction, (int, float))
+            or not 0 < member_fraction <= 1
+        ):
             raise MisconfigurationException(f"`member_fraction` must be in (0, 1], got {member_fraction!r}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta < 1:
             raise MisconfigurationException(f"`beta` must be in (0, 1), got {beta!r}")
         if classifier not in ("auto", "hgb", "torch"):
             raise MisconfigurationException(f"`classifier` must be 'auto', 'hgb' or 'torch', got {classifier!r}")
         if mia_features not in ("target_loss", "calibrated"):
-            raise MisconfigurationException(f"`mia_features` must be 'target_loss' or 'calibrated', got {mia_features!r}")
-        for name, value, low in (("num_thresholds", num_thresholds, 1), ("helper_epochs", helper_epochs, 1),
-                                 ("top_rows", top_rows, 0), ("audit_size", audit_size, 20),
-                                 ("generator_size", generator_size, 20)):  # fmt: skip
+            raise MisconfigurationException(
+                f"`mia_features` must be 'target_loss' or 'calibrated', got {mia_features!r}"
+            )
+        for name, value, low in (
+            ("num_thresholds", num_thresholds, 1),
+            ("helper_epochs", helper_epochs, 1),
+            ("top_rows", top_rows, 0),
+            ("audit_size", audit_size, 20),
+            ("generator_size", generator_size, 20),
+        ):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise MisconfigurationException(f"`{name}` must be an int >= {low}, got {value!r}")
         if generator is not None and not (hasattr(generator, "fit") and hasattr(generator, "sample")):
-            raise MisconfigurationException(f"`generator` must have fit(data) and sample(n), got {type(generator).__name__}")
+            raise MisconfigurationException(
+                f"`generator` must have fit(data) and sample(n), got {type(generator).__name__}"
+            )
         self.members, self.encode, self.generator = members, encode, generator
         self.member_fraction = float(member_fraction)
         self.audit_size, self.generator_size = audit_size, generator_size
@@ -151,9 +165,11 @@ class PanoramiaAudit(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(member_fraction=self.member_fraction, audit_size=self.audit_size, seed=self.seed)
+        return self._generate_state_key(
+            member_fraction=self.member_fraction, audit_size=self.audit_size, seed=self.seed
+        )
 
-    def _member_data(self, trainer: "pl.Trainer") -> tuple:
+    def _member_data(self, trainer: pl.Trainer) -> tuple:
         if self.members is not None:
             return self.members, self.encode
         dm = trainer.datamodule
@@ -176,7 +192,7 @@ class PanoramiaAudit(Callback):
         return (x, y), self.encode
 
     @override
-    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero:
             return
         from lightning_privacy.generators import _data
@@ -184,14 +200,25 @@ class PanoramiaAudit(Callback):
         members, encode = self._member_data(trainer)
         kept = int(round(self.member_fraction * _data.length(members)))
         if kept < _data.length(members):
-            members = _data.subset(members, np.sort(np.random.default_rng(self.seed).permutation(_data.length(members))[:kept]))
+            members = _data.subset(
+                members, np.sort(np.random.default_rng(self.seed).permutation(_data.length(members))[:kept])
+            )
         try:
             result = panoramia_audit(
-                pl_module, members, encode=encode, generator=self.generator, audit_size=self.audit_size,
-                generator_size=self.generator_size, beta=self.beta, num_thresholds=self.num_thresholds,
-                classifier=self.classifier, helper_epochs=self.helper_epochs, top_rows=self.top_rows, seed=self.seed,
+                pl_module,
+                members,
+                encode=encode,
+                generator=self.generator,
+                audit_size=self.audit_size,
+                generator_size=self.generator_size,
+                beta=self.beta,
+                num_thresholds=self.num_thresholds,
+                classifier=self.classifier,
+                helper_epochs=self.helper_epochs,
+                top_rows=self.top_rows,
+                seed=self.seed,
                 mia_features=self.mia_features,
-            )  # fmt: skip
+            )
         except (ValueError, TypeError) as err:
             raise MisconfigurationException(f"PanoramiaAudit: {err}") from err
         self.result = result
@@ -206,7 +233,6 @@ class PanoramiaAudit(Callback):
         text = summary_text(result)
         audit.log_text(trainer, SUMMARY_TAG, text)
         rank_zero_info(text.splitlines()[0])
-
 
     @property
     def last_values(self) -> Dict[str, float]:

@@ -66,8 +66,10 @@ class PrivacyBudgetStopping(Callback):
         exact: bool = True,
         accountant: Optional[IAccountant] = None,
     ) -> None:
-        if isinstance(min_bayes_security, bool) or not isinstance(min_bayes_security, (int, float)) or not (
-            0 < min_bayes_security < 1
+        if (
+            isinstance(min_bayes_security, bool)
+            or not isinstance(min_bayes_security, (int, float))
+            or not (0 < min_bayes_security < 1)
         ):
             raise MisconfigurationException(f"`min_bayes_security` must be in (0, 1), got {min_bayes_security!r}")
         if threat not in THREATS:
@@ -88,7 +90,7 @@ class PrivacyBudgetStopping(Callback):
         return self._generate_state_key(min_bayes_security=self.min_bayes_security, threat=self.threat)
 
     # -------------------------------------------------------------------------------- decisions
-    def bayes_security_after_next_step(self, trainer: "pl.Trainer") -> float:
+    def bayes_security_after_next_step(self, trainer: pl.Trainer) -> float:
         """β*_MIA (closed form) or β*_AI (worst case R = 2C) if one more optimizer step were taken."""
         if self.threat == "ai":
             return self._ai_monitor(trainer).bayes_security_after_next_step(trainer)
@@ -96,7 +98,7 @@ class PrivacyBudgetStopping(Callback):
         sigma, rate = next_step_mechanism(trainer, self.accountant, who="PrivacyBudgetStopping")
         return bs.mia_bayes_security(**bs.history_segments(history + [(sigma, rate, 1)]), relation=self.relation)
 
-    def next_step_breaks_budget(self, trainer: "pl.Trainer") -> bool:
+    def next_step_breaks_budget(self, trainer: pl.Trainer) -> bool:
         """Whether the next optimizer step would take β* below ``min_bayes_security``."""
         if self.threat == "ai" or not self.exact:
             return self.bayes_security_after_next_step(trainer) < self.min_bayes_security
@@ -151,7 +153,7 @@ class PrivacyBudgetStopping(Callback):
         self._cache = {key: result}
         return result
 
-    def _ai_monitor(self, trainer: "pl.Trainer") -> Any:
+    def _ai_monitor(self, trainer: pl.Trainer) -> Any:
         from lightning_privacy.callbacks.attribute_inference_monitor import AttributeInferenceMonitor
 
         monitors = [cb for cb in trainer.callbacks if isinstance(cb, AttributeInferenceMonitor)]
@@ -161,7 +163,7 @@ class PrivacyBudgetStopping(Callback):
             )
         return monitors[0]
 
-    def _check(self, trainer: "pl.Trainer") -> None:
+    def _check(self, trainer: pl.Trainer) -> None:
         should_stop = trainer.strategy.reduce_boolean_decision(self.next_step_breaks_budget(trainer), all=False)
         if should_stop and not trainer.should_stop:
             trainer.should_stop = True
@@ -173,7 +175,7 @@ class PrivacyBudgetStopping(Callback):
 
     # -------------------------------------------------------------------------------- hooks
     @override
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         min_epochs = trainer.fit_loop.min_epochs or 0
@@ -186,11 +188,11 @@ class PrivacyBudgetStopping(Callback):
             )
 
     @override
-    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._check(trainer)
 
     @override
-    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", *args: Any) -> None:
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         self._check(trainer)
 
     @override

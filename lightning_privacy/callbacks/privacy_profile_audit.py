@@ -14,7 +14,11 @@ from typing_extensions import override
 from lightning_privacy import names
 from lightning_privacy.analysis import privacy_profile as pp
 from lightning_privacy.callbacks._audit_utils import log_figure, log_histogram, log_scalars, log_text, sharded_loader
-from lightning_privacy.callbacks.output_perturbation import OutputPerturbation, check_linear_head_model, module_regularization
+from lightning_privacy.callbacks.output_perturbation import (
+    OutputPerturbation,
+    check_linear_head_model,
+    module_regularization,
+)
 from lightning_privacy.functional.privacy_profile import (
     linear_head_inputs,
     logistic_per_example_gradients,
@@ -36,7 +40,9 @@ def transition_figure(transition: pp.TransitionAnalysis, profiles: Sequence[pp.T
     left.set(xlabel="rank (fraction of rows, most exposed right)", ylabel="mean |l| / β", yscale="log")
     left.set_title("Typical privacy profile")
     left.legend(fontsize=8)
-    for q, curve, lo, hi in zip(transition.quantiles, transition.curves, transition.low_plateau, transition.high_plateau):
+    for q, curve, lo, hi in zip(
+        transition.quantiles, transition.curves, transition.low_plateau, transition.high_plateau
+    ):
         (line,) = right.plot(transition.epsilons, curve, label=f"rank quantile {q:g}")
         right.hlines([lo, hi], transition.epsilons[0], transition.epsilons[-1], colors=line.get_color(), linestyles=":")
     right.axvspan(transition.epsilon_low, transition.epsilon_high, alpha=0.15, label="ε range worth trying")
@@ -137,12 +143,12 @@ class PrivacyProfileAudit(Callback):
         self.top_rows: list[dict] = []
 
     @override
-    def setup(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule", stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         check_linear_head_model(pl_module, self.layer, self.regularization, "PrivacyProfileAudit")
 
-    def _rows(self, trainer: "pl.Trainer") -> Iterable:
+    def _rows(self, trainer: pl.Trainer) -> Iterable:
         """Every training row in a fixed order (all of them: the audit runs on global rank 0 only)."""
         source = self.dataloader
         if source is None and callable(getattr(trainer.datamodule, "member_dataloader", None)):
@@ -155,7 +161,7 @@ class PrivacyProfileAudit(Callback):
         return sharded_loader(source, rank=0, world_size=1)  # plain sequential pass (no Poisson sampler)
 
     @override
-    def on_fit_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_rank != 0:
             return
         perturbation = next((cb for cb in trainer.callbacks if isinstance(cb, OutputPerturbation)), None)
@@ -197,15 +203,28 @@ class PrivacyProfileAudit(Callback):
         beta = 1.0 if epsilon is None else pp.noise_scale(epsilon=epsilon, dataset_size=n, regularization=lam)
         self.profile = pp.privacy_profile(a, neighbours, m, beta=beta)
         self.transition = pp.transition_analysis(
-            a, neighbours, dataset_size=n, regularization=lam, epsilons=self.epsilons, quantiles=self.quantiles,
-            num_samples=self.num_samples, seed=self.seed,
-        )  # fmt: skip
+            a,
+            neighbours,
+            dataset_size=n,
+            regularization=lam,
+            epsilons=self.epsilons,
+            quantiles=self.quantiles,
+            num_samples=self.num_samples,
+            seed=self.seed,
+        )
         shown = np.geomspace(self.transition.epsilons[0], self.transition.epsilons[-1], 5)
         self.typical_profiles = [
-            pp.typical_profile(a, neighbours, epsilon=e, dataset_size=n, regularization=lam,
-                               num_samples=min(self.num_samples, 64), seed=self.seed)
+            pp.typical_profile(
+                a,
+                neighbours,
+                epsilon=e,
+                dataset_size=n,
+                regularization=lam,
+                num_samples=min(self.num_samples, 64),
+                seed=self.seed,
+            )
             for e in shown
-        ]  # fmt: skip
+        ]
         values = x if self.row_features is None else self.row_features
         columns = self.feature_names or [f"x{j}" for j in range(values.shape[1])]
         index, losses = self.profile.most_exposed(min(self.top_k, n))
@@ -215,7 +234,7 @@ class PrivacyProfileAudit(Callback):
         ]
         return self.profile
 
-    def _log(self, trainer: "pl.Trainer", epsilon: float | None) -> None:
+    def _log(self, trainer: pl.Trainer, epsilon: float | None) -> None:
         assert self.profile is not None and self.transition is not None
         metrics = {
             names.PROFILE_MAX_LOSS: float(self.profile.losses[-1]),
@@ -231,9 +250,10 @@ class PrivacyProfileAudit(Callback):
             cells = " | ".join(f"{row[c]:.4g}" for c in columns)
             lines.append(f"| {r} | {row['row']} | {row['loss']:.4g} | {cells} |")
         text = (
-            f"Most exposed training rows (loss = {unit}):\n\n" + "\n".join(lines)
+            f"Most exposed training rows (loss = {unit}):\n\n"
+            + "\n".join(lines)
             + f"\n\nRecommended ε range: [{self.transition.epsilon_low:.3g}, {self.transition.epsilon_high:.3g}]"
-        )  # fmt: skip
+        )
         log_scalars(trainer, metrics)
         log_histogram(trainer, names.PROFILE_LOSSES, self.profile.losses)
         log_text(trainer, names.PROFILE_TOP_ROWS, text)

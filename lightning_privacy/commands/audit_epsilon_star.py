@@ -20,13 +20,31 @@ DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) to audit")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)")
-    parser.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: the bundled copy)")
-    parser.add_argument("--nonmembers", choices=("val", "test"), default="val", help="non-member rows (default: %(default)s)")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)")
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/validation split used in training (default: %(default)s)")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--data-path", default=None, help="folder with adult.data / adult.test (default: the bundled copy)"
+    )
+    parser.add_argument(
+        "--nonmembers", choices=("val", "test"), default="val", help="non-member rows (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--split-seed",
+        type=int,
+        default=0,
+        help="seed of the train/validation split used in training (default: %(default)s)",
+    )
     parser.add_argument("--batch-size", type=int, default=1024, help="evaluation batch size (default: %(default)s)")
-    parser.add_argument("--delta", type=float, default=None, help="delta of Epsilon* in (0, 0.5) (default: 1/(n ln n), n = training rows)")
+    parser.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="delta of Epsilon* in (0, 0.5) (default: 1/(n ln n), n = training rows)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -57,7 +75,9 @@ def audit_checkpoint(args: argparse.Namespace) -> dict:
     if not Path(args.checkpoint).is_file():
         raise ValueError(f"`--checkpoint` {args.checkpoint!r} is not a file")
     model = _load_class(args.model).load_from_checkpoint(args.checkpoint, map_location="cpu")
-    dm = AdultDataModule(path=args.data_path, batch_size=args.batch_size, val_fraction=args.val_fraction, seed=args.split_seed)
+    dm = AdultDataModule(
+        path=args.data_path, batch_size=args.batch_size, val_fraction=args.val_fraction, seed=args.split_seed
+    )
     dm.setup("fit")
     population = dm.val_dataloader() if args.nonmembers == "val" else dm.test_dataloader()
     if args.nonmembers == "val" and len(dm.val_dataset) == 0:
@@ -84,7 +104,9 @@ def audit_checkpoint(args: argparse.Namespace) -> dict:
     if MembershipEpsilon is not None:
         mia = MembershipEpsilon(delta=delta)
         scores = torch.from_numpy(-np.concatenate([members, nonmembers]))
-        is_member = torch.cat([torch.ones(members.size, dtype=torch.bool), torch.zeros(nonmembers.size, dtype=torch.bool)])
+        is_member = torch.cat(
+            [torch.ones(members.size, dtype=torch.bool), torch.zeros(nonmembers.size, dtype=torch.bool)]
+        )
         mia.update(scores, is_member)
         out[names.MIA_EPSILON_LOWER] = float(mia.compute()["epsilon_lower"])
     return out
@@ -102,12 +124,23 @@ def _table(out: dict) -> str:
     ]
     if names.MIA_EPSILON_LOWER in out:
         rows.append((names.MIA_EPSILON_LOWER, f"{out[names.MIA_EPSILON_LOWER]:.4f}"))
-    rows.append(("Normal fits (members / non-members)",
-                 f"N({p['member_mean']:.4f}, {p['member_std']:.4f}^2) / N({p['nonmember_mean']:.4f}, {p['nonmember_std']:.4f}^2)"))  # fmt: skip
-    rows.append(("KS p-values (members / non-members)", f"{p['ks_pvalue_member']:.3g} / {p['ks_pvalue_nonmember']:.3g}"))
+    rows.append(
+        (
+            "Normal fits (members / non-members)",
+            f"N({p['member_mean']:.4f}, {p['member_std']:.4f}^2) / N({p['nonmember_mean']:.4f}, {p['nonmember_std']:.4f}^2)",
+        )
+    )
+    rows.append(
+        ("KS p-values (members / non-members)", f"{p['ks_pvalue_member']:.3g} / {p['ks_pvalue_nonmember']:.3g}")
+    )
     for label, d in (("parametric", p), ("empirical", e)):
         if d["ratio"] is not None:
-            rows.append((f"{label}: threshold / FPR / FNR / ratio", f"{d['threshold']:.4g} / {d['fpr']:.3g} / {d['fnr']:.3g} / {d['ratio']}"))
+            rows.append(
+                (
+                    f"{label}: threshold / FPR / FNR / ratio",
+                    f"{d['threshold']:.4g} / {d['fpr']:.3g} / {d['fnr']:.3g} / {d['ratio']}",
+                )
+            )
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

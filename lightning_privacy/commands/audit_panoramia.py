@@ -13,19 +13,34 @@ HELP = "PANORAMIA audit of a saved Adult checkpoint with generated non-members (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) of the target model")
-    parser.add_argument("--model-class", default="lightning_privacy.models.TabularMLP",
-                        help="dotted path of the LightningModule class (default: %(default)s)")
+    parser.add_argument(
+        "--model-class",
+        default="lightning_privacy.models.TabularMLP",
+        help="dotted path of the LightningModule class (default: %(default)s)",
+    )
     parser.add_argument("--data", default="adult", help="member data: only 'adult' (the AdultDataModule train split)")
     parser.add_argument("--data-path", default=None, help="folder with adult.data/adult.test (default: bundled copy)")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)")
-    parser.add_argument("--split-seed", type=int, default=0, help="seed of the AdultDataModule train/val split the model used")
-    parser.add_argument("--member-fraction", type=float, default=1.0, help="share of the training rows the auditor holds")
-    parser.add_argument("--audit-size", type=int, default=None, help="m, audit points (default: a third of the members)")
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--split-seed", type=int, default=0, help="seed of the AdultDataModule train/val split the model used"
+    )
+    parser.add_argument(
+        "--member-fraction", type=float, default=1.0, help="share of the training rows the auditor holds"
+    )
+    parser.add_argument(
+        "--audit-size", type=int, default=None, help="m, audit points (default: a third of the members)"
+    )
     parser.add_argument("--generator-size", type=int, default=None, help="|D_G| (default: a third of the members)")
     parser.add_argument("--beta", type=float, default=0.05, help="1 - confidence of the bounds (default: %(default)s)")
     parser.add_argument("--helper-epochs", type=int, default=10)
-    parser.add_argument("--mia-features", choices=["target_loss", "calibrated"], default="target_loss",
-                        help="the paper's MIA (x + target loss) or helper-calibrated losses (default: %(default)s)")
+    parser.add_argument(
+        "--mia-features",
+        choices=["target_loss", "calibrated"],
+        default="target_loss",
+        help="the paper's MIA (x + target loss) or helper-calibrated losses (default: %(default)s)",
+    )
     parser.add_argument("--no-filter", action="store_true", help="do not filter obviously synthetic rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--figure", default=None, help="write the curves to this image file")
@@ -58,10 +73,17 @@ def run(args: argparse.Namespace) -> int:
         generator = FilteredGenerator(generator, seed=args.seed)
     start = time.perf_counter()
     result = panoramia_audit(
-        model, members, encode=lambda rows: dm.to_dataset(rows).tensors, generator=generator,
-        audit_size=args.audit_size, generator_size=args.generator_size, beta=args.beta,
-        helper_epochs=args.helper_epochs, seed=args.seed, mia_features=args.mia_features,
-    )  # fmt: skip
+        model,
+        members,
+        encode=lambda rows: dm.to_dataset(rows).tensors,
+        generator=generator,
+        audit_size=args.audit_size,
+        generator_size=args.generator_size,
+        beta=args.beta,
+        helper_epochs=args.helper_epochs,
+        seed=args.seed,
+        mia_features=args.mia_features,
+    )
     seconds = time.perf_counter() - start
     text = summary_text(result)
     print(text)
@@ -70,6 +92,17 @@ def run(args: argparse.Namespace) -> int:
         panoramia_figure(result).savefig(args.figure, dpi=120)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump({"epsilon": result.epsilon, "c_lb": result.c_lb, "c_plus_epsilon_lb": result.c_plus_epsilon_lb,
-                       "beta": args.beta, "sizes": result.sizes, "seconds": seconds, "report": text}, handle, indent=2)  # fmt: skip
+            json.dump(
+                {
+                    "epsilon": result.epsilon,
+                    "c_lb": result.c_lb,
+                    "c_plus_epsilon_lb": result.c_plus_epsilon_lb,
+                    "beta": args.beta,
+                    "sizes": result.sizes,
+                    "seconds": seconds,
+                    "report": text,
+                },
+                handle,
+                indent=2,
+            )
     return 0

@@ -43,14 +43,13 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     import lightning.pytorch as pl
+    import torch
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from lightning_privacy import DPSGD, BayesSecurityMonitor, PrivacyBudgetStopping, names
     from lightning_privacy.data import AdultDataModule
     from lightning_privacy.models import TabularMLP
     from lightning_privacy.report import log_privacy_report
-
-    import torch
 
     # The MLP is tiny: one thread is as fast, and avoids OpenMP oversubscription on a busy machine.
     torch.set_num_threads(1)
@@ -63,10 +62,16 @@ def run(args: argparse.Namespace) -> int:
     stopper = PrivacyBudgetStopping(min_bayes_security=args.target)
     logger = TensorBoardLogger(args.logdir, name="demo")
     trainer = pl.Trainer(
-        max_epochs=args.epochs + 1, callbacks=[dpsgd, monitor, stopper], logger=logger, accelerator="cpu",
-        devices=1, enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+        max_epochs=args.epochs + 1,
+        callbacks=[dpsgd, monitor, stopper],
+        logger=logger,
+        accelerator="cpu",
+        devices=1,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         enable_progress_bar=args.progress,
-    )  # fmt: skip
+    )
     start = time.perf_counter()
     trainer.fit(model, datamodule=datamodule)
     test_acc = float(trainer.test(model, datamodule=datamodule, verbose=False)[0]["test_acc"])
@@ -81,7 +86,10 @@ def run(args: argparse.Namespace) -> int:
         ("β*_MIA closed form (Cor. 7)", f"{closed:.4f}"),
         ("β*_MIA exact (PLD, 1 − δ(0))", f"{final[names.MIA_BAYES_SECURITY_EXACT]:.4f}"),
         ("membership advantage (1 − β*)", f"{final[names.MIA_ADVANTAGE]:.4f}"),
-        ("TPR bound at FPR 0.01 / 0.1", f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.4f} / {final[names.MIA_TPR_BOUND_FPR_0_1]:.4f}"),
+        (
+            "TPR bound at FPR 0.01 / 0.1",
+            f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.4f} / {final[names.MIA_TPR_BOUND_FPR_0_1]:.4f}",
+        ),
         (f"accountant ε at δ = {dpsgd.delta:g} (RDP)", f"{dpsgd.epsilon():.3f}"),
         ("stopped by budget after step", str(stopper.stopped_at_step) if stopper.stopped_at_step is not None else "no"),
         ("wall time", f"{elapsed:.1f} s"),

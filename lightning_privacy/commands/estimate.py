@@ -16,7 +16,11 @@ import time
 NAME = "estimate"
 HELP = "Intervals for epsilon (Bayesian, Jeffreys, Clopper-Pearson) from membership-inference counts FN/TP/FP/TN."
 METHODS = ("bayes", "jeffreys", "clopper_pearson")
-LABELS = {"bayes": "Bayesian (joint posterior)", "jeffreys": "Jeffreys rectangle", "clopper_pearson": "Clopper-Pearson rectangle"}
+LABELS = {
+    "bayes": "Bayesian (joint posterior)",
+    "jeffreys": "Jeffreys rectangle",
+    "clopper_pearson": "Clopper-Pearson rectangle",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,10 +29,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp", type=int, required=True, help="false positives: non-members guessed member")
     parser.add_argument("--tn", type=int, required=True, help="true negatives: non-members guessed non-member")
     parser.add_argument("--delta", type=float, required=True, help="delta of (epsilon, delta)-DP, in [0, 1)")
-    parser.add_argument("--alpha", type=float, default=0.05, help="significance: 100(1 - alpha)%% intervals (default: %(default)s)")
-    parser.add_argument("--sided", choices=("two", "one"), default="two", help="two-sided interval or one-sided lower bound (default: %(default)s)")
-    parser.add_argument("--region", choices=("attack", "full"), default="attack",
-                        help="privacy region: 'attack' (Equation 1) or 'full' (Definition 3.1 verbatim) (default: %(default)s)")
+    parser.add_argument(
+        "--alpha", type=float, default=0.05, help="significance: 100(1 - alpha)%% intervals (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--sided",
+        choices=("two", "one"),
+        default="two",
+        help="two-sided interval or one-sided lower bound (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--region",
+        choices=("attack", "full"),
+        default="attack",
+        help="privacy region: 'attack' (Equation 1) or 'full' (Definition 3.1 verbatim) (default: %(default)s)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -36,15 +51,31 @@ def estimate(args: argparse.Namespace) -> dict:
     """The three intervals (and the time each took) for the counts in ``args``, as plain values."""
     from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_interval
 
-    out = {"counts": {"fn": args.fn, "tp": args.tp, "fp": args.fp, "tn": args.tn}, "delta": args.delta,
-           "alpha": args.alpha, "sided": args.sided, "region": args.region, "intervals": {}}  # fmt: skip
+    out = {
+        "counts": {"fn": args.fn, "tp": args.tp, "fp": args.fp, "tn": args.tn},
+        "delta": args.delta,
+        "alpha": args.alpha,
+        "sided": args.sided,
+        "region": args.region,
+        "intervals": {},
+    }
     for method in METHODS:
         start = time.perf_counter()
-        low, high = epsilon_interval(fn=args.fn, tp=args.tp, fp=args.fp, tn=args.tn, delta=args.delta, alpha=args.alpha,
-                                     method=method, sided=args.sided, region=args.region)  # fmt: skip
+        low, high = epsilon_interval(
+            fn=args.fn,
+            tp=args.tp,
+            fp=args.fp,
+            tn=args.tn,
+            delta=args.delta,
+            alpha=args.alpha,
+            method=method,
+            sided=args.sided,
+            region=args.region,
+        )
         out["intervals"][method] = {"low": low, "high": high, "seconds": time.perf_counter() - start}
-    out["point_estimate"] = epsilon_from_rates(fnr=args.fn / (args.fn + args.tp), fpr=args.fp / (args.fp + args.tn),
-                                               delta=args.delta, region=args.region)  # fmt: skip
+    out["point_estimate"] = epsilon_from_rates(
+        fnr=args.fn / (args.fn + args.tp), fpr=args.fp / (args.fp + args.tn), delta=args.delta, region=args.region
+    )
     return out
 
 

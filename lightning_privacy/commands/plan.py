@@ -31,12 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     length = parser.add_mutually_exclusive_group(required=True)
     length.add_argument("--epochs", type=float, help="training epochs (steps = ceil(epochs / p))")
     length.add_argument("--steps", type=int, help="optimizer steps T")
-    parser.add_argument("--relation", choices=("replace", "add_remove"), default="replace",
-                        help="neighbouring relation (default: %(default)s, the paper's MIA game)")  # fmt: skip
-    parser.add_argument("--exact", action="store_true",
-                        help="plan σ against the exact PLD value instead of the closed form (slower: seconds)")  # fmt: skip
-    parser.add_argument("--delta", type=float, default=None,
-                        help="also print the loose ε estimate of Section 4.2.1 at this δ in [0, 1)")  # fmt: skip
+    parser.add_argument(
+        "--relation",
+        choices=("replace", "add_remove"),
+        default="replace",
+        help="neighbouring relation (default: %(default)s, the paper's MIA game)",
+    )
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help="plan σ against the exact PLD value instead of the closed form (slower: seconds)",
+    )
+    parser.add_argument(
+        "--delta", type=float, default=None, help="also print the loose ε estimate of Section 4.2.1 at this δ in [0, 1)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -55,7 +63,9 @@ def _sampling(args: argparse.Namespace) -> tuple[float, int]:
         if args.dataset_size < 1:
             raise ValueError(f"`--dataset-size` must be >= 1, got {args.dataset_size!r}")
         if not 1 <= args.batch_size <= args.dataset_size:
-            raise ValueError(f"`--batch-size` must be in [1, dataset size {args.dataset_size}], got {args.batch_size!r}")
+            raise ValueError(
+                f"`--batch-size` must be in [1, dataset size {args.dataset_size}], got {args.batch_size!r}"
+            )
         steps_per_epoch = math.ceil(args.dataset_size / args.batch_size)
         p = 1.0 / steps_per_epoch
     if args.steps is not None:
@@ -122,8 +132,15 @@ def make_plan(args: argparse.Namespace) -> dict:
 
 def _table(out: dict) -> str:
     rows = [
-        ("noise_multiplier σ", f"{out['noise_multiplier']:.4f}"
-         + ("" if out["planned_with"] == "closed_form" else f"  (exact plan; closed form: {out['noise_multiplier_closed_form']:.4f})")),  # fmt: skip
+        (
+            "noise_multiplier σ",
+            f"{out['noise_multiplier']:.4f}"
+            + (
+                ""
+                if out["planned_with"] == "closed_form"
+                else f"  (exact plan; closed form: {out['noise_multiplier_closed_form']:.4f})"
+            ),
+        ),
         ("sample_rate p", f"{out['sample_rate']:.6g}"),
         ("steps T", f"{out['steps']}  ({out['epochs']:.4g} epochs)"),
         ("β*_MIA closed form (Cor. 7)", f"{out['mia_bayes_security']:.4f}"),
@@ -131,7 +148,10 @@ def _table(out: dict) -> str:
         ("attacker success, uniform prior", f"{100 * out['attacker_success_uniform_prior']:.2f}%"),
         ("TPR bound @ FPR 1%", f"{100 * out['mia_tpr_bound_fpr_0.01']:.2f}%"),
         ("TPR bound @ FPR 10%", f"{100 * out['mia_tpr_bound_fpr_0.1']:.2f}%"),
-        ("approximation error bound (Prop. 4)", f"{out['approximation_error']:.3g}" + ("  (vacuous, >= 1)" if out["approximation_error"] >= 1 else "")),
+        (
+            "approximation error bound (Prop. 4)",
+            f"{out['approximation_error']:.3g}" + ("  (vacuous, >= 1)" if out["approximation_error"] >= 1 else ""),
+        ),
     ]
     if "epsilon_estimate_loose" in out:
         rows.append((f"ε estimate at δ={out['delta']:g} (loose)", f"{out['epsilon_estimate_loose']:.4g}"))

@@ -32,15 +32,33 @@ from typing import Mapping, Sequence
 import numpy as np
 
 COLUMNS = (
-    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-    "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
     "income",
-)  # fmt: skip
+)
 NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
 CATEGORICAL = (
-    "workclass", "education", "marital-status", "occupation", "relationship", "race", "sex",
+    "workclass",
+    "education",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
     "native-country",
-)  # fmt: skip
+)
 SPLITS = ("train", "test")
 
 
@@ -61,7 +79,7 @@ class AdultTable:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def subset(self, index: np.ndarray | Sequence[int]) -> "AdultTable":
+    def subset(self, index: np.ndarray | Sequence[int]) -> AdultTable:
         """Rows ``index`` as a new table."""
         index = np.asarray(index)
         return AdultTable(self.numeric[index], self.categorical[index], self.labels[index])
@@ -190,7 +208,7 @@ class AdultEncoder:
     def num_features(self) -> int:
         return len(self.feature_names)
 
-    def fit(self, table: AdultTable) -> "AdultEncoder":
+    def fit(self, table: AdultTable) -> AdultEncoder:
         if len(table) == 0:
             raise ValueError("`table` is empty: cannot fit the encoder")
         names = list(NUMERIC)

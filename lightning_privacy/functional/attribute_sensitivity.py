@@ -77,8 +77,10 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 # ---------------------------------------------------------------------------------------- validation
 def _check_max_grad_norm(max_grad_norm: Any) -> float:
-    if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real) or not (
-        math.isfinite(float(max_grad_norm)) and max_grad_norm > 0
+    if (
+        isinstance(max_grad_norm, bool)
+        or not isinstance(max_grad_norm, numbers.Real)
+        or not (math.isfinite(float(max_grad_norm)) and max_grad_norm > 0)
     ):
         raise ValueError(f"Expected argument `max_grad_norm` to be a finite number > 0, but got {max_grad_norm!r}.")
     return float(max_grad_norm)
@@ -160,15 +162,21 @@ def sync_training_mode(twin: nn.Module, live: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------------------------- gradients
-def _split_params(module: nn.Module, params: Optional[Mapping[str, torch.Tensor]], buffers: Optional[Mapping[str, torch.Tensor]]):
+def _split_params(
+    module: nn.Module, params: Optional[Mapping[str, torch.Tensor]], buffers: Optional[Mapping[str, torch.Tensor]]
+):
     own = dict(module.named_parameters())
     params = own if params is None else dict(params)
     unknown = sorted(set(params) - set(own))
     if unknown:
-        raise ValueError(f"Expected `params` to be named like the module's parameters, but got unknown names {unknown[:5]}.")
+        raise ValueError(
+            f"Expected `params` to be named like the module's parameters, but got unknown names {unknown[:5]}."
+        )
     trainable = {n: params[n].detach() for n in own if n in params and own[n].requires_grad}
     if not trainable:
-        raise ValueError("The module has no trainable parameters (requires_grad=True): there is no gradient to measure.")
+        raise ValueError(
+            "The module has no trainable parameters (requires_grad=True): there is no gradient to measure."
+        )
     frozen = {n: params.get(n, own[n]).detach() for n in own if n not in trainable}
     frozen.update({n: b for n, b in (dict(module.named_buffers()) if buffers is None else dict(buffers)).items()})
     return trainable, frozen
@@ -343,7 +351,9 @@ def _check_chunk_size(chunk_size: Any) -> Optional[int]:
     if chunk_size is None:
         return None
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral) or chunk_size < 1:
-        raise ValueError(f"Expected argument `chunk_size` to be a positive int (examples per chunk) or None, but got {chunk_size!r}.")
+        raise ValueError(
+            f"Expected argument `chunk_size` to be a positive int (examples per chunk) or None, but got {chunk_size!r}."
+        )
     return int(chunk_size)
 
 
@@ -422,7 +432,13 @@ def _sensitivity_from_gram(gram: torch.Tensor, c_max: float, method: str) -> tor
         r2 = diag - 2.0 * gc.mean(dim=2) + gc.mean(dim=(1, 2)).unsqueeze(1)  # ‖ḡₐ − v‖², v = mean
         value = 2.0 * r2.clamp_min(0.0).max(dim=1).values.sqrt()
     else:
-        value = (diag.unsqueeze(2) + diag.unsqueeze(1) - 2.0 * gc).clamp_min(0.0).reshape(len(gram), k * k).max(dim=1).values.sqrt()
+        value = (
+            (diag.unsqueeze(2) + diag.unsqueeze(1) - 2.0 * gc)
+            .clamp_min(0.0)
+            .reshape(len(gram), k * k)
+            .max(dim=1)
+            .values.sqrt()
+        )
     return value.clamp(max=2.0 * c_max).float()
 
 
@@ -431,15 +447,30 @@ BACKENDS = ("auto", "func", "linear")
 
 
 def _sensitivities(
-    module, inputs, targets, *, attribute, max_grad_norm, method, values, loss_fn, params, buffers, chunk_size,
-    randomness, backend, prune,
-) -> torch.Tensor:  # fmt: skip
+    module,
+    inputs,
+    targets,
+    *,
+    attribute,
+    max_grad_norm,
+    method,
+    values,
+    loss_fn,
+    params,
+    buffers,
+    chunk_size,
+    randomness,
+    backend,
+    prune,
+) -> torch.Tensor:
     _check_module(module)
     c_max = _check_max_grad_norm(max_grad_norm)
     _check_method(method)
     chunk_size = _check_chunk_size(chunk_size)
     if not isinstance(attribute, SensitiveAttribute):
-        raise TypeError(f"Expected argument `attribute` to be a SensitiveAttribute, but got {type(attribute).__name__}.")
+        raise TypeError(
+            f"Expected argument `attribute` to be a SensitiveAttribute, but got {type(attribute).__name__}."
+        )
     if randomness not in ("different", "same"):
         raise ValueError(f"Expected argument `randomness` to be 'different' or 'same', but got {randomness!r}.")
     if backend not in BACKENDS:
@@ -447,7 +478,9 @@ def _sensitivities(
     attribute = attribute.select(values)
     n = tree_batch_size(inputs)
     if tree_batch_size(targets) != n:
-        raise ValueError(f"Expected `targets` to have the batch size of `inputs` ({n}), but got {tree_batch_size(targets)}.")
+        raise ValueError(
+            f"Expected `targets` to have the batch size of `inputs` ({n}), but got {tree_batch_size(targets)}."
+        )
     trainable, frozen = _split_params(module, params, buffers)
     if n == 0:
         return torch.zeros(0, device=next(iter(trainable.values())).device)
@@ -460,18 +493,28 @@ def _sensitivities(
         )
     if layers is not None:
         try:
-            step = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (2 * k * (k + sum(l.in_features + l.out_features for l in layers.values()))))
+            step = chunk_size or max(
+                1,
+                DEFAULT_CHUNK_ELEMENTS
+                // (2 * k * (k + sum(lin.in_features + lin.out_features for lin in layers.values()))),
+            )
             out = []
             for start in range(0, n, step):
                 x = attribute.expand(_tree_map(lambda t: t[start : start + step], inputs))
                 b = tree_batch_size(x)
                 x = _tree_map(lambda t: t.reshape(b * k, *t.shape[2:]), x)
                 y = _tree_map(lambda t: t[start : start + step].repeat_interleave(k, dim=0), targets)
-                out.append(_sensitivity_from_gram(_linear_gram(module, layers, trainable, frozen, loss_fn, x, y, b, k), c_max, method))
+                out.append(
+                    _sensitivity_from_gram(
+                        _linear_gram(module, layers, trainable, frozen, loss_fn, x, y, b, k), c_max, method
+                    )
+                )
             return torch.cat(out)
-        except _NotLinear:
+        except _NotLinear as exc:
             if backend == "linear":
-                raise ValueError("backend='linear': a Linear layer is used more than once or on non-2-D inputs; use backend='func'.")
+                raise ValueError(
+                    "backend='linear': a Linear layer is used more than once or on non-2-D inputs; use backend='func'."
+                ) from exc
     if chunk_size is None:
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // (k * sum(p.numel() for p in trainable.values())))
     per_value = vmap(_example_grad_fn(module, loss_fn, frozen), in_dims=(None, 0, None), randomness="same")
@@ -548,10 +591,21 @@ def attribute_sensitivities(
         True
     """
     return _sensitivities(
-        module, inputs, targets, attribute=attribute, max_grad_norm=max_grad_norm, method=method, values=values,
-        loss_fn=loss_fn, params=params, buffers=buffers, chunk_size=chunk_size, randomness=randomness,
-        backend=backend, prune=False,
-    )  # fmt: skip
+        module,
+        inputs,
+        targets,
+        attribute=attribute,
+        max_grad_norm=max_grad_norm,
+        method=method,
+        values=values,
+        loss_fn=loss_fn,
+        params=params,
+        buffers=buffers,
+        chunk_size=chunk_size,
+        randomness=randomness,
+        backend=backend,
+        prune=False,
+    )
 
 
 def attribute_sensitivity(
@@ -594,10 +648,21 @@ def attribute_sensitivity(
         0.0
     """
     per_example = _sensitivities(
-        module, inputs, targets, attribute=attribute, max_grad_norm=max_grad_norm, method=method, values=values,
-        loss_fn=loss_fn, params=params, buffers=buffers, chunk_size=chunk_size, randomness=randomness,
-        backend=backend, prune=True,
-    )  # fmt: skip
+        module,
+        inputs,
+        targets,
+        attribute=attribute,
+        max_grad_norm=max_grad_norm,
+        method=method,
+        values=values,
+        loss_fn=loss_fn,
+        params=params,
+        buffers=buffers,
+        chunk_size=chunk_size,
+        randomness=randomness,
+        backend=backend,
+        prune=True,
+    )
     local = per_example.max() if per_example.numel() else per_example.new_zeros(())
     if sync and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         local = local.detach().clone()

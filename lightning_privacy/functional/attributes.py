@@ -92,7 +92,9 @@ def tree_batch_size(tree: Any) -> int:
     sizes = set()
     _tree_map(lambda t: sizes.add(t.shape[0] if t.ndim else None), tree)
     if len(sizes) != 1 or None in sizes:
-        raise ValueError(f"Expected every input tensor to share one leading batch dimension, but got sizes {sorted(map(str, sizes))}.")
+        raise ValueError(
+            f"Expected every input tensor to share one leading batch dimension, but got sizes {sorted(map(str, sizes))}."
+        )
     return sizes.pop()
 
 
@@ -154,14 +156,18 @@ class SensitiveAttribute:
             self.column = _column_index("column", column)
             bad = [v for v in values if not _is_real(v)]
             if bad:
-                raise ValueError(f"Expected argument `values` to be finite real numbers, but got {bad[0]!r} in {values!r}.")
+                raise ValueError(
+                    f"Expected argument `values` to be finite real numbers, but got {bad[0]!r} in {values!r}."
+                )
             _check_distinct("values", values)
             if encode is not None and not callable(encode):
                 raise TypeError(f"Expected argument `encode` to be callable or None, but got {encode!r}.")
             encoded = [float(encode(v)) if encode is not None else float(v) for v in values]
             bad = [(v, e) for v, e in zip(values, encoded) if not math.isfinite(e)]
             if bad:
-                raise ValueError(f"Expected `encode` to map every value to a finite number, but encode({bad[0][0]!r}) = {bad[0][1]!r}.")
+                raise ValueError(
+                    f"Expected `encode` to map every value to a finite number, but encode({bad[0][0]!r}) = {bad[0][1]!r}."
+                )
             self._encoded = torch.tensor(encoded, dtype=torch.float64)
         elif kind == "one_hot":
             if columns is None or isinstance(columns, (str, bytes)) or not isinstance(columns, Iterable):
@@ -177,16 +183,22 @@ class SensitiveAttribute:
             self.columns = cols
         else:
             if not callable(substitute):
-                raise TypeError(f"Expected argument `substitute` to be callable as substitute(inputs, value), but got {substitute!r}.")
+                raise TypeError(
+                    f"Expected argument `substitute` to be callable as substitute(inputs, value), but got {substitute!r}."
+                )
             _check_distinct("values", values)
         self.values = values
 
     # ------------------------------------------------------------------------------ constructors
     @classmethod
     def numeric(
-        cls, *, column: int, values: Iterable[float], encode: Optional[Callable[[Any], float]] = None,
+        cls,
+        *,
+        column: int,
+        values: Iterable[float],
+        encode: Optional[Callable[[Any], float]] = None,
         name: Optional[str] = None,
-    ) -> "SensitiveAttribute":  # fmt: skip
+    ) -> SensitiveAttribute:
         """A numeric input column; ``values`` are raw values, ``encode`` maps them to the input scale.
 
         Args:
@@ -206,7 +218,7 @@ class SensitiveAttribute:
     @classmethod
     def one_hot(
         cls, *, columns: Sequence[int], values: Optional[Sequence[Any]] = None, name: Optional[str] = None
-    ) -> "SensitiveAttribute":
+    ) -> SensitiveAttribute:
         """A one-hot group: value ``values[k]`` sets ``columns[k]`` to 1 and the group's other columns to 0.
 
         Args:
@@ -225,7 +237,7 @@ class SensitiveAttribute:
     @classmethod
     def custom(
         cls, *, substitute: Callable[[Any, Any], Any], values: Sequence[Any], name: Optional[str] = None
-    ) -> "SensitiveAttribute":
+    ) -> SensitiveAttribute:
         """Any other attribute: ``substitute(inputs, value)`` returns the batch with the attribute set to ``value``.
 
         ``inputs`` is the whole batch (a tensor or a tuple/list/dict of tensors with a leading batch
@@ -247,7 +259,7 @@ class SensitiveAttribute:
         """|A|, the number of candidate values."""
         return len(self.values)
 
-    def select(self, values: ValuesSpec = "all") -> "SensitiveAttribute":
+    def select(self, values: ValuesSpec = "all") -> SensitiveAttribute:
         """The same attribute restricted to some candidate values (Section 5.4, domain knowledge).
 
         Args:
@@ -268,7 +280,9 @@ class SensitiveAttribute:
             return self
         if isinstance(values, str):
             if values != "extremes":
-                raise ValueError(f"Expected argument `values` to be 'all', 'extremes' or a sequence of candidates, but got {values!r}.")
+                raise ValueError(
+                    f"Expected argument `values` to be 'all', 'extremes' or a sequence of candidates, but got {values!r}."
+                )
             if not all(_is_real(v) for v in self.values):
                 raise ValueError(
                     f"values='extremes' needs real-valued candidates (an ordered attribute); {self.name!r} has "
@@ -277,12 +291,16 @@ class SensitiveAttribute:
             keep = [self.values.index(min(self.values)), self.values.index(max(self.values))]
         else:
             if not isinstance(values, Iterable):
-                raise TypeError(f"Expected argument `values` to be 'all', 'extremes' or a sequence, but got {values!r}.")
+                raise TypeError(
+                    f"Expected argument `values` to be 'all', 'extremes' or a sequence, but got {values!r}."
+                )
             keep = []
             for v in values:
                 matches = [i for i, c in enumerate(self.values) if _same_value(c, v)]
                 if not matches:
-                    raise ValueError(f"Expected every entry of `values` to be a candidate of {self.name!r}, but got {v!r}.")
+                    raise ValueError(
+                        f"Expected every entry of `values` to be a candidate of {self.name!r}, but got {v!r}."
+                    )
                 keep.append(matches[0])
         chosen = [self.values[i] for i in keep]
         if self.kind == "numeric":
@@ -300,7 +318,11 @@ class SensitiveAttribute:
     # ------------------------------------------------------------------------------ substitution
     def _check_tabular(self, inputs: Any) -> torch.Tensor:
         if not isinstance(inputs, torch.Tensor) or inputs.ndim < 2 or not inputs.is_floating_point():
-            got = f"{type(inputs).__name__} of shape {tuple(inputs.shape)}" if isinstance(inputs, torch.Tensor) else type(inputs).__name__
+            got = (
+                f"{type(inputs).__name__} of shape {tuple(inputs.shape)}"
+                if isinstance(inputs, torch.Tensor)
+                else type(inputs).__name__
+            )
             raise ValueError(
                 f"A {self.kind} attribute needs a floating-point tensor (batch, ..., features) as inputs, but got {got}; "
                 "use SensitiveAttribute.custom for other inputs."
@@ -350,14 +372,21 @@ class SensitiveAttribute:
         return out
 
     def __repr__(self) -> str:
-        where = {"numeric": f"column={self.column}", "one_hot": f"columns={self.columns}", "custom": "substitute=..."}[self.kind]
+        where = {"numeric": f"column={self.column}", "one_hot": f"columns={self.columns}", "custom": "substitute=..."}[
+            self.kind
+        ]
         shown = self.values if self.size <= 6 else (*self.values[:3], "...", *self.values[-2:])
         return f"SensitiveAttribute.{self.kind}(name={self.name!r}, {where}, |A|={self.size}, values={shown})"
 
 
 def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and bool(torch.equal(a, b))
+        )
     try:
         return bool(a == b)
     except (TypeError, ValueError, RuntimeError):

@@ -68,8 +68,10 @@ def membership_loss(logits: Tensor, target: Tensor) -> Tensor:
         tensor([-1000.])
     """
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
-        raise TypeError(f"Expected argument `logits` to be a floating-point tensor, but got {type(logits).__name__}"
-                        + (f" of dtype {logits.dtype}" if isinstance(logits, Tensor) else ""))  # fmt: skip
+        raise TypeError(
+            f"Expected argument `logits` to be a floating-point tensor, but got {type(logits).__name__}"
+            + (f" of dtype {logits.dtype}" if isinstance(logits, Tensor) else "")
+        )
     if not isinstance(target, Tensor):
         target = torch.as_tensor(target)
     if logits.dtype in (torch.float16, torch.bfloat16):
@@ -82,7 +84,9 @@ def membership_loss(logits: Tensor, target: Tensor) -> Tensor:
     n = logits.shape[0] if logits.ndim else 0
     if logits.ndim == 1:
         if target.shape != logits.shape:
-            raise ValueError(f"Expected `target` of shape {tuple(logits.shape)} for binary logits, but got {tuple(target.shape)}")
+            raise ValueError(
+                f"Expected `target` of shape {tuple(logits.shape)} for binary logits, but got {tuple(target.shape)}"
+            )
         y = _check_target(target, 2).to(logits.dtype)
         return (1.0 - 2.0 * y) * logits
     if logits.ndim != 2:

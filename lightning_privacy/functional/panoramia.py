@@ -38,8 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, panoramia_bounds
-from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator
-from lightning_privacy.generators import _data
+from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator, _data
 
 __all__ = ["PanoramiaResult", "fresh_copy", "panoramia_audit", "per_example_loss", "train_classifier_model"]
 
@@ -143,7 +142,9 @@ def fresh_copy(model: nn.Module) -> nn.Module:
         for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
             getattr(module, hooks, {}).clear()
         if hasattr(module, "_full_backward_hooks"):
-            module._full_backward_hooks = None if module._full_backward_hooks is None else type(module._full_backward_hooks)()
+            module._full_backward_hooks = (
+                None if module._full_backward_hooks is None else type(module._full_backward_hooks)()
+            )
         if callable(getattr(module, "reset_parameters", None)):
             module.reset_parameters()
     for p in clone.parameters():
@@ -152,8 +153,9 @@ def fresh_copy(model: nn.Module) -> nn.Module:
     return clone.cpu()
 
 
-def _train_helper(helper: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
-                  batch_size: int, seed: int) -> nn.Module:  # fmt: skip
+def _train_helper(
+    helper: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, batch_size: int, seed: int
+) -> nn.Module:
     """Adam on cross-entropy; keep the epoch with the lowest loss on a 10% synthetic validation split."""
     gen = torch.Generator().manual_seed(seed)
     n = len(y)
@@ -184,9 +186,14 @@ class _LossCNN(nn.Module):
     def __init__(self, channels: int, side: int = 1) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
-        )  # fmt: skip
+            nn.Conv2d(channels, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+        )
         self.head = nn.Sequential(nn.Linear(32 * 4 + side, 64), nn.ReLU(), nn.Linear(64, 1))
 
     def forward(self, x: torch.Tensor, side: torch.Tensor) -> torch.Tensor:
@@ -199,7 +206,7 @@ class _TorchClassifier:
     def __init__(self, *, epochs: int = 60, lr: float = 1e-3, batch_size: int = 64, seeds: int = 2, seed: int = 0):
         self.epochs, self.lr, self.batch_size, self.seeds, self.seed = epochs, lr, batch_size, seeds, seed
 
-    def fit(self, images: np.ndarray, side: np.ndarray, y: np.ndarray) -> "_TorchClassifier":
+    def fit(self, images: np.ndarray, side: np.ndarray, y: np.ndarray) -> _TorchClassifier:
         x = torch.as_tensor(images, dtype=torch.float32)
         if x.ndim == 3:
             x = x[:, None]
@@ -242,8 +249,15 @@ class _TorchClassifier:
         return torch.sigmoid(self.net(x, z)).numpy().astype(np.float64)
 
 
-def train_classifier_model(features: np.ndarray, side: np.ndarray, y: np.ndarray, *, kind: str, seed: int,
-                           categorical_mask: Optional[np.ndarray] = None):  # fmt: skip
+def train_classifier_model(
+    features: np.ndarray,
+    side: np.ndarray,
+    y: np.ndarray,
+    *,
+    kind: str,
+    seed: int,
+    categorical_mask: Optional[np.ndarray] = None,
+):
     """Fit the baseline/MIA classifier; returns ``score(features, side) -> P(member)`` and its settings.
 
     ``side`` holds the model-derived features, ``(n, k)`` (log-losses), appended to ``features``.
@@ -258,10 +272,15 @@ def train_classifier_model(features: np.ndarray, side: np.ndarray, y: np.ndarray
         fold[np.random.default_rng(seed).permutation(len(y))[: len(y) // 5]] = 0
         mask = None if categorical_mask is None else np.r_[categorical_mask, np.zeros(side.shape[1], dtype=bool)]
         search = GridSearchCV(
-            HistGradientBoostingClassifier(max_iter=200, early_stopping=True, random_state=seed,
-                                           categorical_features=mask),
-            HGB_GRID, scoring="neg_log_loss", cv=PredefinedSplit(fold), refit=True, n_jobs=1,
-        ).fit(flat, y)  # fmt: skip
+            HistGradientBoostingClassifier(
+                max_iter=200, early_stopping=True, random_state=seed, categorical_features=mask
+            ),
+            HGB_GRID,
+            scoring="neg_log_loss",
+            cv=PredefinedSplit(fold),
+            refit=True,
+            n_jobs=1,
+        ).fit(flat, y)
         model = search.best_estimator_
 
         def score(f: np.ndarray, z: np.ndarray) -> np.ndarray:
@@ -295,7 +314,9 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def _default_encode(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.as_tensor(np.asarray(data[0]), dtype=torch.float32), torch.as_tensor(np.asarray(data[1]), dtype=torch.long)
+    return torch.as_tensor(np.asarray(data[0]), dtype=torch.float32), torch.as_tensor(
+        np.asarray(data[1]), dtype=torch.long
+    )
 
 
 def panoramia_audit(
@@ -373,16 +394,47 @@ def panoramia_audit(
     if num_threads is not None:
         _check_int("num_threads", num_threads, 1)
     with _threads(num_threads):
-        return _audit(target, members, encode=encode, generator=generator, audit_size=audit_size,
-                      generator_size=generator_size, beta=beta, num_thresholds=num_thresholds,
-                      classifier=classifier, helper=helper, helper_epochs=helper_epochs, helper_lr=helper_lr,
-                      helper_batch_size=helper_batch_size, helper_size=helper_size, top_rows=top_rows,
-                      seed=seed, mia_features=mia_features)  # fmt: skip
+        return _audit(
+            target,
+            members,
+            encode=encode,
+            generator=generator,
+            audit_size=audit_size,
+            generator_size=generator_size,
+            beta=beta,
+            num_thresholds=num_thresholds,
+            classifier=classifier,
+            helper=helper,
+            helper_epochs=helper_epochs,
+            helper_lr=helper_lr,
+            helper_batch_size=helper_batch_size,
+            helper_size=helper_size,
+            top_rows=top_rows,
+            seed=seed,
+            mia_features=mia_features,
+        )
 
 
-def _audit(target, members, *, encode, generator, audit_size, generator_size, beta, num_thresholds, classifier,
-           helper, helper_epochs, helper_lr, helper_batch_size, helper_size, top_rows, seed,
-           mia_features) -> PanoramiaResult:  # fmt: skip
+def _audit(
+    target,
+    members,
+    *,
+    encode,
+    generator,
+    audit_size,
+    generator_size,
+    beta,
+    num_thresholds,
+    classifier,
+    helper,
+    helper_epochs,
+    helper_lr,
+    helper_batch_size,
+    helper_size,
+    top_rows,
+    seed,
+    mia_features,
+) -> PanoramiaResult:
     if not isinstance(target, nn.Module):
         raise TypeError(f"`target` must be a torch.nn.Module, got {type(target).__name__}")
     data_kind = _data.kind(members, "members")
@@ -416,8 +468,11 @@ def _audit(target, members, *, encode, generator, audit_size, generator_size, be
     d_in_te = _data.subset(members, perm[g : g + m])
     d_in_tr = _data.subset(members, perm[g + m :])
     if generator is None:
-        generator = FilteredGenerator(TabularGenerator(seed=seed), seed=seed) if data_kind == _data.TABLE \
-            else DigitsGenerator(seed=seed)  # fmt: skip
+        generator = (
+            FilteredGenerator(TabularGenerator(seed=seed), seed=seed)
+            if data_kind == _data.TABLE
+            else DigitsGenerator(seed=seed)
+        )
     generator.fit(d_g)
     d_out_tr = generator.sample(n_train)
     d_out_te = generator.sample(m)
@@ -439,7 +494,9 @@ def _audit(target, members, *, encode, generator, audit_size, generator_size, be
     x_au, t_au = encode(audit_rows)
     for name, (xx, tt), rows in (("training", (x_tr, t_tr), train_rows), ("audit", (x_au, t_au), audit_rows)):
         if len(xx) != _data.length(rows) or len(tt) != _data.length(rows):
-            raise ValueError(f"`encode` returned {len(xx)} inputs / {len(tt)} labels for {_data.length(rows)} {name} rows")
+            raise ValueError(
+                f"`encode` returned {len(xx)} inputs / {len(tt)} labels for {_data.length(rows)} {name} rows"
+            )
     x_h, t_h = encode(d_helper)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -472,7 +529,9 @@ def _audit(target, members, *, encode, generator, audit_size, generator_size, be
     else:  # the target's loss calibrated by the helper's (a reference model trained on synthetic data)
         a_tr = np.concatenate([log(f_tr), log(h_tr), log(f_tr) - log(h_tr)], axis=1)
         a_au = np.concatenate([log(f_au), log(h_au), log(f_au) - log(h_au)], axis=1)
-    base_score, base_params = train_classifier_model(feats_tr, b_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
+    base_score, base_params = train_classifier_model(
+        feats_tr, b_tr, y_train, kind=kind, seed=seed, categorical_mask=mask
+    )
     mia_score, mia_params = train_classifier_model(feats_tr, a_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
     t_b, t_a = base_score(feats_au, b_au), mia_score(feats_au, a_au)
     seconds["classifiers"] = time.perf_counter() - clock
@@ -480,12 +539,27 @@ def _audit(target, members, *, encode, generator, audit_size, generator_size, be
     bounds = panoramia_bounds(s, t_b, t_a, beta=beta, num_thresholds=num_thresholds)
     top = np.argsort(-t_b, kind="stable")[:top_rows]
     return PanoramiaResult(
-        bounds=bounds, labels=s, baseline_scores=t_b, mia_scores=t_a, audit_rows=audit_rows, top_real=top,
-        sizes={"members": n, "generator": g, "train_members": n_train, "train_generated": n_train,
-               "audit": m, "audit_members": int(s.sum()), "helper_train": _data.length(d_helper)},
-        seconds=seconds, baseline_params=base_params, mia_params=mia_params,
-        acceptance_rate=float(getattr(generator, "acceptance_rate", float("nan"))), mia_features=mia_features,
-    )  # fmt: skip
+        bounds=bounds,
+        labels=s,
+        baseline_scores=t_b,
+        mia_scores=t_a,
+        audit_rows=audit_rows,
+        top_real=top,
+        sizes={
+            "members": n,
+            "generator": g,
+            "train_members": n_train,
+            "train_generated": n_train,
+            "audit": m,
+            "audit_members": int(s.sum()),
+            "helper_train": _data.length(d_helper),
+        },
+        seconds=seconds,
+        baseline_params=base_params,
+        mia_params=mia_params,
+        acceptance_rate=float(getattr(generator, "acceptance_rate", float("nan"))),
+        mia_features=mia_features,
+    )
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -498,8 +572,12 @@ def describe_row(rows: Any, index: int) -> str:
         except ImportError:  # pragma: no cover
             NUMERIC, CATEGORICAL = (), ()
         num_names = NUMERIC if len(NUMERIC) == len(numeric) else [f"num{j}" for j in range(len(numeric))]
-        cat_names = CATEGORICAL if len(CATEGORICAL) == len(categorical) else [f"cat{j}" for j in range(len(categorical))]
-        parts = [f"{k}={v:g}" for k, v in zip(num_names, numeric)] + [f"{k}={v}" for k, v in zip(cat_names, categorical)]
+        cat_names = (
+            CATEGORICAL if len(CATEGORICAL) == len(categorical) else [f"cat{j}" for j in range(len(categorical))]
+        )
+        parts = [f"{k}={v:g}" for k, v in zip(num_names, numeric)] + [
+            f"{k}={v}" for k, v in zip(cat_names, categorical)
+        ]
         return ", ".join(parts + [f"label={int(np.asarray(rows.labels)[index])}"])
     x = np.asarray(rows[0])[index]
     return f"array of shape {x.shape}, mean {x.mean():.3g}, label={int(np.asarray(rows[1])[index])}"
@@ -540,5 +618,7 @@ def summary_text(result: PanoramiaResult) -> str:
         ]
         for rank, i in enumerate(result.top_real, 1):
             kind = "member" if result.labels[i] == 1 else "generated"
-            lines.append(f"{rank}. score {result.baseline_scores[i]:.3f} ({kind}): {describe_row(result.audit_rows, int(i))}")
+            lines.append(
+                f"{rank}. score {result.baseline_scores[i]:.3f} ({kind}): {describe_row(result.audit_rows, int(i))}"
+            )
     return "\n".join(lines)

@@ -51,7 +51,9 @@ def resolve_linear_head(model: nn.Module, layer: str | nn.Module | None = None) 
     else:
         head = layer
     if not isinstance(head, nn.Linear):
-        raise ValueError(f"`layer` must be an nn.Linear (L2-regularised logistic regression), got {type(head).__name__}")
+        raise ValueError(
+            f"`layer` must be an nn.Linear (L2-regularised logistic regression), got {type(head).__name__}"
+        )
     if head.out_features != 1:
         raise ValueError(
             f"`layer` must have out_features=1 (binary logistic regression), got out_features={head.out_features}"

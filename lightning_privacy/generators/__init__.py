@@ -19,8 +19,15 @@ from lightning_privacy.generators.filtering import FilteredGenerator
 from lightning_privacy.generators.images import DigitsGenerator
 from lightning_privacy.generators.tabular import BayesNetGenerator, TabularGenerator
 
-__all__ = ["BayesNetGenerator", "DigitsGenerator", "FilteredGenerator", "Generator", "HeldOutRows", "SDVGenerator",
-           "TabularGenerator"]
+__all__ = [
+    "BayesNetGenerator",
+    "DigitsGenerator",
+    "FilteredGenerator",
+    "Generator",
+    "HeldOutRows",
+    "SDVGenerator",
+    "TabularGenerator",
+]
 
 
 def __getattr__(name: str):

@@ -109,7 +109,7 @@ class FeatureCoder:
     Arrays: ``x`` flattened, then the label. :attr:`categorical_mask` marks the coded columns.
     """
 
-    def fit(self, data: Any) -> "FeatureCoder":
+    def fit(self, data: Any) -> FeatureCoder:
         self.kind = kind(data)
         if self.kind == TABLE:
             cats = np.asarray(data.categorical)

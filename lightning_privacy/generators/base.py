@@ -25,7 +25,7 @@ class Generator(Protocol):
         True
     """
 
-    def fit(self, data: Any) -> "Generator": ...
+    def fit(self, data: Any) -> Generator: ...
 
     def sample(self, n: int) -> Any: ...
 
@@ -70,7 +70,7 @@ class HeldOutRows:
     def remaining(self) -> int:
         return len(self._order) - self._next
 
-    def fit(self, data: Any) -> "HeldOutRows":
+    def fit(self, data: Any) -> HeldOutRows:
         _data.same_schema(data, self.pool, "data", "pool")
         return self
 
@@ -78,8 +78,7 @@ class HeldOutRows:
         n = check_sample_size(n)
         if n > self.remaining:
             raise ValueError(
-                f"`n`={n} exceeds the {self.remaining} held-out rows left in the pool of "
-                f"{len(self._order)}"
+                f"`n`={n} exceeds the {self.remaining} held-out rows left in the pool of {len(self._order)}"
             )
         idx = self._order[self._next : self._next + n]
         self._next += n

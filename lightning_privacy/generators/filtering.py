@@ -64,7 +64,7 @@ class FilteredGenerator:
     def acceptance_rate(self) -> float:
         return self._kept / self._drawn if self._drawn else float("nan")
 
-    def fit(self, data: Any) -> "FilteredGenerator":
+    def fit(self, data: Any) -> FilteredGenerator:
         self.generator.fit(data)
         fake = self.generator.sample(_data.length(data))
         _data.same_schema(data, fake, "data", "generated rows")

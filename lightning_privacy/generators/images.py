@@ -47,7 +47,7 @@ class DigitsGenerator:
         self._rng = np.random.default_rng(seed)
         self._fitted = False
 
-    def fit(self, data: Any) -> "DigitsGenerator":
+    def fit(self, data: Any) -> DigitsGenerator:
         if _data.kind(data) != _data.ARRAYS:
             raise TypeError(f"DigitsGenerator fits (x, y) image arrays, got {type(data).__name__}")
         x = np.asarray(data[0], dtype=np.float64)

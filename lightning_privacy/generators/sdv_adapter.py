@@ -28,7 +28,9 @@ SYNTHESIZERS = {
     "ctgan": "CTGANSynthesizer",
     "tvae": "TVAESynthesizer",
 }
-INSTALL_HINT = 'SDVGenerator needs the optional `sdv` package: `pip install sdv` (or `pip install "lightning-privacy[sdv]"`)'
+INSTALL_HINT = (
+    'SDVGenerator needs the optional `sdv` package: `pip install sdv` (or `pip install "lightning-privacy[sdv]"`)'
+)
 _LABEL = "label"
 
 
@@ -89,7 +91,7 @@ class SDVGenerator:
         columns[_LABEL] = labels.astype(str)
         return pd.DataFrame(columns)
 
-    def fit(self, data: Any) -> "SDVGenerator":
+    def fit(self, data: Any) -> SDVGenerator:
         numeric, categorical, labels = _data.table_arrays(data, "SDVGenerator")
         self._table_type, self._cat_dtype, self._label_dtype = type(data), categorical.dtype, labels.dtype
         self._d, self._k = numeric.shape[1], categorical.shape[1]

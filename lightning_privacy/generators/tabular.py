@@ -30,7 +30,6 @@ from itertools import combinations
 from typing import Any, Optional
 
 import numpy as np
-
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 from lightning_privacy.generators import _data
@@ -82,8 +81,15 @@ class BayesNetGenerator:
         True
     """
 
-    def __init__(self, *, max_parents: int = 2, max_bins: int = 32, penalty: Optional[float] = None,
-                 smoothing: float = 0.0, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        max_parents: int = 2,
+        max_bins: int = 32,
+        penalty: Optional[float] = None,
+        smoothing: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         if isinstance(max_parents, bool) or not isinstance(max_parents, int) or not 0 <= max_parents <= 3:
             raise ValueError(f"`max_parents` must be an int in [0, 3], got {max_parents!r}")
         if isinstance(max_bins, bool) or not isinstance(max_bins, int) or max_bins < 2:
@@ -132,7 +138,7 @@ class BayesNetGenerator:
         return np.stack(columns, axis=1).astype(np.int64)
 
     # ------------------------------------------------------------------ structure + parameters
-    def fit(self, data: Any) -> "BayesNetGenerator":
+    def fit(self, data: Any) -> BayesNetGenerator:
         _data.table_arrays(data, "BayesNetGenerator")  # validates
         self._table_type = type(data)
         codes = self._discretise(data)
@@ -264,14 +270,18 @@ class TabularGenerator:
         self._rng = np.random.default_rng(seed)
         self._fitted = False
 
-    def fit(self, data: Any) -> "TabularGenerator":
+    def fit(self, data: Any) -> TabularGenerator:
         numeric, categorical, labels = _data.table_arrays(data, "TabularGenerator")
         self._table_type, self._cat_dtype = type(data), categorical.dtype
         self._vocab = [np.unique(categorical[:, j]) for j in range(categorical.shape[1])]
         self._k, self._d = categorical.shape[1], numeric.shape[1]
         codes = [np.searchsorted(v, categorical[:, j]) for j, v in enumerate(self._vocab)]
         x = np.column_stack([labels, *codes, numeric]).astype(np.float64)
-        self.visit_order = ["label", *[f"categorical[{j}]" for j in range(self._k)], *[f"numeric[{j}]" for j in range(self._d)]]
+        self.visit_order = [
+            "label",
+            *[f"categorical[{j}]" for j in range(self._k)],
+            *[f"numeric[{j}]" for j in range(self._d)],
+        ]
         self._first = x[:, 0].copy()
         self._steps = []
         for j in range(1, x.shape[1]):

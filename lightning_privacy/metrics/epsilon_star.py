@@ -76,7 +76,9 @@ class EpsilonStar(Metric):
             is_member: ``(N,)`` bool (or 0/1) tensor, ``True`` for training examples.
         """
         if not isinstance(losses, Tensor) or not losses.is_floating_point():
-            raise TypeError(f"Expected argument `losses` to be a floating-point tensor, but got {type(losses).__name__}")
+            raise TypeError(
+                f"Expected argument `losses` to be a floating-point tensor, but got {type(losses).__name__}"
+            )
         is_member = torch.as_tensor(is_member, device=losses.device)
         if losses.ndim != 1 or is_member.shape != losses.shape:
             raise ValueError(
@@ -123,4 +125,3 @@ class EpsilonStar(Metric):
         method = self.method if method is None else _check_method(method)
         members, nonmembers = self.gathered_losses()
         return self._details(members.numpy(), nonmembers.numpy(), method)
-

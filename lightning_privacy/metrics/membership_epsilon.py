@@ -103,7 +103,9 @@ class MembershipEpsilon(Metric):
             is_member: bool or 0/1 tensor of the same shape.
         """
         if not isinstance(scores, Tensor) or not scores.is_floating_point():
-            raise TypeError(f"Expected argument `scores` to be a floating-point tensor, but got {type(scores).__name__}.")
+            raise TypeError(
+                f"Expected argument `scores` to be a floating-point tensor, but got {type(scores).__name__}."
+            )
         is_member = torch.as_tensor(is_member, device=scores.device)
         if is_member.shape != scores.shape:
             raise ValueError(
@@ -130,7 +132,13 @@ class MembershipEpsilon(Metric):
         scores = self._array(self.scores, np.float64)
         member = self._array(self.is_member, bool)
         result = epsilon_lower_bound(
-            scores, member, delta=self.delta, alpha=self.alpha, method=self.method, selection=self.selection,
-            sided=self.sided, seed=self.seed,
-        )  # fmt: skip
+            scores,
+            member,
+            delta=self.delta,
+            alpha=self.alpha,
+            method=self.method,
+            selection=self.selection,
+            sided=self.sided,
+            seed=self.seed,
+        )
         return result.as_dict()

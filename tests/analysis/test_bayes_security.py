@@ -119,10 +119,12 @@ def test_exact_zero_steps_is_perfect_security():
 def test_closed_form_formula_and_add_remove_halves_argument():
     p, sigma, t = 0.004, 1.3, 777
     x = p * math.sqrt(t) / (math.sqrt(2) * sigma)
-    assert bs.mia_bayes_security(sample_rate=p, noise_multiplier=sigma, steps=t) == pytest.approx(1 - math.erf(x), rel=1e-12)
-    assert bs.mia_bayes_security(sample_rate=p, noise_multiplier=sigma, steps=t, relation="add_remove") == pytest.approx(
-        1 - math.erf(x / 2), rel=1e-12
+    assert bs.mia_bayes_security(sample_rate=p, noise_multiplier=sigma, steps=t) == pytest.approx(
+        1 - math.erf(x), rel=1e-12
     )
+    assert bs.mia_bayes_security(
+        sample_rate=p, noise_multiplier=sigma, steps=t, relation="add_remove"
+    ) == pytest.approx(1 - math.erf(x / 2), rel=1e-12)
 
 
 def test_equal_segments_compose_to_one_segment():
@@ -137,7 +139,9 @@ def test_equal_segments_compose_to_one_segment():
 def test_mixed_segments_match_manual_sum():
     p, s, t = [0.01, 0.02, 0.005], [1.0, 2.0, 0.9], [100, 250, 4000]
     x = math.sqrt(sum(ti * pi**2 / si**2 for pi, si, ti in zip(p, s, t))) / math.sqrt(2)
-    assert bs.mia_bayes_security(sample_rate=p, noise_multiplier=s, steps=t) == pytest.approx(special.erfc(x), rel=1e-12)
+    assert bs.mia_bayes_security(sample_rate=p, noise_multiplier=s, steps=t) == pytest.approx(
+        special.erfc(x), rel=1e-12
+    )
     err = math.sqrt(sum(ti * pi * (1 - pi) / si**2 for pi, si, ti in zip(p, s, t)))
     assert bs.approximation_error(sample_rate=p, noise_multiplier=s, steps=t) == pytest.approx(err, rel=1e-12)
 
@@ -254,8 +258,11 @@ def test_exact_planner_is_safe_and_near_minimal(kwargs):
     sigma = bs.noise_multiplier_for_exact(**kwargs, **grid)
     closed_plan = bs.noise_multiplier_for(**kwargs)
     exact = lambda s: bs.mia_bayes_security_exact(
-        sample_rate=kwargs["sample_rate"], noise_multiplier=s, steps=kwargs["steps"],
-        relation=kwargs.get("relation", "replace"), **grid,
+        sample_rate=kwargs["sample_rate"],
+        noise_multiplier=s,
+        steps=kwargs["steps"],
+        relation=kwargs.get("relation", "replace"),
+        **grid,
     )
     assert sigma >= closed_plan
     assert exact(sigma) >= kwargs["target"]
@@ -280,8 +287,11 @@ def test_ai_equals_mia_at_maximal_sensitivity():
     assert ai == pytest.approx(mia, rel=1e-12)
     # Per-segment aggregation: one entry sqrt(sum R_t^2) per segment of `steps` steps.
     seg = bs.ai_bayes_security(
-        sample_rate=[0.02, 0.01], noise_multiplier=[1.2, 2.0], max_grad_norm=c,
-        sensitivities=[2 * c * math.sqrt(150), 2 * c * math.sqrt(250)], steps=[150, 250],
+        sample_rate=[0.02, 0.01],
+        noise_multiplier=[1.2, 2.0],
+        max_grad_norm=c,
+        sensitivities=[2 * c * math.sqrt(150), 2 * c * math.sqrt(250)],
+        steps=[150, 250],
     )
     assert seg == pytest.approx(
         bs.mia_bayes_security(sample_rate=[0.02, 0.01], noise_multiplier=[1.2, 2.0], steps=[150, 250]), rel=1e-12
@@ -301,8 +311,11 @@ def test_ai_per_step_aggregation_matches_per_step():
     r = rng.uniform(0, 2, size=300)
     per_step = bs.ai_bayes_security(sample_rate=0.05, noise_multiplier=2.0, max_grad_norm=1.0, sensitivities=r)
     agg = bs.ai_bayes_security(
-        sample_rate=0.05, noise_multiplier=2.0, max_grad_norm=1.0,
-        sensitivities=[np.linalg.norm(r[:100]), np.linalg.norm(r[100:])], steps=[100, 200],
+        sample_rate=0.05,
+        noise_multiplier=2.0,
+        max_grad_norm=1.0,
+        sensitivities=[np.linalg.norm(r[:100]), np.linalg.norm(r[100:])],
+        steps=[100, 200],
     )
     assert agg == pytest.approx(per_step, rel=1e-12)
 
@@ -322,7 +335,9 @@ def test_ai_at_least_mia(r, p, sigma, c):
 
 
 def test_ai_zero_sensitivity_and_empty():
-    assert bs.ai_bayes_security(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, sensitivities=[0.0, 0.0]) == 1.0
+    assert (
+        bs.ai_bayes_security(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, sensitivities=[0.0, 0.0]) == 1.0
+    )
     assert bs.ai_bayes_security(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, sensitivities=[]) == 1.0
 
 
@@ -331,7 +346,11 @@ def test_ai_rejects_sensitivity_above_2c():
         bs.ai_bayes_security(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, sensitivities=[1.0, 2.5])
     with pytest.raises(ValueError, match="sqrt"):
         bs.ai_bayes_security(
-            sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0, sensitivities=[2.0 * math.sqrt(4) + 0.1], steps=[4]
+            sample_rate=0.1,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            sensitivities=[2.0 * math.sqrt(4) + 0.1],
+            steps=[4],
         )
 
 
@@ -499,7 +518,9 @@ def test_other_bad_arguments():
     with pytest.raises(ValueError, match=r"`sensitivities`.*>= 0"):
         bs.ai_bayes_security(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1, sensitivities=[-0.1])
     with pytest.raises(ValueError, match=r"one entry per sensitivity"):
-        bs.ai_bayes_security(sample_rate=[0.1, 0.1], noise_multiplier=1.0, max_grad_norm=1, sensitivities=[0.1, 0.2, 0.3])
+        bs.ai_bayes_security(
+            sample_rate=[0.1, 0.1], noise_multiplier=1.0, max_grad_norm=1, sensitivities=[0.1, 0.2, 0.3]
+        )
     with pytest.raises(ValueError, match=r"`steps`.*one entry per sensitivity"):
         bs.ai_bayes_security(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1, sensitivities=[0.1], steps=[1, 2])
     with pytest.raises(TypeError, match=r"history.*entry 1"):

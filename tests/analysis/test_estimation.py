@@ -71,7 +71,10 @@ def test_jeffreys_rectangle_and_union_bound_by_hand():
 # ------------------------------------------------------------------------------- ε̂ of a point / rectangle
 
 
-def _brute_eps(x, y, delta, region, grid=np.linspace(0, 12, 120001)):
+_EPS_GRID = np.linspace(0, 12, 120001)
+
+
+def _brute_eps(x, y, delta, region, grid=_EPS_GRID):
     """Smallest ε on a fine grid whose region holds (x, y) (the four inequalities of Kairouz et al.)."""
     e = np.exp(grid)
     ok = (x + e * y >= 1 - delta - 1e-12) & (y + e * x >= 1 - delta - 1e-12)
@@ -83,8 +86,7 @@ def _brute_eps(x, y, delta, region, grid=np.linspace(0, 12, 120001)):
 RATE = st.floats(0, 1).map(lambda v: round(v, 6))  # keeps points off the 1e-12 tolerance of the brute force
 
 
-@given(x=RATE, y=RATE, delta=st.sampled_from([0.0, 1e-5, 0.05, 0.2, 0.5]),
-       region=st.sampled_from(["attack", "full"]))  # fmt: skip
+@given(x=RATE, y=RATE, delta=st.sampled_from([0.0, 1e-5, 0.05, 0.2, 0.5]), region=st.sampled_from(["attack", "full"]))
 @settings(max_examples=150, deadline=None)
 def test_epsilon_from_rates_is_smallest_epsilon_of_the_region(x, y, delta, region):
     got = epsilon_from_rates(fnr=x, fpr=y, delta=delta, region=region)
@@ -109,8 +111,9 @@ def test_epsilon_from_rates_zero_rates():
 def test_rectangle_min_max_equals_dense_grid_including_edges(data, region, delta):
     xs = sorted(data.draw(st.lists(st.floats(0, 1), min_size=2, max_size=2)))
     ys = sorted(data.draw(st.lists(st.floats(0, 1), min_size=2, max_size=2)))
-    low, high = E._rectangle_interval(np.float64(xs[0]), np.float64(xs[1]), np.float64(ys[0]), np.float64(ys[1]),
-                                      delta, region)  # fmt: skip
+    low, high = E._rectangle_interval(
+        np.float64(xs[0]), np.float64(xs[1]), np.float64(ys[0]), np.float64(ys[1]), delta, region
+    )
     gx, gy = np.meshgrid(np.linspace(*xs, 201), np.linspace(*ys, 201))
     values = E._eps_hat(gx, gy, delta, region)
     assert float(high) == pytest.approx(values.max(), abs=1e-9) or (high == values.max() == math.inf)
@@ -136,12 +139,25 @@ def _reference_cdf(eps, fn, tp, fp, tn, delta, region):
 
     points = [p for p in ((1 - delta) / (1 + e), 1 - delta, delta, 1 - (1 - delta) / (1 + e)) if 0 < p < 1]
     points += list(bx.ppf([1e-6, 1e-3, 0.5, 1 - 1e-3]))
-    return integrate.quad(lambda x: bx.pdf(x) * max(0.0, by.cdf(hi(x)) - by.cdf(lo(x))), 0, 1, epsabs=1e-14,
-                          epsrel=1e-12, limit=1000, points=sorted(set(points)))[0]  # fmt: skip
+    return integrate.quad(
+        lambda x: bx.pdf(x) * max(0.0, by.cdf(hi(x)) - by.cdf(lo(x))),
+        0,
+        1,
+        epsabs=1e-14,
+        epsrel=1e-12,
+        limit=1000,
+        points=sorted(set(points)),
+    )[0]
 
 
-COUNTS = [(35, 65, 25, 75, 0.05), (0, 1000, 0, 1000, 1e-5), (3, 997, 0, 1000, 0.0), (500, 500, 480, 520, 1e-5),
-          (2, 3, 1, 9, 0.3), (60, 40, 70, 30, 0.01)]  # fmt: skip
+COUNTS = [
+    (35, 65, 25, 75, 0.05),
+    (0, 1000, 0, 1000, 1e-5),
+    (3, 997, 0, 1000, 0.0),
+    (500, 500, 480, 520, 1e-5),
+    (2, 3, 1, 9, 0.3),
+    (60, 40, 70, 30, 0.01),
+]
 
 
 @pytest.mark.parametrize("counts", COUNTS)
@@ -159,9 +175,14 @@ def test_cdf_matches_adaptive_quadrature(counts, region):
 def test_cdf_matches_dblquad_of_the_paper():
     fx, fy = stats.beta(35.5, 65.5), stats.beta(25.5, 75.5)
     e = math.exp(0.8)
-    ref = integrate.dblquad(lambda y, x: fx.pdf(x) * fy.pdf(y), 0, 1,
-                            lambda x: max(0, 0.95 - e * x, (0.95 - x) / e),
-                            lambda x: min(1, 1 + (0.05 - x) / e, 0.05 + (1 - x) * e), epsabs=1e-7)[0]  # fmt: skip
+    ref = integrate.dblquad(
+        lambda y, x: fx.pdf(x) * fy.pdf(y),
+        0,
+        1,
+        lambda x: max(0, 0.95 - e * x, (0.95 - x) / e),
+        lambda x: min(1, 1 + (0.05 - x) / e, 0.05 + (1 - x) * e),
+        epsabs=1e-7,
+    )[0]
     assert epsilon_cdf(0.8, fn=35, tp=65, fp=25, tn=75, delta=0.05, region="full") == pytest.approx(ref, abs=2e-7)
 
 
@@ -241,8 +262,12 @@ def test_bayes_interval_inside_jeffreys_rectangle_and_contains_mode_estimate(cou
 @pytest.mark.parametrize("method", ["bayes", "jeffreys", "clopper_pearson"])
 def test_lower_bound_grows_with_attack_accuracy(method):
     n = 500
-    lows = [epsilon_interval(fn=round(r * n), tp=n - round(r * n), fp=round(r * n), tn=n - round(r * n),
-                             delta=1e-5, method=method)[0] for r in (0.5, 0.45, 0.4, 0.3, 0.2, 0.1, 0.05, 0.01)]  # fmt: skip
+    lows = [
+        epsilon_interval(
+            fn=round(r * n), tp=n - round(r * n), fp=round(r * n), tn=n - round(r * n), delta=1e-5, method=method
+        )[0]
+        for r in (0.5, 0.45, 0.4, 0.3, 0.2, 0.1, 0.05, 0.01)
+    ]
     assert lows[0] == 0.0
     assert all(b > a for a, b in zip(lows[1:], lows[2:]))
 
@@ -250,8 +275,10 @@ def test_lower_bound_grows_with_attack_accuracy(method):
 @pytest.mark.parametrize("method", ["bayes", "jeffreys", "clopper_pearson"])
 @pytest.mark.parametrize("sided", ["two", "one"])
 def test_lower_bound_grows_with_trials_at_fixed_rates(method, sided):
-    lows = [epsilon_interval(fn=3 * k, tp=7 * k, fp=2 * k, tn=8 * k, delta=1e-5, method=method, sided=sided)[0]
-            for k in (5, 10, 30, 100, 300)]  # fmt: skip
+    lows = [
+        epsilon_interval(fn=3 * k, tp=7 * k, fp=2 * k, tn=8 * k, delta=1e-5, method=method, sided=sided)[0]
+        for k in (5, 10, 30, 100, 300)
+    ]
     assert all(b > a for a, b in zip(lows, lows[1:]))
     assert lows[-1] < epsilon_from_rates(fnr=0.3, fpr=0.2, delta=1e-5)
 
@@ -261,8 +288,12 @@ def test_lower_bound_grows_with_trials_at_fixed_rates(method, sided):
 
 def _loop_counts(scores, member, t):
     pred = scores >= t
-    return (int(np.sum(~pred & member)), int(np.sum(pred & member)), int(np.sum(pred & ~member)),
-            int(np.sum(~pred & ~member)))  # fmt: skip
+    return (
+        int(np.sum(~pred & member)),
+        int(np.sum(pred & member)),
+        int(np.sum(pred & ~member)),
+        int(np.sum(~pred & ~member)),
+    )
 
 
 @given(n=st.integers(2, 25), seed=st.integers(0, 10_000))
@@ -287,8 +318,15 @@ def test_sweep_equals_brute_force_loop(method, selection, seed):
     res = epsilon_lower_bound(scores, member, delta=1e-5, method=method, selection=selection)
     thresholds = np.r_[np.inf, np.unique(scores)[::-1]]
     alpha = 0.05 / len(thresholds) if selection == "bonferroni" else 0.05
-    best = max(epsilon_interval(**dict(zip(("fn", "tp", "fp", "tn"), _loop_counts(scores, member, t))),
-                                delta=1e-5, alpha=alpha, method=method)[0] for t in thresholds)  # fmt: skip
+    best = max(
+        epsilon_interval(
+            **dict(zip(("fn", "tp", "fp", "tn"), _loop_counts(scores, member, t))),
+            delta=1e-5,
+            alpha=alpha,
+            method=method,
+        )[0]
+        for t in thresholds
+    )
     assert res.epsilon_lower == pytest.approx(best, abs=1e-9)
     assert (res.fn, res.tp, res.fp, res.tn) == _loop_counts(scores, member, res.threshold)
     assert res.alpha_per_test == pytest.approx(alpha) and res.n_thresholds == len(thresholds)
@@ -368,6 +406,8 @@ def test_other_errors_name_the_argument():
 
 
 def test_analysis_module_imports_without_torch():
-    code = ("import sys, lightning_privacy.analysis.estimation; "
-            "assert 'torch' not in sys.modules and 'lightning' not in sys.modules")  # fmt: skip
+    code = (
+        "import sys, lightning_privacy.analysis.estimation; "
+        "assert 'torch' not in sys.modules and 'lightning' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

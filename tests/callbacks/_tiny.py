@@ -42,9 +42,15 @@ def tiny_module(**kwargs) -> TabularMLP:
 
 def trainer(callbacks, tmp_path=None, **kwargs) -> pl.Trainer:
     defaults = dict(
-        max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1, num_sanity_val_steps=0,
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        num_sanity_val_steps=0,
         default_root_dir=tmp_path,
-    )  # fmt: skip
+    )
     defaults.update(kwargs)
     return pl.Trainer(callbacks=callbacks, **defaults)

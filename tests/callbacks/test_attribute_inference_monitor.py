@@ -31,8 +31,13 @@ class StepRecorder(Callback):
         self.batch = [t.clone() for t in batch]
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.steps.append((copy.deepcopy({k: v.detach().clone() for k, v in pl_module.state_dict().items()}),
-                           self.batch, self.monitor._pending))  # fmt: skip
+        self.steps.append(
+            (
+                copy.deepcopy({k: v.detach().clone() for k, v in pl_module.state_dict().items()}),
+                self.batch,
+                self.monitor._pending,
+            )
+        )
 
 
 def _fit(callbacks, tmp_path, **kwargs):
@@ -55,7 +60,9 @@ def test_tracks_every_step_at_the_weights_the_step_uses(tmp_path):
         assert r == pytest.approx(again, rel=1e-5)
     rs = torch.tensor([r for _, _, r in recorder.steps], dtype=torch.float64)
     assert 0 < float(rs.max()) <= 2 * dp.max_grad_norm and monitor.max_sensitivity == pytest.approx(float(rs.max()))
-    expected = bs.ai_bayes_security(sample_rate=dp.sample_rate, noise_multiplier=SIGMA, max_grad_norm=1.0, sensitivities=rs.numpy())
+    expected = bs.ai_bayes_security(
+        sample_rate=dp.sample_rate, noise_multiplier=SIGMA, max_grad_norm=1.0, sensitivities=rs.numpy()
+    )
     ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
     assert ai == pytest.approx(expected, rel=1e-5) and monitor.bayes_security() == pytest.approx(expected, rel=1e-9)
     assert ai >= mia  # R_t <= 2C
@@ -65,7 +72,9 @@ def test_tracks_every_step_at_the_weights_the_step_uses(tmp_path):
 def test_approximate_is_below_exact_on_the_same_run(tmp_path):
     exact = AttributeInferenceMonitor(attribute=ATTR, method="exact")
     approx = AttributeInferenceMonitor(attribute=ATTR, method="approximate", key=names.AI_BAYES_SECURITY + "_approx")
-    extremes = AttributeInferenceMonitor(attribute=ATTR, method="exact", values="extremes", key=names.AI_BAYES_SECURITY + "_ext")
+    extremes = AttributeInferenceMonitor(
+        attribute=ATTR, method="exact", values="extremes", key=names.AI_BAYES_SECURITY + "_ext"
+    )
     with pytest.warns(UserWarning, match="Section 5.3"):
         _fit([DPSGD(noise_multiplier=SIGMA), exact, approx, extremes], tmp_path, max_epochs=1)
     assert approx.bayes_security() <= exact.bayes_security() <= extremes.bayes_security()
@@ -105,7 +114,9 @@ def test_steps_the_monitor_did_not_see_count_as_worst_case(tmp_path):
     unseen, seen = late.segments
     assert (unseen["measured"], unseen["steps"]) == (False, STEPS_PER_EPOCH) and seen["steps"] == STEPS_PER_EPOCH
     assert unseen["sum_sq"] == pytest.approx(STEPS_PER_EPOCH * 4.0)  # R = 2C per unseen step
-    assert late.bayes_security() > bs.mia_bayes_security(sample_rate=dp.sample_rate, noise_multiplier=SIGMA, steps=2 * STEPS_PER_EPOCH)
+    assert late.bayes_security() > bs.mia_bayes_security(
+        sample_rate=dp.sample_rate, noise_multiplier=SIGMA, steps=2 * STEPS_PER_EPOCH
+    )
 
 
 def test_state_dict_round_trip_is_plain_and_strict():
@@ -116,8 +127,14 @@ def test_state_dict_round_trip_is_plain_and_strict():
     torch.save(state, "/dev/null")
     other = AttributeInferenceMonitor(attribute=ATTR)
     other.load_state_dict(pickle.loads(pickle.dumps(state)))
-    assert other.bayes_security() == monitor.bayes_security() == pytest.approx(
-        bs.ai_bayes_security(sample_rate=0.125, noise_multiplier=1.5, max_grad_norm=1.0, sensitivities=[math.sqrt(2.5)], steps=[10])
+    assert (
+        other.bayes_security()
+        == monitor.bayes_security()
+        == pytest.approx(
+            bs.ai_bayes_security(
+                sample_rate=0.125, noise_multiplier=1.5, max_grad_norm=1.0, sensitivities=[math.sqrt(2.5)], steps=[10]
+            )
+        )
     )
     with pytest.raises(RuntimeError, match="missing"):
         other.load_state_dict({"version": 1})
@@ -141,9 +158,13 @@ def test_next_step_bound_assumes_the_worst_case_and_budget_stopping_uses_it(tmp_
     worst = monitor.bayes_security(extra_worst_case_step=(1.0, dp.sample_rate))
     assert monitor.bayes_security_after_next_step(t) == pytest.approx(worst) and worst < budget
     rows = [(s["noise_multiplier"], s["sample_rate"], s["steps"], s["sum_sq"]) for s in monitor.segments]
-    manual = bs.ai_bayes_security(sample_rate=[r[1] for r in rows] + [dp.sample_rate], noise_multiplier=[r[0] for r in rows] + [1.0],
-                                  max_grad_norm=1.0, sensitivities=[math.sqrt(r[3]) for r in rows] + [2.0],
-                                  steps=[r[2] for r in rows] + [1])  # fmt: skip
+    manual = bs.ai_bayes_security(
+        sample_rate=[r[1] for r in rows] + [dp.sample_rate],
+        noise_multiplier=[r[0] for r in rows] + [1.0],
+        max_grad_norm=1.0,
+        sensitivities=[math.sqrt(r[3]) for r in rows] + [2.0],
+        steps=[r[2] for r in rows] + [1],
+    )
     assert worst == pytest.approx(manual)
 
 
@@ -182,7 +203,9 @@ def test_batches_that_are_not_pairs_need_a_converter(tmp_path):
     ds = tiny_dataset()
     loader = DataLoader([{"x": x, "y": y} for x, y in ds], batch_size=BATCH)
     monitor = AttributeInferenceMonitor(attribute=ATTR, batch_to_inputs_targets=lambda b: (b["x"], b["y"]))
-    trainer([DPSGD(noise_multiplier=SIGMA), monitor], tmp_path, max_epochs=1).fit(DictModule(8, hidden=(16,)), train_dataloaders=loader)
+    trainer([DPSGD(noise_multiplier=SIGMA), monitor], tmp_path, max_epochs=1).fit(
+        DictModule(8, hidden=(16,)), train_dataloaders=loader
+    )
     assert monitor.steps > 0 and monitor.max_sensitivity > 0
     with pytest.raises(MisconfigurationException, match="batch_to_inputs_targets"):
         trainer([DPSGD(noise_multiplier=SIGMA), AttributeInferenceMonitor(attribute=ATTR)], tmp_path, max_epochs=1).fit(
@@ -194,8 +217,14 @@ def test_batches_that_are_not_pairs_need_a_converter(tmp_path):
 def test_two_process_ddp_training_tracks_r_t(tmp_path):
     """Under DDP every rank computes R_t of its share and takes the max over ranks (a collective per step)."""
     monitor = AttributeInferenceMonitor(attribute=ATTR, method="exact")
-    t = trainer([DPSGD(noise_multiplier=SIGMA), BayesSecurityMonitor(exact="never"), monitor], tmp_path, max_epochs=1,
-                strategy="ddp_spawn", devices=2, use_distributed_sampler=False)  # fmt: skip
+    t = trainer(
+        [DPSGD(noise_multiplier=SIGMA), BayesSecurityMonitor(exact="never"), monitor],
+        tmp_path,
+        max_epochs=1,
+        strategy="ddp_spawn",
+        devices=2,
+        use_distributed_sampler=False,
+    )
     t.fit(tiny_module(), datamodule=TinyDataModule())
     ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
     assert mia < ai < 1.0

@@ -8,12 +8,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.accountants import RDPAccountant
 from opacus.grad_sample import GradSampleHooks
 from opacus.optimizers import DPOptimizer
+from torch.utils.data import DataLoader
 
 from lightning_privacy import DPSGD, BayesSecurityMonitor, names
 from lightning_privacy.analysis import bayes_security as bs
 from lightning_privacy.models import TabularMLP
-from torch.utils.data import DataLoader
-
 from tests.callbacks._tiny import BATCH, N, TinyDataModule, tiny_dataset, tiny_loader, tiny_module, trainer
 
 P = BATCH / N
@@ -61,7 +60,9 @@ def test_early_stopping_on_the_logged_key(tmp_path):
     stopper = EarlyStopping(monitor=names.MIA_BAYES_SECURITY, mode="max", divergence_threshold=0.5, patience=1000)
     t = trainer([DPSGD(noise_multiplier=1.0), BayesSecurityMonitor(exact="never"), stopper], tmp_path, max_epochs=50)
     t.fit(tiny_module(), datamodule=TinyDataModule())
-    betas = [bs.mia_bayes_security(sample_rate=P, noise_multiplier=1.0, steps=e * STEPS_PER_EPOCH) for e in range(1, 51)]
+    betas = [
+        bs.mia_bayes_security(sample_rate=P, noise_multiplier=1.0, steps=e * STEPS_PER_EPOCH) for e in range(1, 51)
+    ]
     first_below = next(i for i, b in enumerate(betas) if b < 0.5)
     assert t.current_epoch == first_below + 1  # stopped right after the first epoch below the threshold
     assert first_below > 1
@@ -74,8 +75,12 @@ class _OwnOpacus(TabularMLP):
     def configure_optimizers(self):
         self.hooks = GradSampleHooks(self)
         self.accountant = RDPAccountant()
-        opt = DPOptimizer(torch.optim.SGD(self.parameters(), lr=0.1), noise_multiplier=2.0, max_grad_norm=1.0,
-                          expected_batch_size=BATCH)  # fmt: skip
+        opt = DPOptimizer(
+            torch.optim.SGD(self.parameters(), lr=0.1),
+            noise_multiplier=2.0,
+            max_grad_norm=1.0,
+            expected_batch_size=BATCH,
+        )
         opt.attach_step_hook(self.accountant.get_optimizer_hook_fn(sample_rate=P))
         return opt
 
@@ -95,8 +100,12 @@ def test_non_private_training_is_a_clear_error(tmp_path):
 
 def test_resume_gives_the_same_privacy_metrics(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    trainer([DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never"), ckpt], tmp_path, max_epochs=2,
-            enable_checkpointing=True).fit(tiny_module(), datamodule=TinyDataModule())  # fmt: skip
+    trainer(
+        [DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never"), ckpt],
+        tmp_path,
+        max_epochs=2,
+        enable_checkpointing=True,
+    ).fit(tiny_module(), datamodule=TinyDataModule())
     resumed = trainer([DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never")], tmp_path, max_epochs=4)
     resumed.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
     straight = trainer([DPSGD(noise_multiplier=1.2), BayesSecurityMonitor(exact="never")], tmp_path, max_epochs=4)

@@ -10,8 +10,11 @@ KEYS = (names.MIA_BAYES_SECURITY, names.DP_STEPS, names.DP_SAMPLE_RATE, names.DP
 
 
 def _run(tmp_path, **kwargs):
-    callbacks = [DPSGD(noise_multiplier=1.5), BayesSecurityMonitor(exact="never"),
-                 PrivacyBudgetStopping(min_bayes_security=0.85, exact=False)]  # fmt: skip
+    callbacks = [
+        DPSGD(noise_multiplier=1.5),
+        BayesSecurityMonitor(exact="never"),
+        PrivacyBudgetStopping(min_bayes_security=0.85, exact=False),
+    ]
     model = tiny_module()
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     t = trainer(callbacks, tmp_path, max_epochs=10, **kwargs)

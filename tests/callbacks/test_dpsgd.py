@@ -64,13 +64,17 @@ def test_planned_noise_meets_target_exactly(tmp_path):
     steps = 2 * (N // BATCH)
     exact = mia_bayes_security_exact(sample_rate=BATCH / N, noise_multiplier=dp.noise_multiplier, steps=steps)
     assert exact >= 0.95
-    assert mia_bayes_security_exact(sample_rate=BATCH / N, noise_multiplier=dp.noise_multiplier * 0.99, steps=steps) < 0.95
+    assert (
+        mia_bayes_security_exact(sample_rate=BATCH / N, noise_multiplier=dp.noise_multiplier * 0.99, steps=steps) < 0.95
+    )
 
 
 def test_resume_continues_the_history(tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     first = DPSGD(noise_multiplier=1.3)
-    trainer([first, ckpt], tmp_path, max_epochs=2, enable_checkpointing=True).fit(tiny_module(), datamodule=TinyDataModule())
+    trainer([first, ckpt], tmp_path, max_epochs=2, enable_checkpointing=True).fit(
+        tiny_module(), datamodule=TinyDataModule()
+    )
     resumed = DPSGD(noise_multiplier=1.3)
     t = trainer([resumed], tmp_path, max_epochs=4)
     t.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
@@ -102,7 +106,10 @@ def test_state_dict_is_plain_and_strict():
         other.load_state_dict({"version": 1})
     with pytest.raises(RuntimeError, match="max_grad_norm"):
         DPSGD(noise_multiplier=1.0, max_grad_norm=2.0).load_state_dict(state)
-    assert dp.state_key == "DPSGD{'noise_multiplier': 1.0, 'max_grad_norm': 1.0, 'target_bayes_security': None, 'epochs': None}"
+    assert (
+        dp.state_key
+        == "DPSGD{'noise_multiplier': 1.0, 'max_grad_norm': 1.0, 'target_bayes_security': None, 'epochs': None}"
+    )
 
 
 @pytest.mark.parametrize(

@@ -30,10 +30,16 @@ def _data(n_train=300, n_val=200, features=8, seed=0):
 
 def _trainer(tmp_path, callbacks, max_epochs=2, loggers=True):
     return pl.Trainer(
-        max_epochs=max_epochs, callbacks=callbacks, default_root_dir=tmp_path, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1,
+        max_epochs=max_epochs,
+        callbacks=callbacks,
+        default_root_dir=tmp_path,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
         logger=[TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")] if loggers else False,
-    )  # fmt: skip
+    )
 
 
 def _losses(model, dataset):
@@ -68,7 +74,9 @@ def test_audit_matches_analysis_and_writes_every_logger(tmp_path):
     assert any(r.get(names.MIA_EPSILON_LOWER) for r in rows)
 
     # TensorBoard: scalars, histograms, the figure and the summary text
-    events = EventAccumulator(str(next(Path(tmp_path, "tb").rglob("events.out.*")).parent), size_guidance={"images": 0}).Reload()
+    events = EventAccumulator(
+        str(next(Path(tmp_path, "tb").rglob("events.out.*")).parent), size_guidance={"images": 0}
+    ).Reload()
     tags = events.Tags()
     assert names.EPSILON_STAR in tags["scalars"] and names.EPSILON_STAR_EMPIRICAL in tags["scalars"]
     assert {module.MEMBER_LOSSES_TAG, module.NONMEMBER_LOSSES_TAG} <= set(tags["histograms"])
@@ -104,9 +112,10 @@ def test_explicit_loaders_and_custom_forward(tmp_path):
         return module(batch[0]), batch[1]
 
     audit = EpsilonStarAudit(
-        member_dataloader=DataLoader(members, batch_size=50), population_dataloader=DataLoader(population, batch_size=50),
+        member_dataloader=DataLoader(members, batch_size=50),
+        population_dataloader=DataLoader(population, batch_size=50),
         forward_fn=forward,
-    )  # fmt: skip
+    )
     trainer = _trainer(tmp_path, [audit], max_epochs=1, loggers=False)
     trainer.fit(model, DataLoader(train, batch_size=32))  # no validation data at all
     assert audit.details["empirical"].num_members == 100 and audit.details["empirical"].num_nonmembers == 150
@@ -165,10 +174,18 @@ def test_two_process_ddp_audit_equals_single_process_value(tmp_path):
     train, val = _data(n_train=301, n_val=151)
     model = TabularMLP(8, hidden=(16,))
     trainer = pl.Trainer(
-        strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=1, limit_train_batches=2,
-        callbacks=[EpsilonStarAudit(log_histograms=False, log_figure=False)], logger=CSVLogger(tmp_path, name="csv"),
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-    )  # fmt: skip
+        strategy="ddp_spawn",
+        accelerator="cpu",
+        devices=2,
+        max_epochs=1,
+        limit_train_batches=2,
+        callbacks=[EpsilonStarAudit(log_histograms=False, log_figure=False)],
+        logger=CSVLogger(tmp_path, name="csv"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, DataLoader(train, batch_size=32), DataLoader(val, batch_size=32))
     rows = list(csv.DictReader(open(next(Path(tmp_path, "csv").rglob("metrics.csv")))))
     logged = {k: float(v) for r in rows for k, v in r.items() if v and k.startswith("audit/")}

@@ -26,9 +26,14 @@ def _data(n=120, d=3, seed=0):
 def _trainer(callbacks, **kw):
     kw.setdefault("enable_checkpointing", False)
     return pl.Trainer(
-        max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
-        accelerator="cpu", **kw,
-    )  # fmt: skip
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        accelerator="cpu",
+        **kw,
+    )
 
 
 def test_adds_noise_to_the_optimum():

@@ -30,9 +30,16 @@ class SmallAdult(AdultDataModule):
 def _fit(tmp_path, callback, loggers):
     dm = SmallAdult(batch_size=128)
     model = TabularMLP(104, hidden=(32,), lr=1e-2, optimizer="adam")
-    trainer = pl.Trainer(max_epochs=2, callbacks=[callback], logger=loggers, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0,
-                         default_root_dir=tmp_path)  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=2,
+        callbacks=[callback],
+        logger=loggers,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=dm)
     return trainer
 
@@ -63,8 +70,16 @@ def test_audit_logs_scalars_figure_and_text(tmp_path):
 def test_member_fraction_and_explicit_members(tmp_path):
     dm = SmallAdult()
     dm.setup()
-    audit = PanoramiaAudit(members=dm.train_table, encode=lambda t: dm.to_dataset(t).tensors, member_fraction=0.75,
-                           audit_size=200, generator_size=300, helper_epochs=1, num_thresholds=10, seed=1)
+    audit = PanoramiaAudit(
+        members=dm.train_table,
+        encode=lambda t: dm.to_dataset(t).tensors,
+        member_fraction=0.75,
+        audit_size=200,
+        generator_size=300,
+        helper_epochs=1,
+        num_thresholds=10,
+        seed=1,
+    )
     _fit(tmp_path, audit, CSVLogger(tmp_path))
     assert audit.result.sizes["members"] == 900
 
@@ -87,8 +102,14 @@ def test_flat_arrays_without_generator_raise(tmp_path):
         def train_dataloader(self):
             return DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16)
 
-    trainer = pl.Trainer(max_epochs=1, callbacks=[PanoramiaAudit()], logger=False, enable_progress_bar=False,
-                         enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[PanoramiaAudit()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
     with pytest.raises(MisconfigurationException, match="cannot generate non-members for flat features"):
         trainer.fit(Plain())
 
@@ -135,15 +156,37 @@ def test_cli_audit_panoramia(tmp_path, capsys):
     from lightning_privacy.cli import main
 
     model = TabularMLP(104, hidden=(16,))
-    trainer = pl.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=0, logger=False,
-                         enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=2,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=SmallAdult(batch_size=64))
     ckpt = tmp_path / "m.ckpt"
     trainer.save_checkpoint(ckpt)
     out = tmp_path / "out.json"
     fig = tmp_path / "fig.png"
-    code = main(["audit", "panoramia", "--checkpoint", str(ckpt), "--member-fraction", "0.05", "--mia-features", "calibrated",
-                 "--helper-epochs", "1", "--figure", str(fig), "--output", str(out)])  # fmt: skip
+    code = main(
+        [
+            "audit",
+            "panoramia",
+            "--checkpoint",
+            str(ckpt),
+            "--member-fraction",
+            "0.05",
+            "--mia-features",
+            "calibrated",
+            "--helper-epochs",
+            "1",
+            "--figure",
+            str(fig),
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0 and fig.stat().st_size > 0
     import json
 
@@ -159,8 +202,14 @@ def test_audit_after_dp_sgd_training(tmp_path):
     from lightning_privacy import DPSGD
 
     audit = PanoramiaAudit(audit_size=300, generator_size=400, helper_epochs=1, num_thresholds=20, seed=0)
-    trainer = pl.Trainer(max_epochs=1, callbacks=[DPSGD(noise_multiplier=1.0), audit], logger=False,
-                         enable_progress_bar=False, enable_checkpointing=False, limit_val_batches=0,
-                         default_root_dir=tmp_path)  # fmt: skip
+    trainer = pl.Trainer(
+        max_epochs=1,
+        callbacks=[DPSGD(noise_multiplier=1.0), audit],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(TabularMLP(104, hidden=(32,), lr=1e-2), datamodule=SmallAdult(batch_size=128))
     assert audit.result is not None and audit.result.epsilon >= 0.0

@@ -45,25 +45,29 @@ def test_budget_already_broken_trains_nothing(tmp_path):
 
 def test_monitor_and_stopper_agree(tmp_path):
     monitor = BayesSecurityMonitor(exact="always")
-    t = trainer([DPSGD(noise_multiplier=1.5), monitor, PrivacyBudgetStopping(min_bayes_security=0.85)], tmp_path,
-                max_epochs=100)  # fmt: skip
+    t = trainer(
+        [DPSGD(noise_multiplier=1.5), monitor, PrivacyBudgetStopping(min_bayes_security=0.85)], tmp_path, max_epochs=100
+    )
     t.fit(tiny_module(), train_dataloaders=_loader())
     assert monitor.final[names.MIA_BAYES_SECURITY_EXACT] >= 0.85
 
 
 def test_min_epochs_that_could_force_training_past_the_budget_raise(tmp_path):
     with pytest.raises(MisconfigurationException, match="min_epochs"):
-        trainer([DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(min_bayes_security=0.9)], tmp_path,
-                min_epochs=2).fit(tiny_module(), train_dataloaders=_loader())  # fmt: skip
+        trainer(
+            [DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(min_bayes_security=0.9)], tmp_path, min_epochs=2
+        ).fit(tiny_module(), train_dataloaders=_loader())
     with pytest.raises(MisconfigurationException, match="min_steps"):
-        trainer([DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(min_bayes_security=0.9)], tmp_path,
-                min_steps=5).fit(tiny_module(), train_dataloaders=_loader())  # fmt: skip
+        trainer(
+            [DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(min_bayes_security=0.9)], tmp_path, min_steps=5
+        ).fit(tiny_module(), train_dataloaders=_loader())
 
 
 def test_attribute_threat_needs_its_monitor(tmp_path):
     with pytest.raises(MisconfigurationException, match="AttributeInferenceMonitor"):
-        trainer([DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(min_bayes_security=0.9, threat="ai")],
-                tmp_path).fit(tiny_module(), train_dataloaders=_loader())  # fmt: skip
+        trainer(
+            [DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(min_bayes_security=0.9, threat="ai")], tmp_path
+        ).fit(tiny_module(), train_dataloaders=_loader())
 
 
 @pytest.mark.parametrize(

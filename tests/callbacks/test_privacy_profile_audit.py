@@ -32,9 +32,15 @@ def data():
 
 def _trainer(callbacks, logger=False, **kw):
     return pl.Trainer(
-        max_epochs=1, logger=logger, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, callbacks=callbacks, accelerator="cpu", **kw,
-    )  # fmt: skip
+        max_epochs=1,
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        accelerator="cpu",
+        **kw,
+    )
 
 
 def test_matches_numpy_analysis_and_logs_to_tensorboard(data, tmp_path):
@@ -62,7 +68,12 @@ def test_matches_numpy_analysis_and_logs_to_tensorboard(data, tmp_path):
 
     events = EventAccumulator(logger.log_dir, size_guidance={"tensors": 0, "images": 0, "histograms": 0}).Reload()
     tags = events.Tags()
-    for key in (names.PROFILE_MAX_LOSS, names.PROFILE_EPSILON_LOW, names.PROFILE_EPSILON_HIGH, names.PROFILE_GRADIENT_NORM):
+    for key in (
+        names.PROFILE_MAX_LOSS,
+        names.PROFILE_EPSILON_LOW,
+        names.PROFILE_EPSILON_HIGH,
+        names.PROFILE_GRADIENT_NORM,
+    ):
         assert key in tags["scalars"]
     assert events.Scalars(names.PROFILE_EPSILON_LOW)[0].value == pytest.approx(ta.epsilon_low, rel=1e-6)
     assert names.PROFILE_LOSSES in tags["histograms"]
@@ -125,8 +136,13 @@ class _FrozenBody(pl.LightningModule):
         return loss + 0.5 * 0.1 * self.head.weight.pow(2).sum()
 
     def configure_optimizers(self):
-        return torch.optim.LBFGS(self.head.parameters(), max_iter=200, tolerance_grad=1e-14,
-                                 tolerance_change=0.0, line_search_fn="strong_wolfe")  # fmt: skip
+        return torch.optim.LBFGS(
+            self.head.parameters(),
+            max_iter=200,
+            tolerance_grad=1e-14,
+            tolerance_change=0.0,
+            line_search_fn="strong_wolfe",
+        )
 
 
 def test_last_layer_of_a_deeper_network(data):

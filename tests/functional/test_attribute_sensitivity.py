@@ -38,8 +38,11 @@ def _batch(n=10, seed=1):
 
 NUMERIC = SensitiveAttribute.numeric(column=0, values=[-2.0, -1.0, 0.0, 0.5, 1.0, 3.0], name="num")
 ONE_HOT = SensitiveAttribute.one_hot(columns=[3, 4, 5], values=["a", "b", "c"], name="cat")
-CUSTOM = SensitiveAttribute.custom(substitute=lambda x, v: torch.cat([x[:, :1], x[:, 1:3] * v, x[:, 3:]], 1),
-                                   values=[-1.0, 0.0, 2.0, 5.0], name="scale")  # fmt: skip
+CUSTOM = SensitiveAttribute.custom(
+    substitute=lambda x, v: torch.cat([x[:, :1], x[:, 1:3] * v, x[:, 3:]], 1),
+    values=[-1.0, 0.0, 2.0, 5.0],
+    name="scale",
+)
 ATTRIBUTES = [NUMERIC, ONE_HOT, CUSTOM]
 
 
@@ -64,7 +67,7 @@ def test_per_sample_gradients_equal_opacus():
     ours = per_sample_gradients(model, x, y)
     gsm = GradSampleModule(_mlp(), loss_reduction="mean")
     F.cross_entropy(gsm(x), y).backward()
-    for (name, p) in gsm._module.named_parameters():
+    for name, p in gsm._module.named_parameters():
         torch.testing.assert_close(ours[name], p.grad_sample, atol=1e-6, rtol=1e-5)
 
 
@@ -74,8 +77,9 @@ def test_clipping_equals_opacus_dp_optimizer():
     flat = torch.cat([g.flatten(1) for g in ours.values()], 1)
     summed = (clip_factors(flat.square().sum(1), C).unsqueeze(1) * flat).sum(0)
     gsm = GradSampleModule(_mlp(), loss_reduction="mean")
-    opt = DPOptimizer(torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C,
-                      expected_batch_size=len(x))  # fmt: skip
+    opt = DPOptimizer(
+        torch.optim.SGD(gsm.parameters(), lr=0.0), noise_multiplier=0.0, max_grad_norm=C, expected_batch_size=len(x)
+    )
     F.cross_entropy(gsm(x), y).backward()
     opt.pre_step()
     opacus = torch.cat([p.summed_grad.flatten() for p in gsm.parameters()])
@@ -109,7 +113,9 @@ def test_extremes_uses_the_two_extreme_values_only():
     model, (x, y) = _mlp(), _batch()
     two = SensitiveAttribute.numeric(column=0, values=[-2.0, 3.0])
     ext = attribute_sensitivities(model, x, y, attribute=NUMERIC, values="extremes", max_grad_norm=C, method="exact")
-    torch.testing.assert_close(ext, attribute_sensitivities(model, x, y, attribute=two, max_grad_norm=C, method="exact"))
+    torch.testing.assert_close(
+        ext, attribute_sensitivities(model, x, y, attribute=two, max_grad_norm=C, method="exact")
+    )
     approx = attribute_sensitivities(model, x, y, attribute=NUMERIC, values="extremes", max_grad_norm=C)
     torch.testing.assert_close(approx, ext, atol=1e-7, rtol=1e-5)  # |A| = 2: the centre bound is exact
     full = attribute_sensitivities(model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact")
@@ -123,7 +129,9 @@ def test_chunking_does_not_change_the_result(method, backend):
     kw = dict(attribute=NUMERIC, max_grad_norm=C, method=method, backend=backend)
     whole = attribute_sensitivities(model, x, y, chunk_size=13, **kw)
     for chunk in (1, 4, None):
-        torch.testing.assert_close(attribute_sensitivities(model, x, y, chunk_size=chunk, **kw), whole, atol=1e-7, rtol=1e-6)
+        torch.testing.assert_close(
+            attribute_sensitivities(model, x, y, chunk_size=chunk, **kw), whole, atol=1e-7, rtol=1e-6
+        )
         assert attribute_sensitivity(model, x, y, chunk_size=chunk, **kw) == pytest.approx(float(whole.max()), rel=1e-6)
 
 
@@ -142,7 +150,9 @@ def test_twin_of_a_hooked_module_with_live_parameters():
         attribute_sensitivity(gsm, x, y, attribute=NUMERIC, max_grad_norm=C)
     twin = hook_free_twin(gsm)
     params = dict(gsm.named_parameters())
-    got = attribute_sensitivity(twin, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact", params=params, backend="func")
+    got = attribute_sensitivity(
+        twin, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact", params=params, backend="func"
+    )
     assert got == pytest.approx(reference, rel=1e-6)
     with torch.no_grad():  # the twin follows the live weights it is given, not its own copy
         params["_module.0.weight"].mul_(2.0)
@@ -162,7 +172,9 @@ def test_dropout_masks_are_shared_by_the_substitutions_of_one_example():
     evaluated = attribute_sensitivity(model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact")
     plain = _mlp()
     plain.load_state_dict({k.replace("3.", "2."): v for k, v in model.state_dict().items()})
-    assert evaluated == pytest.approx(attribute_sensitivity(plain, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact"), rel=1e-6)
+    assert evaluated == pytest.approx(
+        attribute_sensitivity(plain, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact"), rel=1e-6
+    )
 
 
 def test_batchnorm_in_training_mode_is_rejected():
@@ -212,8 +224,10 @@ def test_two_processes_give_the_single_process_r_t(method):
     single = attribute_sensitivity(model, x, y, attribute=NUMERIC, max_grad_norm=C, method=method)
     per_rank = run_distributed(_rank_sensitivity, method)
     assert per_rank == [pytest.approx(single, rel=1e-6)] * 2
-    local = [attribute_sensitivity(model, x[s], y[s], attribute=NUMERIC, max_grad_norm=C, method=method)
-             for s in (slice(0, 6), slice(6, 12))]  # fmt: skip
+    local = [
+        attribute_sensitivity(model, x[s], y[s], attribute=NUMERIC, max_grad_norm=C, method=method)
+        for s in (slice(0, 6), slice(6, 12))
+    ]
     assert min(local) < single  # the ranks really saw different halves
 
 
@@ -222,5 +236,7 @@ def test_works_inside_no_grad():
     reference = attribute_sensitivity(model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact")
     with torch.no_grad():
         for backend in ("linear", "func"):
-            got = attribute_sensitivity(model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact", backend=backend)
+            got = attribute_sensitivity(
+                model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact", backend=backend
+            )
             assert got == pytest.approx(reference, rel=1e-5)

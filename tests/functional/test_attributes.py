@@ -79,7 +79,11 @@ def test_select_extremes_and_subsets():
         (lambda: SensitiveAttribute.numeric(column=-1, values=[1, 2]), TypeError, "column"),
         (lambda: SensitiveAttribute.numeric(column=True, values=[1, 2]), TypeError, "column"),
         (lambda: SensitiveAttribute.numeric(column=0, values="ab"), TypeError, "values"),
-        (lambda: SensitiveAttribute.numeric(column=0, values=[1, 2], encode=lambda v: float("inf")), ValueError, "encode"),
+        (
+            lambda: SensitiveAttribute.numeric(column=0, values=[1, 2], encode=lambda v: float("inf")),
+            ValueError,
+            "encode",
+        ),
         (lambda: SensitiveAttribute.one_hot(columns=[1, 2, 3], values=["a", "b"]), ValueError, "one value per column"),
         (lambda: SensitiveAttribute.one_hot(columns=[1, 1], values=["a", "b"]), ValueError, "distinct"),
         (lambda: SensitiveAttribute.custom(substitute=None, values=[1, 2]), TypeError, "substitute"),

@@ -57,7 +57,9 @@ def test_binary_single_logit(shape):
     logits = (torch.randn(50, generator=gen, dtype=torch.float64) * 40).reshape(shape)
     target = torch.randint(0, 2, (50,), generator=gen)
     got = membership_loss(logits, target)
-    want = torch.tensor([_reference_binary(logits.reshape(-1)[i], int(target[i])) for i in range(50)], dtype=torch.float64)
+    want = torch.tensor(
+        [_reference_binary(logits.reshape(-1)[i], int(target[i])) for i in range(50)], dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 

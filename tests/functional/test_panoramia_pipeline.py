@@ -60,8 +60,15 @@ def test_leaking_target_gives_positive_epsilon(adult, mia_features):
     res = _audit(target, members, encode, audit_size=500, generator_size=500, seed=0, mia_features=mia_features)
     assert res.epsilon > 0.5
     assert res.c_plus_epsilon_lb > res.c_lb
-    assert res.sizes == {"members": 1500, "generator": 500, "train_members": 500, "train_generated": 500,
-                         "audit": 500, "audit_members": int(res.labels.sum()), "helper_train": 500}
+    assert res.sizes == {
+        "members": 1500,
+        "generator": 500,
+        "train_members": 500,
+        "train_generated": 500,
+        "audit": 500,
+        "audit_members": int(res.labels.sum()),
+        "helper_train": 500,
+    }
     assert "NOT a lower bound" in summary_text(res)
 
 
@@ -73,11 +80,19 @@ def test_non_member_trained_target_gives_zero(adult, seed):
     members, others, pool = (table.subset(np.arange(a, b)) for a, b in ((0, 1500), (1500, 3000), (3000, 5000)))
     torch.manual_seed(seed)
     target = Memoriser(*encode(others))
-    res = _audit(target, members, encode, generator=HeldOutRows(pool, seed=seed), audit_size=500,
-                 generator_size=500, seed=seed)
+    res = _audit(
+        target, members, encode, generator=HeldOutRows(pool, seed=seed), audit_size=500, generator_size=500, seed=seed
+    )
     assert res.epsilon == 0.0 and res.c_lb == 0.0 and res.c_plus_epsilon_lb == 0.0
-    leaking = _audit(Memoriser(*encode(members)), members, encode, generator=HeldOutRows(pool, seed=seed),
-                     audit_size=500, generator_size=500, seed=seed)
+    leaking = _audit(
+        Memoriser(*encode(members)),
+        members,
+        encode,
+        generator=HeldOutRows(pool, seed=seed),
+        audit_size=500,
+        generator_size=500,
+        seed=seed,
+    )
     assert leaking.epsilon > 2.0
 
 
@@ -96,8 +111,15 @@ def test_generator_equal_to_data_gives_c_lb_about_zero(adult, seed):
     table, encode = adult
     members, held_out = table.subset(np.arange(1200)), table.subset(np.arange(1200, 3000))
     target = _linear(encode.width)
-    res = _audit(target, members, encode, generator=HeldOutRows(held_out, seed=seed), audit_size=400,
-                 generator_size=400, seed=seed)
+    res = _audit(
+        target,
+        members,
+        encode,
+        generator=HeldOutRows(held_out, seed=seed),
+        audit_size=400,
+        generator_size=400,
+        seed=seed,
+    )
     # P(c_lb > 0) <= beta / 2 when the "generator" is the data distribution itself
     assert res.c_lb == 0.0
     assert np.isnan(res.acceptance_rate)
@@ -151,8 +173,9 @@ def test_errors(adult):
         panoramia_audit(target, (np.zeros((10, 4)), np.zeros(9)))
     digits = load_digits()
     with pytest.raises(ValueError, match="`data` is table data but `pool` is arrays data"):
-        panoramia_audit(target, table.subset(np.arange(600)), encode=encode,
-                        generator=HeldOutRows((digits.data, digits.target)))
+        panoramia_audit(
+            target, table.subset(np.arange(600)), encode=encode, generator=HeldOutRows((digits.data, digits.target))
+        )
 
     class WrongWidth:  # a generator whose rows lack a numeric column
         def fit(self, data):
@@ -178,8 +201,14 @@ def test_digits_with_torch_classifier():
     target = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     members = (x[:900], y[:900])
     target = Memoriser2D(target, *members)
-    res = panoramia_audit(target, members, helper=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)),
-                          helper_epochs=3, num_thresholds=30, seed=0)
+    res = panoramia_audit(
+        target,
+        members,
+        helper=nn.Sequential(nn.Flatten(), nn.Linear(64, 10)),
+        helper_epochs=3,
+        num_thresholds=30,
+        seed=0,
+    )
     assert res.mia_params["kind"] == "torch_cnn" and res.epsilon > 0.3
 
 

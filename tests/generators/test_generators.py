@@ -33,7 +33,12 @@ def _tv(a, b):
 
 
 def test_protocol():
-    for gen in (TabularGenerator(), BayesNetGenerator(), DigitsGenerator(), HeldOutRows((np.zeros((2, 1)), np.zeros(2, int)))):
+    for gen in (
+        TabularGenerator(),
+        BayesNetGenerator(),
+        DigitsGenerator(),
+        HeldOutRows((np.zeros((2, 1)), np.zeros(2, int))),
+    ):
         assert isinstance(gen, Generator)
 
 

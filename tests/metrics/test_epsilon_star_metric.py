@@ -1,17 +1,18 @@
 """EpsilonStar metric: state, batching, and two-process sync equal to the single-process value."""
 
-import numpy as np
 import pytest
 import torch
 
-from lightning_privacy.analysis.epsilon_star import default_delta, epsilon_star, epsilon_star_details
+from lightning_privacy.analysis.epsilon_star import default_delta, epsilon_star
 from lightning_privacy.metrics.epsilon_star import EpsilonStar
 from tests._ddp import run_distributed
 
 
 def _data(seed=0, n=3000):
     gen = torch.Generator().manual_seed(seed)
-    losses = torch.cat([torch.distributions.Gamma(2.0, 0.2).sample((n,)), torch.distributions.Gamma(3.0, 0.2).sample((n,))])
+    losses = torch.cat(
+        [torch.distributions.Gamma(2.0, 0.2).sample((n,)), torch.distributions.Gamma(3.0, 0.2).sample((n,))]
+    )
     is_member = torch.cat([torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)])
     perm = torch.randperm(2 * n, generator=gen)
     return losses[perm], is_member[perm]
@@ -70,9 +71,9 @@ def _ddp_worker(rank, world_size):
     out = {}
     for method in ("parametric", "empirical"):
         metric = EpsilonStar(delta=1e-5, method=method)
-        l, m = losses[shard], is_member[shard]
-        metric.update(l[:100], m[:100])
-        rest_l, rest_m = l[100:], m[100:]
+        loss, m = losses[shard], is_member[shard]
+        metric.update(loss[:100], m[:100])
+        rest_l, rest_m = loss[100:], m[100:]
         if rank == 1:
             metric.update(rest_l[~rest_m], rest_m[~rest_m])
             metric.update(rest_l[rest_m], rest_m[rest_m])

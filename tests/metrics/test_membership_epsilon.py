@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -27,8 +26,9 @@ def test_compute_matches_pure_function_and_contract(selection):
     for chunk_s, chunk_m in zip(scores.split(70), member.split(70)):
         metric.update(chunk_s, chunk_m.int())
     out = metric.compute()
-    expected = epsilon_lower_bound(scores.double().numpy(), member.numpy(), delta=1e-5, method="jeffreys",
-                                   selection=selection, seed=3)  # fmt: skip
+    expected = epsilon_lower_bound(
+        scores.double().numpy(), member.numpy(), delta=1e-5, method="jeffreys", selection=selection, seed=3
+    )
     assert CONTRACT_KEYS <= set(out)
     assert out == expected.as_dict()
     assert out["optimistic"] is (selection == "none")
@@ -94,7 +94,13 @@ def test_synced_across_processes():
     results = run_distributed(_ddp_compute, scores, member)
     # "cat" gathers rank 0's trials, then rank 1's
     order = torch.cat([torch.arange(400)[0::2], torch.arange(400)[1::2]])
-    expected = epsilon_lower_bound(scores[order].double().numpy(), member[order].numpy(), delta=1e-5,
-                                   method="clopper_pearson", selection="holdout", seed=1)  # fmt: skip
+    expected = epsilon_lower_bound(
+        scores[order].double().numpy(),
+        member[order].numpy(),
+        delta=1e-5,
+        method="clopper_pearson",
+        selection="holdout",
+        seed=1,
+    )
     assert results[0] == results[1] == expected.as_dict()
     assert results[0]["tp"] + results[0]["fn"] + results[0]["fp"] + results[0]["tn"] == 200
