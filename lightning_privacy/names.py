@@ -10,6 +10,19 @@ DP_SAMPLE_RATE = "dp/sample_rate"
 DP_STEPS = "dp/steps"
 DP_EPSILON = "dp/epsilon"  # Opacus accountant epsilon at the run's delta (reference only)
 
+# DP-SGD settings (HPARAMS columns, beside the model's own hyperparameters)
+DP_MAX_GRAD_NORM = "dp/max_grad_norm"
+DP_DELTA = "dp/delta"
+DP_ACCOUNTANT = "dp/accountant"
+DP_TARGET_BAYES_SECURITY = "dp/target_bayes_security"
+DP_TARGET_EPSILON = "dp/target_epsilon"
+DP_PLANNED_EPOCHS = "dp/planned_epochs"
+
+# Clipping telemetry (per epoch, opt-in; data-dependent, not covered by the DP guarantee)
+DP_CLIP_FRACTION = "dp/clip_fraction"  # share of per-sample gradients whose norm exceeded C
+DP_GRAD_NORM_MEDIAN = "dp/grad_norm_median"
+DP_GRAD_NORMS = "dp/grad_norms"  # histogram of per-sample gradient norms
+
 # Closed-form Bayes security (per epoch)
 MIA_BAYES_SECURITY = "privacy/mia_bayes_security"
 MIA_BAYES_SECURITY_EXACT = "privacy/mia_bayes_security_exact"
@@ -17,6 +30,7 @@ MIA_ADVANTAGE = "privacy/mia_advantage"
 MIA_TPR_BOUND_FPR_0_01 = "privacy/mia_tpr_bound_fpr_0.01"
 MIA_TPR_BOUND_FPR_0_1 = "privacy/mia_tpr_bound_fpr_0.1"
 APPROXIMATION_ERROR = "privacy/approximation_error"
+BAYES_SECURITY_FIGURE = "privacy/bayes_security"  # figure: β* per epoch and the TPR-FPR region
 AI_BAYES_SECURITY = "privacy/ai_bayes_security"
 AI_SENSITIVITY = "privacy/ai_sensitivity"  # per step; only when publishing is allowed
 

@@ -3,19 +3,20 @@
 Our :class:`~lightning_privacy.DPSGD` owns its accountant. A user's own ``PrivacyEngine.make_private``
 leaves the accountant reachable only through the step hook it attaches to the ``DPOptimizer``
 (``accountant.get_optimizer_hook_fn(sample_rate)`` — a closure over the accountant and the sample
-rate); :func:`find_accountant` reads it from there with :func:`inspect.getclosurevars`, and callers can
+rate); :func:`find_accountant` reads it from there (:func:`lightning_privacy._compat.accountant_from_step_hook`), and callers can
 always pass the accountant explicitly instead.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, List, Optional, Tuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.accountants import IAccountant
 from opacus.optimizers import DPOptimizer
+
+from lightning_privacy import _compat
 
 Segment = Tuple[float, float, int]  # (noise_multiplier, sample_rate, steps), Opacus' history order
 
@@ -54,12 +55,9 @@ def find_accountant(trainer: pl.Trainer, accountant: Optional[IAccountant] = Non
             "`lightning_privacy.DPSGD(...)` to `Trainer(callbacks=[...])`, or make the module private "
             "with Opacus' `PrivacyEngine.make_private` and pass `accountant=privacy_engine.accountant`."
         )
-    hook = optimizers[0].step_hook
-    if hook is not None:
-        closure = inspect.getclosurevars(hook).nonlocals
-        candidate = closure.get("self")
-        if isinstance(candidate, IAccountant):
-            return candidate
+    found = _compat.accountant_from_step_hook(optimizers[0])
+    if found is not None:
+        return found
     raise MisconfigurationException(
         "Found a DPOptimizer but not its accountant; pass `accountant=privacy_engine.accountant` to the monitor."
     )

@@ -1,21 +1,22 @@
-"""Matplotlib figures logged by the privacy callbacks (Agg backend; nothing is shown on screen)."""
+"""Matplotlib figures logged by the privacy callbacks.
+
+Figures are ``matplotlib.figure.Figure`` objects: no pyplot state, and the user's backend is left alone.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from lightning_privacy import names  # noqa: E402
+from lightning_privacy import names
 
 
 def bayes_security_figure(epochs: List[Dict[str, Any]], final: Dict[str, float]):
     """β* per epoch (closed form vs exact) and the TPR–FPR region the final β* allows."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
     xs = [e["epoch"] for e in epochs]
     left.plot(xs, [e["closed"] for e in epochs], marker="o", label="closed form (Cor. 7)")
     exact = [(e["epoch"], e["exact"]) for e in epochs if e.get("exact") is not None]
@@ -38,5 +39,4 @@ def bayes_security_figure(epochs: List[Dict[str, Any]], final: Dict[str, float])
     right.set_title("Any membership attack's ROC lies in the shaded region")
     right.legend(loc="lower right")
     right.grid(alpha=0.3)
-    fig.tight_layout()
     return fig

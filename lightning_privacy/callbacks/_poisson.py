@@ -1,52 +1,26 @@
-"""Poisson sampling for Lightning's train loader — the one place that uses a private Lightning API.
+"""Poisson sampling for Lightning's train loader.
 
-Lightning has no public hook to replace the train dataloader whichever way it is supplied
-(datamodule, ``LightningModule.train_dataloader`` or ``fit(train_dataloaders=...)``). All three end up
-in ``trainer.fit_loop._data_source`` (a ``_DataLoaderSource``), which ``fit_loop.setup_data`` asks for
-the loader after ``on_fit_start``. :func:`install_poisson_sampling` replaces that source by a subclass
-whose ``dataloader()`` converts the user's loader with Opacus' ``DPDataLoader.from_data_loader``. If
-Lightning changes this internal, installation fails loudly (tests/callbacks/test_dpsgd.py checks the swap for every loader source
-and the failure).
+Lightning has no public hook to replace the train dataloader whichever way it is supplied, so the swap
+itself goes through :func:`lightning_privacy._compat.install_train_loader_transform` (the private-API
+module, with the test that guards it); here the user's loader becomes Opacus' ``DPDataLoader``.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader
 
-
-@dataclasses.dataclass
-class PoissonDataSource(_DataLoaderSource):
-    """A train-data source that hands out Poisson-sampling versions of the original loaders."""
-
-    original: _DataLoaderSource = None  # type: ignore[assignment]
-    trainer: Any = None
-    callback: Any = None
-
-    def dataloader(self) -> DataLoader:
-        return make_poisson_loader(self.trainer, self.callback, self.original.dataloader())
+from lightning_privacy import _compat
 
 
 def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
     """Make ``trainer`` draw its train batches by Poisson sampling (see module docstring)."""
-    fit_loop = trainer.fit_loop
-    source = getattr(fit_loop, "_data_source", None)
-    if not isinstance(source, _DataLoaderSource):
-        raise RuntimeError(
-            "lightning_privacy could not find Lightning's train-data source (trainer.fit_loop._data_source); "
-            f"this Lightning version ({pl.__version__}) is not supported by DPSGD's Poisson sampling."
-        )
-    if isinstance(source, PoissonDataSource):  # fit() called again with the same trainer
-        source = source.original
-    fit_loop._data_source = PoissonDataSource(
-        instance=source.instance, name=source.name, original=source, trainer=trainer, callback=callback
-    )
+    _compat.install_train_loader_transform(trainer, functools.partial(make_poisson_loader, trainer, callback))
 
 
 def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any) -> DPDataLoader:

@@ -6,7 +6,6 @@ from typing import Any, Dict, List, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.accountants import IAccountant
@@ -15,7 +14,8 @@ from typing_extensions import override
 from lightning_privacy import names
 from lightning_privacy.analysis import bayes_security as bs
 from lightning_privacy.callbacks._audit_utils import log_figure, log_scalars
-from lightning_privacy.callbacks._opacus import accountant_history, find_accountant, find_dpsgd
+from lightning_privacy.callbacks._hparams import write_privacy_hparams
+from lightning_privacy.callbacks._opacus import accountant_history, dp_optimizers, find_accountant, find_dpsgd
 from lightning_privacy.callbacks._plots import bayes_security_figure
 
 EXACT_MODES = ("auto", "always", "never")
@@ -73,6 +73,9 @@ class BayesSecurityMonitor(Callback):
         >>> # Trainer(callbacks=[DPSGD(noise_multiplier=1.1), monitor, EarlyStopping(
         >>> #     monitor="privacy/mia_bayes_security", mode="max", divergence_threshold=0.9)])
     """
+
+    #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
+    hparams_metric_keys = (names.MIA_BAYES_SECURITY, names.DP_EPSILON)
 
     def __init__(
         self,
@@ -166,6 +169,13 @@ class BayesSecurityMonitor(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._find_accountant(trainer)  # fail early, with a clear message, if training is not private
+        if find_dpsgd(trainer) is None:  # a user's own make_private: the HPARAMS session is written here
+            optimizers = dp_optimizers(trainer)
+            settings = {names.DP_DELTA: self._delta(trainer)}
+            if optimizers:
+                settings[names.DP_NOISE_MULTIPLIER] = float(optimizers[0].noise_multiplier)
+                settings[names.DP_MAX_GRAD_NORM] = float(optimizers[0].max_grad_norm)
+            write_privacy_hparams(trainer, pl_module, settings)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -178,7 +188,7 @@ class BayesSecurityMonitor(Callback):
             pl_module.log(
                 key,
                 float(value),
-                prog_bar=key == names.MIA_BAYES_SECURITY,
+                prog_bar=key in (names.MIA_BAYES_SECURITY, names.DP_EPSILON),
                 on_epoch=True,
                 on_step=False,
                 reduce_fx="min" if lower_is_safe else "max",
@@ -200,14 +210,10 @@ class BayesSecurityMonitor(Callback):
         self._log_report(trainer, values)
 
     def _log_report(self, trainer: pl.Trainer, values: Dict[str, float]) -> None:
+        # Fit-end values go at the last step or later (TensorBoard purges a series written at an earlier step).
         log_scalars(trainer, {names.MIA_BAYES_SECURITY_EXACT: values[names.MIA_BAYES_SECURITY_EXACT]})
-        if not trainer.is_global_zero:
-            return
-        log_figure(trainer, "privacy/bayes_security", bayes_security_figure(self.epochs, values))
-        params = {k: v for k, v in values.items() if k.startswith("dp/")}
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                logger.log_hyperparams(params, metrics={names.MIA_BAYES_SECURITY: values[names.MIA_BAYES_SECURITY]})
+        if trainer.is_global_zero:
+            log_figure(trainer, names.BAYES_SECURITY_FIGURE, bayes_security_figure(self.epochs, values))
 
     # ------------------------------------------------------------------------------ state
     @override

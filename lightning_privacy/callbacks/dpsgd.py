@@ -6,6 +6,7 @@ import math
 from typing import Any, Dict, Optional
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -16,12 +17,17 @@ from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 from opacus.validators import ModuleValidator
 from typing_extensions import override
 
+from lightning_privacy import _compat, names
 from lightning_privacy.analysis.bayes_security import noise_multiplier_for_exact
+from lightning_privacy.callbacks import _dp_checks
+from lightning_privacy.callbacks._audit_utils import log_histogram
+from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
 
 STATE_VERSION = 1
 ACCOUNTANTS = ("rdp", "prv", "gdp")
 DEFAULT_DELTA = 1e-5
+SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping and noise
 
 
 def _positive(name: str, value: Any) -> float:
@@ -60,6 +66,19 @@ class DPSGD(Callback):
         accountant: ``"rdp"``, ``"prv"`` or ``"gdp"`` (Opacus accountants).
         loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch.
         secure_mode: Opacus' secure noise generation (slower).
+        log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C)
+            and ``dp/grad_norm_median``, and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and to
+            see that clipping is active. These values are computed from the private data and are NOT covered by
+            the DP guarantee: publish them only where that is acceptable.
+
+    Self-checks: on the first optimizer steps of every fit DPSGD re-derives from the parameters that privacy is
+    really applied — every trainable parameter has per-sample gradients, the summed gradient is the sum of
+    per-sample gradients clipped to C, and noise of standard deviation σ·C was added (single process; under DDP
+    only the first check runs) — and at every epoch end that the accountant recorded exactly the optimizer steps
+    taken. A failure raises ``MisconfigurationException`` naming the parameter.
+
+    TensorBoard: at fit start DPSGD writes the run's one HPARAMS session — the model's hyperparameters beside σ,
+    C, p, δ, the accountant (and the planning target), with the privacy metrics of the run's callbacks as columns.
 
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
@@ -92,6 +111,7 @@ class DPSGD(Callback):
         accountant: str = "rdp",
         loss_reduction: str = "mean",
         secure_mode: bool = False,
+        log_clipping: bool = False,
     ) -> None:
         if (noise_multiplier is None) == (target_bayes_security is None):
             raise MisconfigurationException(
@@ -125,6 +145,13 @@ class DPSGD(Callback):
         self.accountant_mechanism = accountant
         self.loss_reduction = loss_reduction
         self.secure_mode = secure_mode
+        if not isinstance(log_clipping, bool):
+            raise MisconfigurationException(f"`log_clipping` must be True or False, got {log_clipping!r}")
+        self.log_clipping = log_clipping
+        self._clipping = _dp_checks.ClippingStats()
+        self._param_names: Dict[int, str] = {}
+        self._checks_left = 0
+        self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
         self.accountant = create_accountant(mechanism=accountant)
         self.sample_rate: Optional[float] = None
         self.steps_per_epoch: Optional[int] = None
@@ -166,7 +193,7 @@ class DPSGD(Callback):
                     f"DPSGD supports multi-process training only with a DDP strategy, got "
                     f"{type(trainer.strategy).__name__}. Use Trainer(strategy='ddp', ...)."
                 )
-            if getattr(trainer._accelerator_connector, "use_distributed_sampler", True):
+            if _compat.uses_distributed_sampler(trainer):
                 raise MisconfigurationException(
                     "DPSGD under DDP needs `Trainer(use_distributed_sampler=False)`: Lightning's "
                     "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
@@ -189,7 +216,7 @@ class DPSGD(Callback):
             raise MisconfigurationException(
                 "The optimizer is already an Opacus DPOptimizer; remove DPSGD or make_private."
             )
-        loader = make_poisson_loader(trainer, self, trainer.fit_loop._data_source.original.dataloader())
+        loader = make_poisson_loader(trainer, self, _compat.original_train_loader(trainer))
         self.steps_per_epoch = len(loader)
         if self.target_bayes_security is not None:
             planned = noise_multiplier_for_exact(
@@ -222,9 +249,78 @@ class DPSGD(Callback):
         )
         dp_optimizer.attach_step_hook(self._record_step)
         trainer.strategy.optimizers = [dp_optimizer]
+        self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
+        self._checks_left = SELF_CHECK_STEPS
+        write_privacy_hparams(trainer, pl_module, self.privacy_settings())
+
+    def privacy_settings(self) -> Dict[str, Any]:
+        """The run's privacy settings, as logged in TensorBoard's HPARAMS tab."""
+        settings: Dict[str, Any] = {
+            names.DP_NOISE_MULTIPLIER: self.noise_multiplier,
+            names.DP_MAX_GRAD_NORM: self.max_grad_norm,
+            names.DP_SAMPLE_RATE: self.sample_rate,
+            names.DP_DELTA: self.delta,
+            names.DP_ACCOUNTANT: self.accountant_mechanism,
+        }
+        if self.target_bayes_security is not None:
+            settings[names.DP_TARGET_BAYES_SECURITY] = float(self.target_bayes_security)
+            settings[names.DP_PLANNED_EPOCHS] = int(self.epochs)
+        return settings
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._fit_start = (self.steps, trainer.global_step)
+        self._clipping.reset()
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        if self._checks_left > 0 and isinstance(optimizer, DPOptimizer):
+            _dp_checks.check_per_sample_gradients(optimizer.params, self._param_names)
 
     def _record_step(self, optimizer: DPOptimizer) -> None:
+        if self._checks_left > 0:
+            self._checks_left -= 1
+            if not self._distributed:  # DistributedDPOptimizer noises on rank 0 and all-reduces: not checked here
+                scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
+                _dp_checks.check_clipping_and_noise(
+                    optimizer.params,
+                    self._param_names,
+                    max_grad_norm=self.max_grad_norm,
+                    noise_multiplier=self.noise_multiplier,
+                    scale=float(scale) if self.loss_reduction == "mean" else 1.0,
+                )
+        if self.log_clipping:
+            self._clipping.update(optimizer.params)
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.sample_rate)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        accounted = self.steps - self._fit_start[0]
+        taken = trainer.global_step - self._fit_start[1]
+        if accounted != taken:
+            raise MisconfigurationException(
+                f"DP-SGD self-check: the accountant recorded {accounted} steps in this fit but the optimizer took "
+                f"{taken}; the privacy accounting is wrong (was the DPOptimizer's step hook replaced?)."
+            )
+        if self.log_clipping:
+            self._log_clipping(trainer, pl_module)
+
+    def _log_clipping(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        norms = self._clipping.values()
+        if trainer.world_size > 1:  # every rank's norms, padded to one length for all_gather
+            count = trainer.strategy.all_gather(torch.tensor([norms.numel()], device=pl_module.device))
+            longest = int(count.max())
+            padded = torch.full((longest,), float("nan"), dtype=torch.float64, device=pl_module.device)
+            padded[: norms.numel()] = norms.to(pl_module.device)
+            norms = trainer.strategy.all_gather(padded).reshape(-1).cpu()
+            norms = norms[~torch.isnan(norms)]
+        self._clipping.reset()
+        if norms.numel() == 0:
+            return
+        fraction = float((norms > self.max_grad_norm).to(torch.float64).mean())
+        for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, float(norms.median()))):
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
+        log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

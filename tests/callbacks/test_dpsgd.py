@@ -9,8 +9,8 @@ from opacus.optimizers import DPOptimizer
 from torch import nn
 
 from lightning_privacy import DPSGD
+from lightning_privacy._compat import PoissonDataSource
 from lightning_privacy.analysis.bayes_security import mia_bayes_security_exact
-from lightning_privacy.callbacks._poisson import PoissonDataSource
 from tests.callbacks._tiny import BATCH, N, TinyDataModule, TinyWithLoader, tiny_loader, tiny_module, trainer
 
 

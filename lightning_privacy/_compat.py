@@ -1,0 +1,103 @@
+"""Every use of a private Lightning, Opacus or TensorBoard-writer API in lightning_privacy, in one place.
+
+Each function names the private attribute it touches, the versions it was checked on and the test that
+fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6.0, torch 2.13.0.
+
+| private API | used for | guarding test |
+|---|---|---|
+| ``trainer.fit_loop._data_source`` (``_DataLoaderSource``) | Poisson sampling of any train loader | ``tests/callbacks/test_dpsgd.py::test_poisson_swap_fails_loudly_if_lightning_changes_its_data_source`` and the loader-source tests |
+| ``trainer._accelerator_connector.use_distributed_sampler`` | DDP needs ``use_distributed_sampler=False`` | ``tests/callbacks/test_dpsgd.py::test_ddp_needs_use_distributed_sampler_false`` |
+| the closure of ``DPOptimizer.step_hook`` | the accountant of a user's ``make_private`` | ``tests/callbacks/test_bayes_security_monitor.py::test_works_with_a_users_own_opacus_setup`` |
+| ``SummaryWriter._get_file_writer()`` | one HPARAMS session with the privacy settings | ``tests/callbacks/test_tensorboard_view.py`` |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
+
+__all__ = [
+    "PoissonDataSource",
+    "accountant_from_step_hook",
+    "install_train_loader_transform",
+    "original_train_loader",
+    "tensorboard_file_writer",
+    "uses_distributed_sampler",
+]
+
+
+# --- Lightning: the train-data source --------------------------------------------------------------------------------
+@dataclasses.dataclass
+class PoissonDataSource(_DataLoaderSource):
+    """A train-data source that hands out ``transform(original loader)``.
+
+    Lightning has no public hook to replace the train dataloader whichever way it is supplied (datamodule,
+    ``LightningModule.train_dataloader`` or ``fit(train_dataloaders=...)``). All three end up in
+    ``trainer.fit_loop._data_source``, which ``fit_loop.setup_data`` asks for the loader after ``on_fit_start``.
+    """
+
+    original: _DataLoaderSource = None  # type: ignore[assignment]
+    transform: Callable[[Any], Any] = None  # type: ignore[assignment]
+
+    def dataloader(self) -> Any:
+        return self.transform(self.original.dataloader())
+
+
+def install_train_loader_transform(trainer: pl.Trainer, transform: Callable[[Any], Any]) -> None:
+    """Make ``trainer`` train on ``transform(loader)`` for the loader it would have used.
+
+    Raises:
+        RuntimeError: if this Lightning version has no ``fit_loop._data_source`` of the known type.
+    """
+    fit_loop = trainer.fit_loop
+    source = getattr(fit_loop, "_data_source", None)
+    if not isinstance(source, _DataLoaderSource):
+        raise RuntimeError(
+            "lightning_privacy could not find Lightning's train-data source (trainer.fit_loop._data_source); "
+            f"this Lightning version ({pl.__version__}) is not supported by DPSGD's Poisson sampling."
+        )
+    if isinstance(source, PoissonDataSource):  # fit() called again with the same trainer
+        source = source.original
+    fit_loop._data_source = PoissonDataSource(
+        instance=source.instance, name=source.name, original=source, transform=transform
+    )
+
+
+def original_train_loader(trainer: pl.Trainer) -> Any:
+    """The user's own train loader (before :func:`install_train_loader_transform`)."""
+    source = trainer.fit_loop._data_source
+    return (source.original if isinstance(source, PoissonDataSource) else source).dataloader()
+
+
+# --- Lightning: the trainer's sampler setting ------------------------------------------------------------------------
+def uses_distributed_sampler(trainer: pl.Trainer) -> bool:
+    """``Trainer(use_distributed_sampler=...)``; Lightning keeps it only on the private accelerator connector."""
+    return bool(getattr(trainer._accelerator_connector, "use_distributed_sampler", True))
+
+
+# --- Opacus: the accountant behind a DPOptimizer's step hook ---------------------------------------------------------
+def accountant_from_step_hook(optimizer: Any) -> Optional[Any]:
+    """The ``IAccountant`` whose ``get_optimizer_hook_fn`` made ``optimizer.step_hook``, or ``None``.
+
+    Opacus' ``make_private`` attaches ``accountant.get_optimizer_hook_fn(sample_rate)``, a closure over the
+    accountant (``self``); that closure is the only place the accountant of a user's own run can be found.
+    """
+    from opacus.accountants import IAccountant
+
+    hook = getattr(optimizer, "step_hook", None)
+    if hook is None:
+        return None
+    candidate = inspect.getclosurevars(hook).nonlocals.get("self")
+    return candidate if isinstance(candidate, IAccountant) else None
+
+
+# --- torch.utils.tensorboard: the writer of hparams summaries --------------------------------------------------------
+def tensorboard_file_writer(logger: Any) -> Optional[Any]:
+    """The event-file writer behind a ``TensorBoardLogger`` (what Lightning's own ``log_hyperparams`` uses)."""
+    experiment = getattr(logger, "experiment", None)
+    getter = getattr(experiment, "_get_file_writer", None)
+    return getter() if callable(getter) else None

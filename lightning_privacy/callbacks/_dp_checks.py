@@ -1,0 +1,132 @@
+"""DPSGD's self-checks on its first steps, and its opt-in clipping telemetry.
+
+Self-checks (``check_*``) re-derive, from what Opacus left on the parameters, that privacy is really applied:
+every trainable parameter has per-sample gradients; the summed gradient is the sum of per-sample gradients clipped
+to the callback's C; the noise added has standard deviation σ·C. They raise ``MisconfigurationException`` naming
+the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
+covered by the DP guarantee.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Sequence
+
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+__all__ = [
+    "ClippingStats",
+    "check_clipping_and_noise",
+    "check_per_sample_gradients",
+    "per_sample_norms",
+]
+
+# A noise standard deviation is accepted when it is within this many standard errors (of a sample standard
+# deviation over n coordinates, ≈ σ/√(2n)) of σ·C, and within a factor of two in any case.
+NOISE_TOLERANCE_SE = 8.0
+
+
+def _grad_sample(param: torch.Tensor) -> torch.Tensor:
+    sample = param.grad_sample
+    if isinstance(sample, (list, tuple)):  # several forward passes before one step
+        sample = torch.cat(list(sample), dim=0)
+    return sample
+
+
+def per_sample_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-sample gradient norms over all ``params`` (as Opacus' ``DPOptimizer.clip_and_accumulate`` computes them)."""
+    samples = [_grad_sample(p) for p in params]
+    if not samples or samples[0].shape[0] == 0:
+        return torch.zeros(0)
+    per_param = [g.reshape(len(g), -1).to(torch.float64).norm(2, dim=-1) for g in samples]
+    return torch.stack(per_param, dim=1).norm(2, dim=1)
+
+
+def check_per_sample_gradients(params: Sequence[torch.Tensor], param_names: Dict[int, str]) -> None:
+    """Every trainable parameter the optimizer updates carries a per-sample gradient of the batch's size."""
+    sizes = set()
+    for param in params:
+        name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
+        if getattr(param, "grad_sample", None) is None:
+            raise MisconfigurationException(
+                f"DP-SGD self-check: trainable parameter `{name}` has no per-sample gradient, so it would be updated "
+                "without clipping and the privacy accounting would be wrong. Its layer type may have no Opacus grad "
+                "sampler, or it is unused in the forward pass: freeze it (requires_grad=False) or replace the layer."
+            )
+        sizes.add(int(_grad_sample(param).shape[0]))
+    if len(sizes) > 1:
+        raise MisconfigurationException(
+            f"DP-SGD self-check: per-sample gradients disagree on the batch size ({sorted(sizes)}); a parameter is "
+            "used by several forward passes or on inputs of another batch dimension."
+        )
+
+
+def check_clipping_and_noise(
+    params: Sequence[torch.Tensor],
+    param_names: Dict[int, str],
+    *,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    scale: float,
+) -> None:
+    """The summed gradient is the sum of clipped per-sample gradients and the noise has std σ·C.
+
+    Runs in the optimizer's step hook, after Opacus' clip → noise → scale: ``p.summed_grad`` is the clipped sum,
+    ``p.grad · scale − p.summed_grad`` is the noise (``scale`` undoes the mean reduction).
+    """
+    norms = per_sample_norms(params)
+    factors = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    bound = max_grad_norm * max(1, int(norms.numel()))
+    noise_sq, noise_count = 0.0, 0
+    total_sq = 0.0
+    for param in params:
+        name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
+        summed = param.summed_grad.to(torch.float64)
+        sample = _grad_sample(param).to(torch.float64)
+        expected = torch.einsum("i,i...->...", factors, sample) if sample.shape[0] else torch.zeros_like(summed)
+        tolerance = 1e-4 * (float(expected.norm()) + max_grad_norm)
+        if float((summed - expected.reshape(summed.shape)).norm()) > tolerance:
+            raise MisconfigurationException(
+                f"DP-SGD self-check: the gradient of `{name}` is not the sum of its per-sample gradients clipped to "
+                f"max_grad_norm={max_grad_norm:g}; clipping is not applied as configured."
+            )
+        total_sq += float(summed.pow(2).sum())
+        noise = param.grad.to(torch.float64).reshape(summed.shape) * scale - summed
+        noise_sq += float(noise.pow(2).sum())
+        noise_count += noise.numel()
+    if math.sqrt(total_sq) > bound * (1 + 1e-4):
+        raise MisconfigurationException(
+            f"DP-SGD self-check: the clipped gradient sum has norm {math.sqrt(total_sq):.4g} > batch size × "
+            f"max_grad_norm = {bound:.4g}."
+        )
+    expected_std = noise_multiplier * max_grad_norm
+    std = math.sqrt(noise_sq / max(1, noise_count))
+    slack = NOISE_TOLERANCE_SE / math.sqrt(2 * max(1, noise_count))
+    # The noise is read back as grad·scale − summed_grad, in the parameters' precision: allow its rounding error.
+    eps = max(torch.finfo(p.dtype).eps if p.dtype.is_floating_point else 0.0 for p in params)
+    rounding = 16 * eps * (math.sqrt(total_sq / max(1, noise_count)) + expected_std)
+    low = expected_std * max(0.5, 1 - slack) - rounding
+    high = expected_std * min(2.0, 1 + slack) + rounding
+    if not low <= std <= high:
+        raise MisconfigurationException(
+            f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
+            f"{noise_count} coordinates, but noise_multiplier × max_grad_norm = {expected_std:.4g}; the gradients "
+            "are not noised as configured."
+        )
+
+
+class ClippingStats:
+    """Per-sample gradient norms of one epoch (opt-in telemetry; data-dependent, not covered by DP)."""
+
+    def __init__(self) -> None:
+        self.norms: List[torch.Tensor] = []
+
+    def update(self, params: Sequence[torch.Tensor]) -> None:
+        self.norms.append(per_sample_norms(params).detach().cpu())
+
+    def reset(self) -> None:
+        self.norms = []
+
+    def values(self) -> torch.Tensor:
+        return torch.cat(self.norms) if self.norms else torch.zeros(0, dtype=torch.float64)

@@ -1,0 +1,117 @@
+"""DPSGD's self-checks (each broken on purpose) and its opt-in clipping telemetry."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_privacy import DPSGD, names
+from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
+
+
+class Breaker(Callback):
+    """Breaks one part of DP-SGD after DPSGD wired it (placed before DPSGD in the callback list)."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def on_train_start(self, trainer, pl_module):
+        optimizer = trainer.optimizers[0]
+        if self.what == "clipping":
+            optimizer.max_grad_norm = 1e6  # the optimizer no longer clips to the callback's C
+        elif self.what == "noise":
+            optimizer.noise_multiplier = 0.0
+        elif self.what == "accountant":
+            optimizer.step_hook = None  # steps happen, nothing is accounted
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.what == "grad_sample":
+            dict(pl_module.named_parameters())["net.2.weight"].grad_sample = None
+
+
+def _fit(what, **dpsgd):
+    torch.manual_seed(0)
+    t = trainer([Breaker(what), DPSGD(**{"noise_multiplier": 1.0, **dpsgd})], max_epochs=1)
+    t.fit(tiny_module(), train_dataloaders=tiny_loader())
+    return t
+
+
+def test_untouched_run_passes_every_check():
+    t = _fit(None)
+    assert t.global_step > 0
+
+
+def test_missing_per_sample_gradient_names_the_parameter():
+    with pytest.raises(MisconfigurationException, match=r"`net\.2\.weight` has no per-sample gradient"):
+        _fit("grad_sample")
+
+
+def test_unclipped_gradients_are_caught():
+    with pytest.raises(MisconfigurationException, match=r"not the sum of its per-sample gradients clipped"):
+        _fit("clipping", max_grad_norm=1e-3)
+
+
+def test_missing_noise_is_caught():
+    with pytest.raises(MisconfigurationException, match=r"not noised as configured"):
+        _fit("noise")
+
+
+def test_unaccounted_steps_are_caught():
+    with pytest.raises(MisconfigurationException, match=r"accountant recorded 0 steps .* took 8"):
+        _fit("accountant")
+
+
+@pytest.mark.parametrize("max_grad_norm, expected", [(1e6, 0.0), (1e-6, 1.0)])
+def test_clip_fraction_extremes(max_grad_norm, expected, tmp_path):
+    torch.manual_seed(0)
+    dp = DPSGD(noise_multiplier=1e-6, max_grad_norm=max_grad_norm, log_clipping=True)
+    t = trainer([dp], tmp_path, max_epochs=2, logger=TensorBoardLogger(tmp_path))
+    t.fit(tiny_module(), train_dataloaders=tiny_loader())
+    assert t.callback_metrics[names.DP_CLIP_FRACTION].item() == expected
+    assert t.callback_metrics[names.DP_GRAD_NORM_MEDIAN].item() > 0
+
+
+def test_clipping_telemetry_matches_a_direct_computation(tmp_path):
+    """Median and clip fraction equal those of per-sample gradients recomputed one example at a time."""
+
+    class Recorder(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            model = tiny_module()
+            model.load_state_dict(pl_module.state_dict())
+            for x, y in zip(*batch):
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[None]), y[None]).backward()
+                self.norms.append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+
+    torch.manual_seed(0)
+    recorder = Recorder()
+    recorder.norms = []
+    c = 0.5
+    t = trainer([DPSGD(noise_multiplier=1.0, max_grad_norm=c, log_clipping=True), recorder], tmp_path, max_epochs=1)
+    t.fit(tiny_module(), train_dataloaders=tiny_loader())
+    norms = torch.tensor(recorder.norms, dtype=torch.float64)
+    assert t.callback_metrics[names.DP_CLIP_FRACTION].item() == pytest.approx(float((norms > c).double().mean()))
+    assert t.callback_metrics[names.DP_GRAD_NORM_MEDIAN].item() == pytest.approx(float(norms.median()), rel=1e-4)
+
+
+def test_log_clipping_must_be_a_bool():
+    with pytest.raises(MisconfigurationException, match="`log_clipping` must be True or False, got 'yes'"):
+        DPSGD(noise_multiplier=1.0, log_clipping="yes")
+
+
+def test_importing_the_package_leaves_the_matplotlib_backend_alone():
+    code = (
+        "import matplotlib; matplotlib.use('svg')\n"
+        "import importlib, pkgutil, lightning_privacy\n"
+        "for m in pkgutil.walk_packages(lightning_privacy.__path__, 'lightning_privacy.'):\n"
+        "    if 'sdv' not in m.name: importlib.import_module(m.name)\n"
+        "from lightning_privacy.callbacks._plots import bayes_security_figure\n"
+        "bayes_security_figure([{'epoch': 0, 'closed': 0.9, 'exact': 0.89}], {'privacy/mia_bayes_security': 0.89})\n"
+        "print(matplotlib.get_backend())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "svg"
