@@ -19,6 +19,7 @@ import sys
 from typing import Sequence
 
 import lightning_privacy.commands as _commands
+from lightning_privacy import __version__
 
 
 def _discover() -> list:
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lightning-privacy",
         description="Privacy risk, measured: DP-SGD bounds, audits and estimates for Lightning models.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     top = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     groups: dict = {}
     for module in _discover():

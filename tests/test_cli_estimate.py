@@ -59,3 +59,12 @@ def test_console_script_runs():
         [sys.executable, "-m", "lightning_privacy.cli", *WORKED], check=True, capture_output=True, text=True
     ).stdout
     assert "Bayesian (joint posterior)       0.522" in out
+
+
+def test_version_flag_prints_the_package_version():
+    from lightning_privacy import __version__
+
+    out = subprocess.run(
+        [sys.executable, "-m", "lightning_privacy.cli", "--version"], check=True, capture_output=True, text=True
+    ).stdout
+    assert out.strip() == f"lightning-privacy {__version__}"
