@@ -49,5 +49,12 @@ PROFILE_APPROXIMATION_BOUND = "audit/profile_approximation_bound"  # bound on â€
 PROFILE_LOSSES = "audit/profile_losses"  # histogram of |l|
 PROFILE_TOP_ROWS = "audit/profile_top_rows"  # text table of the most exposed rows
 PROFILE_FIGURE = "audit/profile_transition"  # figure: typical profile across Îµ
+EPSILON_STAR_MEMBER_LOSSES = "audit/epsilon_star/member_losses"  # histogram of the member losses
+EPSILON_STAR_NONMEMBER_LOSSES = "audit/epsilon_star/nonmember_losses"  # histogram of the non-member losses
+EPSILON_STAR_FIGURE = "audit/epsilon_star/transformed_fits"  # figure: transformed losses and Normal fits
+EPSILON_STAR_SUMMARY = "audit/epsilon_star/summary"  # text: the Epsilon* table
+PANORAMIA_FIGURE = "audit/panoramia_epsilon/curves"  # figure: precision-recall and bounds over recall
+PANORAMIA_SUMMARY = "audit/panoramia_epsilon/summary"  # text: the numbers, their meaning, the most real rows
+PRIVACY_REPORT = "privacy/report"  # text: the end-of-training privacy report (lightning_privacy.report)
 
 ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
