@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
@@ -16,6 +16,7 @@ from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis.bayes_security import ai_bayes_security
+from lightning_privacy.callbacks._attribute_checks import CandidateCheck, look_up_attribute
 from lightning_privacy.callbacks._opacus import (
     accountant_history,
     dp_optimizers,
@@ -63,8 +64,18 @@ class AttributeInferenceMonitor(Callback):
     :class:`~lightning_privacy.PrivacyBudgetStopping` with ``threat="ai"`` calls
     :meth:`bayes_security_after_next_step`, which assumes the worst case R = 2C for the next step.
 
+    The attribute is a :class:`~lightning_privacy.functional.attributes.SensitiveAttribute` or the NAME of
+    one, looked up at setup with the datamodule's ``sensitive_attribute(name)`` (what
+    :class:`~lightning_privacy.data.AdultDataModule` offers), so ``attribute: age`` works in a
+    LightningCLI config. The candidates must be on the model's input scale: on its first steps the
+    monitor compares the values it will write with what the batch holds there and raises when they are
+    far outside the column's observed range (raw ages into a standardised column) or a one-hot group's
+    columns are not 0/1; the rule is in :mod:`lightning_privacy.functional.attributes`. Custom
+    attributes cannot be checked.
+
     Args:
-        attribute: the :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`.
+        attribute: a :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`, or the name of
+            one for the datamodule's ``sensitive_attribute(name)``.
         method: ``"approximate"`` (upper bound on R_t, safe side, O(|A|)) or ``"exact"`` (diameter).
         values: ``"all"``, ``"extremes"`` (domain knowledge, Section 5.4) or a subset of values.
         publish: log per-step R_t (``privacy/ai_sensitivity``) and do not warn.
@@ -75,29 +86,36 @@ class AttributeInferenceMonitor(Callback):
             all-``nn.Linear`` models); see :func:`~lightning_privacy.functional.attribute_sensitivity.attribute_sensitivity`.
         key: metric key for β*_AI (change it when several monitors run side by side).
         accountant: an Opacus accountant to read instead of finding it through the trainer.
+        check_candidates: check the candidates against the first batches (turn off only for
+            deliberately out-of-range candidates).
 
     Attributes:
         segments: run-length state ``[{noise_multiplier, sample_rate, steps, sum_sq, measured}]``.
         max_sensitivity: the largest measured R_t.
 
     Raises:
-        MisconfigurationException: for bad arguments or when training is not Opacus DP-SGD.
+        MisconfigurationException: for bad arguments, when training is not Opacus DP-SGD, when a name
+            cannot be looked up, or when the candidates do not fit the data.
 
     Example::
 
         >>> from lightning_privacy import AttributeInferenceMonitor
-        >>> from lightning_privacy.functional.attributes import SensitiveAttribute
-        >>> age = SensitiveAttribute.numeric(column=0, values=range(17, 91), name="age")
-        >>> monitor = AttributeInferenceMonitor(attribute=age, method="approximate")
+        >>> monitor = AttributeInferenceMonitor(attribute="age")  # AdultDataModule.sensitive_attribute("age")
         >>> monitor.state_key
         "AttributeInferenceMonitor{'attribute': 'age', 'method': 'approximate', 'values': 'all', 'key': 'privacy/ai_bayes_security'}"
-        >>> # Trainer(callbacks=[DPSGD(noise_multiplier=3.5), monitor]).fit(model, datamodule)
+        >>> # Trainer(callbacks=[DPSGD(noise_multiplier=3.5), monitor]).fit(model, datamodule=AdultDataModule())
+        >>> # Or, with the datamodule at hand (raw ages 17..90, written standardised like the input column):
+        >>> from lightning_privacy.data import AdultDataModule
+        >>> dm = AdultDataModule()
+        >>> dm.setup("fit")
+        >>> AttributeInferenceMonitor(attribute=dm.sensitive_attribute("age"), values="extremes").tracked_attribute
+        SensitiveAttribute.numeric(name='age', column=0, |A|=2, values=(17, 90))
     """
 
     def __init__(
         self,
         *,
-        attribute: SensitiveAttribute,
+        attribute: Union[SensitiveAttribute, str],
         method: str = "approximate",
         values: Union[str, Sequence[Any]] = "all",
         publish: bool = False,
@@ -107,19 +125,23 @@ class AttributeInferenceMonitor(Callback):
         backend: str = "auto",
         key: str = names.AI_BAYES_SECURITY,
         accountant: Optional[IAccountant] = None,
+        check_candidates: bool = True,
     ) -> None:
-        if not isinstance(attribute, SensitiveAttribute):
-            raise MisconfigurationException(f"`attribute` must be a SensitiveAttribute, got {attribute!r}")
+        if not isinstance(attribute, SensitiveAttribute) and not (isinstance(attribute, str) and attribute):
+            raise MisconfigurationException(
+                f"`attribute` must be a SensitiveAttribute or the name of one (for the datamodule's "
+                f"`sensitive_attribute(name)`), got {attribute!r}"
+            )
         if method not in METHODS:
             raise MisconfigurationException(f"`method` can be {' or '.join(METHODS)}, got {method!r}")
-        try:
-            self.tracked_attribute = attribute.select(values)
-        except (TypeError, ValueError) as err:
-            raise MisconfigurationException(
-                f"`values`={values!r} does not fit attribute {attribute.name!r}: {err}"
-            ) from err
-        if not isinstance(publish, bool):
-            raise MisconfigurationException(f"`publish` must be a bool, got {publish!r}")
+        if (isinstance(values, str) and values not in ("all", "extremes")) or not isinstance(values, Iterable):
+            raise MisconfigurationException(f"`values` can be 'all', 'extremes' or a sequence, got {values!r}")
+        self.values = values if isinstance(values, str) else list(values)
+        self.attribute = attribute
+        self.tracked_attribute = self._select(attribute) if isinstance(attribute, SensitiveAttribute) else None
+        for name, flag in (("publish", publish), ("check_candidates", check_candidates)):
+            if not isinstance(flag, bool):
+                raise MisconfigurationException(f"`{name}` must be a bool, got {flag!r}")
         if chunk_size is not None and (
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
         ):
@@ -131,9 +153,7 @@ class AttributeInferenceMonitor(Callback):
         for name, fn in (("loss_fn", loss_fn), ("batch_to_inputs_targets", batch_to_inputs_targets)):
             if fn is not None and not callable(fn):
                 raise MisconfigurationException(f"`{name}` must be callable, got {fn!r}")
-        self.attribute = attribute
         self.method = method
-        self.values = values if isinstance(values, str) else list(values)
         self.publish = publish
         self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
         self.batch_to_inputs_targets = batch_to_inputs_targets or default_batch_to_inputs_targets
@@ -141,6 +161,8 @@ class AttributeInferenceMonitor(Callback):
         self.backend = backend
         self.key = key
         self.accountant = accountant
+        self.check_candidates = check_candidates
+        self._check: Optional[CandidateCheck] = None
         self.segments: List[Dict[str, Any]] = []
         self.max_sensitivity, self.max_grad_norm = 0.0, None
         self._twin, self._batch, self._pending, self._warned = None, None, None, False
@@ -149,7 +171,8 @@ class AttributeInferenceMonitor(Callback):
     @override
     def state_key(self) -> str:
         values = self.values if isinstance(self.values, str) else repr(self.values)
-        return self._generate_state_key(attribute=self.attribute.name, method=self.method, values=values, key=self.key)
+        name = self.attribute if isinstance(self.attribute, str) else self.attribute.name
+        return self._generate_state_key(attribute=name, method=self.method, values=values, key=self.key)
 
     # ------------------------------------------------------------------------------ results
     @property
@@ -245,11 +268,26 @@ class AttributeInferenceMonitor(Callback):
                 self.max_sensitivity = max(self.max_sensitivity, self._pending)
         self._pending = None
 
+    # ------------------------------------------------------------------------------ attribute
+    def _select(self, attribute: SensitiveAttribute) -> SensitiveAttribute:
+        try:
+            return attribute.select(self.values)
+        except (TypeError, ValueError) as err:
+            raise MisconfigurationException(
+                f"`values`={self.values!r} does not fit attribute {attribute.name!r}: {err}"
+            ) from err
+
     # ------------------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if isinstance(self.attribute, str):
+            self.tracked_attribute = self._select(look_up_attribute(trainer, self.attribute))
+
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._twin = None
         self._pending = None
+        self._check = CandidateCheck(self.tracked_attribute, enabled=self.check_candidates)
         if not self.publish and not self._warned:
             rank_zero_warn(
                 f"AttributeInferenceMonitor: {names.AI_BAYES_SECURITY} is data-dependent; publishing it can leak the "
@@ -273,6 +311,8 @@ class AttributeInferenceMonitor(Callback):
             )
         self._set_max_grad_norm(optimizer.max_grad_norm)
         inputs, targets = self.batch_to_inputs_targets(self._batch)
+        if self._check is not None and not self._check.done:
+            self._check.update(trainer, inputs)
         if self._twin is None:
             self._twin = hook_free_twin(pl_module)
         sync_training_mode(self._twin, pl_module)

@@ -44,6 +44,12 @@ class AdultDataModule(pl.LightningDataModule):
         >>> x, y = next(iter(dm.train_dataloader()))
         >>> tuple(x.shape), y.dtype
         ((256, 104), torch.int64)
+        >>> dm.hparams  # saved: in checkpoints, hparams.yaml and TensorBoard's HPARAMS
+        "batch_size":   256
+        "num_workers":  0
+        "path":         None
+        "seed":         0
+        "val_fraction": 0.1
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class AdultDataModule(pl.LightningDataModule):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive int, got {batch_size!r}")
         split_indices(1, val_fraction, seed)  # validates val_fraction
+        self.save_hyperparameters()  # in checkpoints (datamodule_hyper_parameters), hparams.yaml and HPARAMS
         self.path = path
         self.batch_size = batch_size
         self.val_fraction = val_fraction

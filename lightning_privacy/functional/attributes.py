@@ -14,6 +14,27 @@ with each candidate value ``a ∈ A``. :class:`SensitiveAttribute` describes ``A
 
 :meth:`SensitiveAttribute.expand` turns a batch ``(B, ...)`` into ``(B, |A|, ...)``: row ``b`` repeated
 once per candidate value, in the order of :attr:`SensitiveAttribute.values`.
+
+Checking candidates against the data (:func:`observed_values`, :func:`check_candidates`): candidates on
+the wrong scale (raw ages 17..90 written into Adult's standardised age column, which holds about
+-1.6..3.9) make every substituted example an outlier; the bound is then computed for the wrong
+question and overstates privacy, without any error. The check compares the values the attribute
+writes with what the batch holds where it writes them:
+
+- numeric: with ``[lo, hi]`` the column's observed range and ``w = hi - lo`` its span, the candidates
+  (as written, i.e. after ``encode``) are *far outside* when their span exceeds ``100 w`` (wrong unit,
+  e.g. raw incomes into a standardised column) or when more than half of them lie outside
+  ``[lo - w, hi + w]`` (wrong location or unit, e.g. raw ages). A batch says little about a column's
+  range, so the check waits for at least 128 finite values with at least 3 distinct ones (several
+  batches if they are small) and its thresholds are generous. On Adult (tested on random batches of
+  128 and 256 rows), every numeric column's correctly encoded candidates, all or the extremes, pass,
+  heavy tails (capital-gain) included, while the raw candidates of age, fnlwgt, capital-gain,
+  capital-loss and hours-per-week fail. It cannot catch every mistake: a wrong scale whose
+  candidates still mostly overlap the data passes (raw education-num 1..16 against its standardised
+  -3.5..2.3 on some batches; raw extremes of which one falls inside the data);
+- one-hot: the group's columns must hold only 0 and 1, with at most one 1 per row;
+- custom: ``substitute`` is the user's own function; what it writes cannot be compared with the
+  batch, so it is not checked.
 """
 
 from __future__ import annotations
@@ -24,9 +45,18 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
-__all__ = ["SensitiveAttribute", "KINDS"]
+__all__ = ["SensitiveAttribute", "KINDS", "observed_values", "check_candidates"]
 
 KINDS = ("numeric", "one_hot", "custom")
+#: the numeric check decides once it has seen this many finite values of the column ...
+CHECK_MIN_VALUES = 128
+#: ... with at least this many distinct ones (a nearly constant sample tells nothing about the range)
+CHECK_MIN_DISTINCT = 3
+#: candidates' span above this multiple of the column's observed span: wrong unit
+CHECK_SPAN_FACTOR = 100.0
+#: a candidate more than this many observed spans beyond the observed range is outside
+CHECK_MARGIN = 1.0
+_ONE_HOT_TOLERANCE = 1e-6
 ValuesSpec = Union[str, Sequence[Any], None]
 
 
@@ -391,3 +421,113 @@ def _same_value(a: Any, b: Any) -> bool:
         return bool(a == b)
     except (TypeError, ValueError, RuntimeError):
         return a is b
+
+
+# ------------------------------------------------------------------------------ candidates vs data
+def observed_values(attribute: SensitiveAttribute, inputs: Any) -> Optional[torch.Tensor]:
+    """What ``inputs`` hold where ``attribute`` writes: a detached float64 CPU tensor, or ``None``.
+
+    Numeric attributes give every value of the column (1-D); one-hot groups give ``(rows, group
+    columns)``; custom attributes give ``None`` (their ``substitute`` cannot be read).
+
+    Raises:
+        ValueError: when a numeric or one-hot attribute does not fit the inputs (see :meth:`SensitiveAttribute.expand`).
+
+    Example::
+
+        >>> observed_values(SensitiveAttribute.numeric(column=1, values=[0, 1]), torch.tensor([[5.0, 0.5], [6.0, 2.0]]))
+        tensor([0.5000, 2.0000], dtype=torch.float64)
+    """
+    if attribute.kind == "custom":
+        return None
+    x = attribute._check_tabular(inputs).detach()
+    if attribute.kind == "numeric":
+        return x[..., attribute.column].reshape(-1).to(device="cpu", dtype=torch.float64)
+    columns = list(attribute.columns)
+    return x[..., columns].reshape(-1, len(columns)).to(device="cpu", dtype=torch.float64)
+
+
+def check_candidates(attribute: SensitiveAttribute, observed: Optional[torch.Tensor]) -> Optional[bool]:
+    """Whether the values ``attribute`` writes fit what its column(s) hold (rule: module docstring).
+
+    Args:
+        attribute: the attribute whose candidates are checked.
+        observed: :func:`observed_values` of one or more batches (concatenated along dim 0).
+
+    Returns:
+        ``True`` when they fit; ``None`` when the data are too few to tell (numeric: fewer than
+        ``CHECK_MIN_VALUES`` finite values or fewer than ``CHECK_MIN_DISTINCT`` distinct ones) or the
+        attribute is custom.
+
+    Raises:
+        ValueError: when the candidates are far outside the column's observed range (numeric), or the
+            group's columns hold values other than 0/1 or several 1s in one row (one-hot). The message
+            names the attribute, the column's observed range and the candidates' range.
+
+    Example::
+
+        >>> column = torch.linspace(-1.6, 3.9, 200, dtype=torch.float64)  # a standardised age column
+        >>> check_candidates(SensitiveAttribute.numeric(column=0, values=[-1.5, 0.0, 3.5]), column)
+        True
+        >>> check_candidates(SensitiveAttribute.numeric(column=0, values=range(17, 91), name="age"), column)
+        Traceback (most recent call last):
+        ...
+        ValueError: The candidate values of attribute 'age' are far outside what input column 0 holds: ...
+        >>> check_candidates(SensitiveAttribute.numeric(column=0, values=[0, 1]), column[:10]) is None
+        True
+    """
+    if attribute.kind == "custom" or observed is None:
+        return None
+    if attribute.kind == "one_hot":
+        return _check_one_hot(attribute, observed)
+    values = observed[torch.isfinite(observed)]
+    if values.numel() < CHECK_MIN_VALUES or values.unique().numel() < CHECK_MIN_DISTINCT:
+        return None
+    lo, hi = float(values.min()), float(values.max())
+    span = hi - lo
+    written = attribute._encoded
+    low, high = float(written.min()), float(written.max())
+    outside = int(((written < lo - CHECK_MARGIN * span) | (written > hi + CHECK_MARGIN * span)).sum())
+    reasons = []
+    if high - low > CHECK_SPAN_FACTOR * span:
+        reasons.append(
+            f"their span {high - low:.4g} is more than {CHECK_SPAN_FACTOR:g} times the column's span {span:.4g}"
+        )
+    if 2 * outside > attribute.size:
+        reasons.append(
+            f"{outside} of the {attribute.size} lie more than {CHECK_MARGIN:g} observed span beyond that range, "
+            f"outside [{lo - CHECK_MARGIN * span:.4g}, {hi + CHECK_MARGIN * span:.4g}]"
+        )
+    if not reasons:
+        return True
+    raw = min(attribute.values), max(attribute.values)
+    how = (
+        "as given (no `encode`)" if attribute.encode is None else f"from raw values {raw[0]:g}..{raw[1]:g} by `encode`"
+    )
+    raise ValueError(
+        f"The candidate values of attribute {attribute.name!r} are far outside what input column {attribute.column} "
+        f"holds: the column's observed range is [{lo:.4g}, {hi:.4g}] ({values.numel()} values), while the "
+        f"{attribute.size} candidates, written {how}, range over [{low:.4g}, {high:.4g}]; {' and '.join(reasons)}."
+    )
+
+
+def _check_one_hot(attribute: SensitiveAttribute, observed: torch.Tensor) -> Optional[bool]:
+    if observed.shape[0] == 0:
+        return None
+    tol = _ONE_HOT_TOLERANCE
+    binary = (observed.abs() <= tol) | ((observed - 1).abs() <= tol)
+    where = f"attribute {attribute.name!r} is a one-hot group over input columns {attribute.columns}, but"
+    if not bool(binary.all()):
+        row, col = (int(i) for i in (~binary).nonzero()[0])
+        raise ValueError(
+            f"The {where} the batch holds values other than 0 and 1 there: the columns range over "
+            f"[{float(observed.min()):.4g}, {float(observed.max()):.4g}] (e.g. {float(observed[row, col]):.4g} in "
+            f"column {attribute.columns[col]}), while the candidates write 0 and 1."
+        )
+    several = int((observed.sum(dim=1) > 1 + tol).sum())
+    if several:
+        raise ValueError(
+            f"The {where} {several} of {observed.shape[0]} rows of the batch hold a 1 in several of these columns: "
+            "they are not one one-hot group."
+        )
+    return True

@@ -11,9 +11,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import DPSGD, AttributeInferenceMonitor, BayesSecurityMonitor, PrivacyBudgetStopping, names
 from lightning_privacy.analysis import bayes_security as bs
+from lightning_privacy.data import AdultDataModule
 from lightning_privacy.functional.attribute_sensitivity import attribute_sensitivity
 from lightning_privacy.functional.attributes import SensitiveAttribute
-from tests.callbacks._tiny import BATCH, N, TinyDataModule, tiny_module, trainer
+from lightning_privacy.models import TabularMLP
+from tests.callbacks._tiny import BATCH, N, TinyDataModule, tiny_loader, tiny_module, trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:AttributeInferenceMonitor.*Section 5.3")
 ATTR = SensitiveAttribute.numeric(column=0, values=[-2.0, -1.0, 0.0, 1.0, 2.0], name="x0")
@@ -176,7 +178,11 @@ def test_non_private_training_is_rejected(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(attribute="age"), "`attribute`"),
+        (dict(attribute=""), "`attribute`"),
+        (dict(attribute=3), "`attribute`"),
+        (dict(attribute="age", values="middle"), "`values`"),
+        (dict(attribute="age", values=7), "`values`"),
+        (dict(check_candidates="no"), "`check_candidates`"),
         (dict(method="full"), "`method`"),
         (dict(values="middle"), "`values`"),
         (dict(publish="yes"), "`publish`"),
@@ -228,3 +234,92 @@ def test_two_process_ddp_training_tracks_r_t(tmp_path):
     t.fit(tiny_module(), datamodule=TinyDataModule())
     ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
     assert mia < ai < 1.0
+
+
+# ------------------------------------------------------------------------------ attribute by name, candidate check
+@pytest.fixture(scope="module")
+def adult():
+    dm = AdultDataModule(batch_size=256)
+    dm.setup("fit")
+    return dm
+
+
+def _fit_adult(adult, callbacks, tmp_path, batches=2):
+    t = trainer([DPSGD(noise_multiplier=SIGMA), *callbacks], tmp_path, max_epochs=1, limit_train_batches=batches)
+    t.fit(TabularMLP(adult.num_features, hidden=(16,)), datamodule=adult)
+    return t
+
+
+def test_raw_ages_into_the_standardised_column_fail_with_the_fix(adult, tmp_path):
+    raw_ages = SensitiveAttribute.numeric(column=0, values=range(17, 91), name="age")  # no encode: raw years
+    with pytest.raises(MisconfigurationException) as info:
+        _fit_adult(adult, [AttributeInferenceMonitor(attribute=raw_ages)], tmp_path)
+    message = str(info.value)
+    for part in (
+        "attribute 'age'",
+        "input column 0",
+        "observed range is [-1.",  # the standardised column ...
+        "range over [17, 90]",  # ... and the raw candidates
+        "datamodule.sensitive_attribute('age')",
+        "attribute: age",
+        "`encode=`",
+        "check_candidates=False",
+    ):
+        assert part in message, (part, message)
+
+
+def test_name_and_datamodule_attribute_pass_the_check_and_agree(adult, tmp_path):
+    by_name = AttributeInferenceMonitor(attribute="age")
+    by_object = AttributeInferenceMonitor(
+        attribute=adult.sensitive_attribute("age"), key=names.AI_BAYES_SECURITY + "_o"
+    )
+    one_hot = AttributeInferenceMonitor(attribute="race", key=names.AI_BAYES_SECURITY + "_race")
+    t = _fit_adult(adult, [by_name, by_object, one_hot], tmp_path)
+    assert by_name.tracked_attribute.values == tuple(range(17, 91)) and by_name.tracked_attribute.column == 0
+    assert by_name._check.done and by_object._check.done and one_hot._check.done
+    logged = float(t.callback_metrics[names.AI_BAYES_SECURITY])
+    assert 0 < logged < 1 and logged == pytest.approx(float(t.callback_metrics[names.AI_BAYES_SECURITY + "_o"]))
+    assert 0 < float(t.callback_metrics[names.AI_BAYES_SECURITY + "_race"]) < 1
+    assert by_name.state_key == by_object.state_key.replace("_o'", "'")
+
+
+def test_one_hot_attribute_over_columns_that_are_not_one_hot_fails(adult, tmp_path):
+    wrong = SensitiveAttribute.one_hot(columns=[0, 1], values=["a", "b"], name="group")  # age and fnlwgt
+    with pytest.raises(MisconfigurationException, match=r"attribute 'group' is a one-hot group.*other than 0 and 1"):
+        _fit_adult(adult, [AttributeInferenceMonitor(attribute=wrong)], tmp_path)
+    sex, race = adult.encoder.one_hot_groups["sex"], adult.encoder.one_hot_groups["race"]
+    two_groups = SensitiveAttribute.one_hot(columns=[sex.columns[0], race.columns[0], race.columns[-1]], name="mix")
+    with pytest.raises(MisconfigurationException, match=r"rows of the batch hold a 1 in several.*`columns=`"):
+        _fit_adult(adult, [AttributeInferenceMonitor(attribute=two_groups)], tmp_path)
+
+
+def test_the_check_waits_for_enough_rows_then_raises(tmp_path):
+    far = SensitiveAttribute.numeric(column=0, values=[100.0, 200.0, 300.0], name="far")  # tiny data is N(0, 1)
+    t = trainer([DPSGD(noise_multiplier=SIGMA), AttributeInferenceMonitor(attribute=far)], tmp_path, max_epochs=1)
+    with pytest.raises(MisconfigurationException, match="attribute 'far'"):
+        t.fit(tiny_module(), datamodule=TinyDataModule())
+    assert t.global_step >= 2  # batches of ~32 rows: the rule needs 128 values, so it decided at a later step
+
+
+def test_opting_out_and_custom_attributes_are_not_checked(adult, tmp_path):
+    raw_ages = SensitiveAttribute.numeric(column=0, values=[17, 90], name="age")
+    custom = SensitiveAttribute.custom(
+        substitute=lambda x, v: torch.cat([torch.full_like(x[:, :1], v), x[:, 1:]], dim=1), values=[17.0, 90.0]
+    )
+    off = AttributeInferenceMonitor(attribute=raw_ages, check_candidates=False)
+    unchecked = AttributeInferenceMonitor(attribute=custom, key=names.AI_BAYES_SECURITY + "_custom")
+    _fit_adult(adult, [off, unchecked], tmp_path, batches=1)
+    assert off.steps == unchecked.steps == 1 and unchecked._check.done
+
+
+def test_a_name_needs_a_datamodule_with_sensitive_attribute(adult, tmp_path):
+    with pytest.raises(MisconfigurationException, match=r"attribute='age'.*no datamodule"):
+        trainer([DPSGD(noise_multiplier=SIGMA), AttributeInferenceMonitor(attribute="age")], tmp_path).fit(
+            tiny_module(), train_dataloaders=tiny_loader()
+        )
+    with pytest.raises(MisconfigurationException, match=r"attribute='age'.*TinyDataModule has no such method"):
+        _fit([DPSGD(noise_multiplier=SIGMA), AttributeInferenceMonitor(attribute="age")], tmp_path, max_epochs=1)
+    with pytest.raises(MisconfigurationException, match=r"attribute='height'.*failed.*one-hot group"):
+        _fit_adult(adult, [AttributeInferenceMonitor(attribute="height")], tmp_path)
+    with pytest.raises(MisconfigurationException, match=r"`values`=\[200\] does not fit attribute 'age'"):
+        _fit_adult(adult, [AttributeInferenceMonitor(attribute="age", values=[200])], tmp_path)

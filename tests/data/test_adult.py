@@ -62,3 +62,28 @@ def test_datamodule_split_is_deterministic_and_disjoint():
     x, y = dm.train_dataset.tensors
     assert x.shape == (27_146, 104) and y.dtype.is_floating_point is False
     assert len(dm.member_dataloader()) == -(-27_146 // 128)
+
+
+def test_datamodule_saves_its_hyperparameters_in_checkpoints(tmp_path):
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_privacy.models import TabularMLP
+
+    dm = AdultDataModule(batch_size=512, seed=3, val_fraction=0.05)
+    assert dict(dm.hparams) == dict(path=None, batch_size=512, val_fraction=0.05, seed=3, num_workers=0)
+    trainer = pl.Trainer(
+        max_epochs=1,
+        limit_train_batches=1,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(TabularMLP(104, hidden=(8,)), datamodule=dm)
+    trainer.save_checkpoint(tmp_path / "model.ckpt")
+    saved = torch.load(tmp_path / "model.ckpt", weights_only=True)["datamodule_hyper_parameters"]
+    assert saved["batch_size"] == 512 and saved["seed"] == 3
+    again = AdultDataModule.load_from_checkpoint(tmp_path / "model.ckpt")
+    assert (again.batch_size, again.seed, again.val_fraction) == (512, 3, 0.05)

@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from lightning_privacy.data.datamodule import AdultDataModule
-from lightning_privacy.functional.attributes import SensitiveAttribute
+from lightning_privacy.functional.attributes import (
+    CHECK_MIN_VALUES,
+    SensitiveAttribute,
+    check_candidates,
+    observed_values,
+)
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +132,80 @@ def test_adult_one_hot_round_trip(adult):
     assert adult.sensitive_attribute("sex", values=["Male", "Female"]).values == ("Male", "Female")
     with pytest.raises(ValueError, match="numeric column .* or a one-hot group"):
         adult.sensitive_attribute("height")
+
+
+# ------------------------------------------------------------------------------ candidates vs data
+def _batches(adult, size, count, seed=0):
+    x, _ = adult.train_dataset.tensors
+    g = torch.Generator().manual_seed(seed)
+    return [x[torch.randint(0, len(x), (size,), generator=g)] for _ in range(count)]
+
+
+@pytest.mark.parametrize("values", ["all", "extremes"])
+def test_every_correctly_encoded_adult_attribute_fits_random_batches(adult, values):
+    names = [*adult.encoder.numeric_columns, *adult.encoder.one_hot_groups]
+    for batch in _batches(adult, CHECK_MIN_VALUES, 25):
+        for name in names:
+            attribute = adult.sensitive_attribute(name)
+            attribute = attribute.select(values) if attribute.kind == "numeric" else attribute
+            assert check_candidates(attribute, observed_values(attribute, batch)) is True, name
+
+
+@pytest.mark.parametrize("name", ["age", "fnlwgt", "capital-gain", "capital-loss", "hours-per-week"])
+def test_raw_values_into_adult_standardised_columns_are_far_outside(adult, name):
+    encoded = adult.sensitive_attribute(name)
+    raw = SensitiveAttribute.numeric(column=encoded.column, values=encoded.values, name=name)  # no `encode`
+    for batch in _batches(adult, 256, 10):
+        with pytest.raises(ValueError, match=rf"attribute '{name}' are far outside what input column"):
+            check_candidates(raw, observed_values(raw, batch))
+
+
+def test_the_numeric_rule_and_its_message():
+    column = torch.linspace(-1.6, 3.9, 200, dtype=torch.float64)
+    ages = SensitiveAttribute.numeric(column=0, values=range(17, 91), name="age")
+    with pytest.raises(ValueError) as info:
+        check_candidates(ages, column)
+    message = str(info.value)
+    assert "observed range is [-1.6, 3.9] (200 values)" in message and "written as given (no `encode`)" in message
+    assert "range over [17, 90]" in message and "74 of the 74 lie more than 1 observed span" in message
+    encoded = SensitiveAttribute.numeric(column=0, values=range(17, 91), encode=lambda a: (a - 38.4) / 13.1)
+    assert check_candidates(encoded, column) is True
+    # one candidate inside, but a span 10^5 times the column's: wrong unit
+    with pytest.raises(ValueError, match=r"their span 1e\+05 is more than 100 times the column's span 5.5"):
+        check_candidates(SensitiveAttribute.numeric(column=0, values=[0, 99999], name="income"), column)
+    # exactly half of the candidates outside [lo - w, hi + w] still fits; more than half does not
+    assert check_candidates(SensitiveAttribute.numeric(column=0, values=[0.0, 100.0]), column) is True
+    with pytest.raises(ValueError, match="2 of the 3 lie"):
+        check_candidates(SensitiveAttribute.numeric(column=0, values=[0.0, 100.0, 101.0]), column)
+
+
+def test_too_few_or_too_uniform_values_tell_nothing():
+    ages = SensitiveAttribute.numeric(column=0, values=range(17, 91))
+    assert check_candidates(ages, torch.linspace(-1, 1, CHECK_MIN_VALUES - 1, dtype=torch.float64)) is None
+    assert check_candidates(ages, torch.tensor([0.0, 1.0] * CHECK_MIN_VALUES, dtype=torch.float64)) is None
+    nan_padded = torch.cat([torch.linspace(-1, 1, 10), torch.full((CHECK_MIN_VALUES,), float("nan"))])
+    assert check_candidates(ages, nan_padded.double()) is None
+
+
+def test_one_hot_groups_must_hold_zeros_and_ones_one_per_row():
+    group = SensitiveAttribute.one_hot(columns=[1, 2], values=["F", "M"], name="sex")
+    x = torch.tensor([[0.3, 1.0, 0.0], [-2.0, 0.0, 1.0], [5.0, 0.0, 0.0]])  # a row with neither is fine
+    assert observed_values(group, x).shape == (3, 2) and check_candidates(group, observed_values(group, x)) is True
+    with pytest.raises(ValueError, match=r"'sex' is a one-hot group over input columns \(1, 2\).*other than 0 and 1"):
+        check_candidates(group, observed_values(group, x + 0.5))
+    with pytest.raises(ValueError, match="1 of 3 rows of the batch hold a 1 in several"):
+        check_candidates(group, observed_values(group, torch.cat([x[:2], torch.ones(1, 3)])))
+    assert check_candidates(group, observed_values(group, x[:0])) is None
+
+
+def test_custom_attributes_cannot_be_checked():
+    custom = SensitiveAttribute.custom(substitute=lambda x, v: x * v, values=[1e6, 2e6])
+    assert observed_values(custom, torch.ones(4, 2)) is None and check_candidates(custom, None) is None
+
+
+def test_observed_values_of_higher_rank_inputs_and_bad_inputs():
+    attr = SensitiveAttribute.numeric(column=1, values=[0, 1])
+    x = torch.arange(12, dtype=torch.float32).reshape(2, 3, 2)  # (batch, time, features)
+    assert observed_values(attr, x).tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+    with pytest.raises(ValueError, match="floating-point tensor"):
+        observed_values(attr, torch.zeros(2, 3, dtype=torch.long))

@@ -1,0 +1,100 @@
+"""AttributeInferenceMonitor's set-up checks: an attribute by name, and candidates that fit the data.
+
+Kept apart from the monitor so that it stays about its bookkeeping; the rule that decides whether
+candidates fit lives in :mod:`lightning_privacy.functional.attributes` (torch only, no Trainer).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_privacy.functional.attributes import SensitiveAttribute, check_candidates, observed_values
+
+__all__ = ["CandidateCheck", "look_up_attribute"]
+
+#: the candidate check stops (cannot tell) after this many rows without a verdict
+CHECK_MAX_ROWS = 4096
+
+
+def look_up_attribute(trainer: pl.Trainer, name: str) -> SensitiveAttribute:
+    """The attribute ``name`` from the trainer's datamodule's ``sensitive_attribute(name)``.
+
+    Raises:
+        MisconfigurationException: naming the attribute, when there is no datamodule, it has no
+            ``sensitive_attribute`` method, the method fails or returns something else.
+    """
+    datamodule = trainer.datamodule
+    where = (
+        f"AttributeInferenceMonitor(attribute={name!r}) looks the name up with the datamodule's "
+        f"`sensitive_attribute({name!r})`"
+    )
+    instead = "or give `attribute` a SensitiveAttribute"
+    if datamodule is None:
+        raise MisconfigurationException(
+            f"{where}, but the trainer has no datamodule: pass `datamodule=` to `trainer.fit`, {instead}."
+        )
+    method = getattr(datamodule, "sensitive_attribute", None)
+    if not callable(method):
+        raise MisconfigurationException(
+            f"{where}, but {type(datamodule).__name__} has no such method: add `sensitive_attribute(name)` "
+            f"returning a SensitiveAttribute, {instead}."
+        )
+    try:
+        found = method(name)
+    except (KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise MisconfigurationException(f"{where}, which failed: {err}") from err
+    if not isinstance(found, SensitiveAttribute):
+        raise MisconfigurationException(f"{where}, which returned {found!r}, not a SensitiveAttribute.")
+    return found
+
+
+def _fix(attribute: SensitiveAttribute) -> str:
+    look_up = (
+        f"take the attribute from the datamodule, `datamodule.sensitive_attribute({attribute.name!r})` "
+        f"(`attribute: {attribute.name}` in a LightningCLI config), or "
+    )
+    if attribute.kind == "numeric":
+        return (
+            "The candidates must be written on the model's input scale. Fix: " + look_up + "give "
+            "SensitiveAttribute.numeric the column's own encoding as `encode=` (e.g. standardisation)."
+        )
+    return "Fix: " + look_up + "give SensitiveAttribute.one_hot the group's one-hot input columns as `columns=`."
+
+
+class CandidateCheck:
+    """Compares an attribute's candidates with the first batches, until a verdict (then :attr:`done`).
+
+    Numeric columns may need several small batches before the rule decides. Under DDP every rank
+    checks its own batches and the ranks decide together (a failure on one rank raises on all), so that
+    no rank goes on to the monitor's collective alone.
+    """
+
+    def __init__(self, attribute: SensitiveAttribute, enabled: bool = True) -> None:
+        self.attribute = attribute
+        self.done = not enabled
+        self._seen: Optional[torch.Tensor] = None
+
+    def update(self, trainer: pl.Trainer, inputs: Any) -> None:
+        """Add a batch's inputs; raise ``MisconfigurationException`` if the candidates do not fit."""
+        observed = observed_values(self.attribute, inputs)
+        if observed is None:  # custom attribute: what `substitute` writes cannot be compared
+            self.done = True
+            return
+        seen = observed if self._seen is None else torch.cat([self._seen, observed])
+        try:
+            verdict, error = check_candidates(self.attribute, seen), None
+        except ValueError as err:
+            verdict, error = False, err
+        if trainer.strategy.reduce_boolean_decision(error is not None, all=False):
+            what = error or f"on another process, the candidates of attribute {self.attribute.name!r} do not fit."
+            raise MisconfigurationException(
+                f"AttributeInferenceMonitor: {what} {_fix(self.attribute)} "
+                "Pass `check_candidates=False` only if these candidates are deliberate."
+            )
+        decided = verdict is not None or seen.shape[0] >= CHECK_MAX_ROWS
+        self.done = trainer.strategy.reduce_boolean_decision(decided, all=True)
+        self._seen = None if self.done else seen
