@@ -4,20 +4,23 @@
 ``trainer.callbacks``, each value with a one-line plain-language meaning; approximate values (closed
 forms, estimates) are marked as such. :func:`log_privacy_report` also writes it to TensorBoard as text
 (``privacy/report``) and, optionally, to a ``.md`` file.
+
+The audit sections render the audits' results (:mod:`lightning_privacy.audits`): :func:`audit_report`
+gives the same section for a result of a direct call such as ``audit_epsilon_star(model, ...)``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, List, Mapping, Optional, Union
 
 import lightning.pytorch as pl
 
 from lightning_privacy import _CALLBACKS, names
 
-__all__ = ["REPORT_TAG", "log_privacy_report", "privacy_report"]
+__all__ = ["REPORT_TAG", "audit_report", "log_privacy_report", "privacy_report"]
 
-REPORT_TAG = "privacy/report"
+REPORT_TAG = names.PRIVACY_REPORT
 _REPORTED = (
     "DPSGD",
     "BayesSecurityMonitor",
@@ -134,26 +137,16 @@ def _stopping(cb: Any) -> List[tuple]:
     ]
 
 
-def _epsilon_star(cb: Any) -> List[tuple]:
+def _epsilon_star_rows(values: Mapping[str, float]) -> List[tuple]:
     meaning = {
         names.EPSILON_STAR: "estimate (parametric Normal fits), not a bound; empirical privacy of the loss-threshold attack",
         names.EPSILON_STAR_EMPIRICAL: "estimate from the empirical loss distributions, not a bound",
         names.MIA_EPSILON_LOWER: "lower bound (with confidence) on the ε of any DP guarantee, from the same losses",
     }
-    return [(f"`{k}`", f"{v:.4g}", meaning.get(k, "")) for k, v in cb.results.items()] or [("Epsilon*", "—", "not run")]
+    return [(f"`{k}`", f"{v:.4g}", meaning.get(k, "")) for k, v in values.items()] or [("Epsilon*", "—", "not run")]
 
 
-def _panoramia(cb: Any) -> List[tuple]:
-    r = cb.result
-    values = (
-        cb.last_values
-        if r is None
-        else {
-            names.PANORAMIA_EPSILON: r.epsilon,
-            names.PANORAMIA_C_LB: r.c_lb,
-            names.PANORAMIA_C_PLUS_EPSILON_LB: r.c_plus_epsilon_lb,
-        }
-    )
+def _panoramia_rows(values: Mapping[str, float]) -> List[tuple]:
     if not values:
         return [("PANORAMIA", "—", "not run")]
     return [
@@ -175,28 +168,70 @@ def _panoramia(cb: Any) -> List[tuple]:
     ]
 
 
-def _profile(cb: Any) -> List[tuple]:
-    if cb.profile is None or cb.transition is None:
+def _profile_rows(values: Mapping[str, float]) -> List[tuple]:
+    if not values:
         return [("privacy profile", "—", "not run (or not on this rank)")]
-    t = cb.transition
     return [
         (
             "largest row loss",
-            f"{float(cb.profile.losses[-1]):.4g}",
+            f"{values[names.PROFILE_MAX_LOSS]:.4g}",
             "|l| of the most exposed training row (|l|/β without ε)",
         ),
         (
             "recommended ε range",
-            f"[{t.epsilon_low:.3g}, {t.epsilon_high:.3g}]",
+            f"[{values[names.PROFILE_EPSILON_LOW]:.3g}, {values[names.PROFILE_EPSILON_HIGH]:.3g}]",
             "below: no privacy gain; above: no more loss",
         ),
-        ("gradient norm ‖∇J‖", f"{cb.gradient_norm:.3g}", "0 at the optimum the analysis assumes"),
+        ("gradient norm ‖∇J‖", f"{values[names.PROFILE_GRADIENT_NORM]:.3g}", "0 at the optimum the analysis assumes"),
         (
             "approximation bound",
-            f"{cb.approximation_bound:.3g}",
+            f"{values[names.PROFILE_APPROXIMATION_BOUND]:.3g}",
             "bound on the relative error of the worst-case neighbours",
         ),
     ]
+
+
+def _epsilon_star(cb: Any) -> List[tuple]:
+    return _epsilon_star_rows(cb.results)
+
+
+def _panoramia(cb: Any) -> List[tuple]:
+    return _panoramia_rows(cb.result.metrics() if cb.result is not None else cb.last_values)
+
+
+def _profile(cb: Any) -> List[tuple]:
+    return _profile_rows(cb.result.metrics() if cb.result is not None else {})
+
+
+_AUDIT_SECTIONS = {  # result class name -> (title, rows from .metrics())
+    "EpsilonStarResult": ("Epsilon* audit", _epsilon_star_rows),
+    "PanoramiaAuditResult": ("PANORAMIA audit", _panoramia_rows),
+    "PrivacyProfileResult": ("Privacy profile audit", _profile_rows),
+}
+
+
+def audit_report(result: Any) -> str:
+    """The report's Markdown section for one audit result (e.g. of a direct ``audit_epsilon_star`` call).
+
+    Raises:
+        TypeError: for anything but a result of :mod:`lightning_privacy.audits`.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from lightning_privacy.audits import audit_epsilon_star_from_losses
+        >>> rng = np.random.default_rng(0)
+        >>> result = audit_epsilon_star_from_losses(rng.gamma(2, 5, 2000), rng.gamma(3, 5, 2000), delta=1e-4)
+        >>> print(audit_report(result).splitlines()[0])
+        ## Epsilon* audit
+        >>> audit_report(result).splitlines()[4].split(" | ")[:2]
+        ['| `audit/epsilon_star`', '4.122']
+    """
+    for klass in type(result).__mro__:
+        if klass.__name__ in _AUDIT_SECTIONS and klass.__module__.startswith("lightning_privacy.audits"):
+            title, rows = _AUDIT_SECTIONS[klass.__name__]
+            return _table(title, rows(result.metrics()))
+    raise TypeError(f"`result` must be a result of lightning_privacy.audits, got {type(result).__name__}")
 
 
 _SECTIONS = {

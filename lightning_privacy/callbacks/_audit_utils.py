@@ -4,7 +4,12 @@
   ``logger.log_metrics`` of every logger in ``trainer.loggers`` and histograms / figures / text to every
   TensorBoard-like logger (one whose ``experiment`` has ``add_histogram`` etc.), on global rank 0 only.
 - Reading: deterministic, sharded passes over a dataset (each rank gets every ``world_size``-th example,
-  no padding or duplicates), and the training / validation data of a running Trainer.
+  no padding or duplicates; :func:`lightning_privacy.audits._common.sequential_loader`), and the
+  training / validation data of a running Trainer.
+- Running: :func:`skip_audit` (``fast_dev_run``) and :func:`show_progress`.
+
+The audits themselves are plain functions in :mod:`lightning_privacy.audits`; the callbacks only choose
+the data, call them and log the results with these helpers.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+from lightning_privacy.audits._common import sequential_loader
 
 __all__ = [
+    "announce_skip",
     "log_figure",
     "log_histogram",
     "log_scalars",
@@ -23,10 +31,10 @@ __all__ = [
     "member_loader",
     "population_loader",
     "sharded_loader",
+    "show_progress",
+    "skip_audit",
     "tensorboard_experiments",
 ]
-
-DEFAULT_BATCH_SIZE = 256
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -70,49 +78,29 @@ def log_text(trainer: pl.Trainer, tag: str, text: str, step: Optional[int] = Non
         experiment.flush()
 
 
-def log_figure(trainer: pl.Trainer, tag: str, figure: Any, step: Optional[int] = None, close: bool = True) -> None:
-    """A matplotlib ``figure`` on every TensorBoard logger, on global rank 0; closed afterwards."""
-    try:
-        for experiment in tensorboard_experiments(trainer):
-            experiment.add_figure(tag, figure, _step(trainer, step), close=False)
-            experiment.flush()
-    finally:
-        if close:
-            import matplotlib.pyplot as plt
+def log_figure(trainer: pl.Trainer, tag: str, figure: Any, step: Optional[int] = None) -> None:
+    """A ``matplotlib.figure.Figure`` on every TensorBoard logger, on global rank 0.
 
-            plt.close(figure)
+    The figure is not closed: it was built without pyplot (no global figure manager holds it), so it is
+    freed with its last reference, and the caller may still save or show it.
+    """
+    for experiment in tensorboard_experiments(trainer):
+        experiment.add_figure(tag, figure, _step(trainer, step), close=False)
+        experiment.flush()
 
 
 # --- reading ----------------------------------------------------------------------------------
 def sharded_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -> Iterable:
-    """A deterministic pass over ``loader``'s data, this rank's share only.
-
-    With one process a plain ``DataLoader`` over a map-style dataset is rebuilt without shuffling or
-    special samplers (e.g. a Poisson sampler); any other iterable is returned unchanged. With several
-    processes rank ``r`` gets examples ``r, r + world_size, ...`` of the dataset (no padding, no
-    duplicates), which needs a ``DataLoader`` over a map-style dataset.
+    """:func:`~lightning_privacy.audits._common.sequential_loader`, failing as a misconfiguration.
 
     Raises:
         MisconfigurationException: if several processes share an iterable that is not a DataLoader
             over a map-style dataset.
     """
-    dataset = getattr(loader, "dataset", None)
-    if not isinstance(loader, DataLoader) or not isinstance(dataset, Dataset) or isinstance(dataset, IterableDataset):
-        if world_size > 1:
-            raise MisconfigurationException(
-                "Audits under multiple processes need a DataLoader over a map-style dataset to shard, but got "
-                f"{type(loader).__name__} (dataset {type(dataset).__name__})"
-            )
-        return loader
-    if world_size > 1:
-        dataset = Subset(dataset, range(rank, len(dataset), world_size))
-    return DataLoader(
-        dataset,
-        batch_size=loader.batch_size or DEFAULT_BATCH_SIZE,
-        shuffle=False,
-        collate_fn=loader.collate_fn,
-        num_workers=0,
-    )
+    try:
+        return sequential_loader(loader, rank=rank, world_size=world_size)
+    except ValueError as err:
+        raise MisconfigurationException(str(err)) from err
 
 
 def _first(loaders: Any) -> Any:
@@ -157,3 +145,20 @@ def population_loader(trainer: pl.Trainer, given: Optional[Iterable] = None) -> 
             "No non-member data to audit: pass `population_dataloader` or give the Trainer validation data"
         )
     return sharded_loader(source, rank=trainer.global_rank, world_size=trainer.world_size)
+
+
+# --- running ----------------------------------------------------------------------------------
+def skip_audit(trainer: pl.Trainer) -> bool:
+    """Whether post-training audits skip this run: under ``fast_dev_run`` (as Lightning's checkpointing does)."""
+    return bool(getattr(trainer, "fast_dev_run", False))
+
+
+def announce_skip(trainer: pl.Trainer, who: str) -> None:
+    """The one info line a skipped audit prints (call once, e.g. in ``setup``)."""
+    if skip_audit(trainer):
+        rank_zero_info(f"{who}: skipped under `fast_dev_run` (an audit of a one-batch run would mean nothing).")
+
+
+def show_progress(trainer: pl.Trainer) -> bool:
+    """Show a long audit's progress bar (stderr): on global rank 0 when the Trainer shows its own."""
+    return bool(trainer.is_global_zero and trainer.progress_bar_callback is not None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, Optional
 
 import lightning.pytorch as pl
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -13,12 +12,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_privacy import names
-from lightning_privacy.analysis.epsilon_star import (
-    RATIO_NAMES,
-    EpsilonStarDetails,
-    default_delta,
-    epsilon_star_details,
-    transform_losses,
+from lightning_privacy.analysis.epsilon_star import EpsilonStarDetails
+from lightning_privacy.audits._common import unshard
+from lightning_privacy.audits.epsilon_star import (
+    EpsilonStarResult,
+    audit_epsilon_star_from_losses,
+    summary_text,
+    transformed_fit_figure,
 )
 from lightning_privacy.callbacks import _audit_utils as audit
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
@@ -26,49 +26,10 @@ from lightning_privacy.metrics.epsilon_star import EpsilonStar
 
 __all__ = ["EpsilonStarAudit", "transformed_fit_figure"]
 
-MEMBER_LOSSES_TAG = f"{names.EPSILON_STAR}/member_losses"
-NONMEMBER_LOSSES_TAG = f"{names.EPSILON_STAR}/nonmember_losses"
-FIGURE_TAG = f"{names.EPSILON_STAR}/transformed_fits"
-SUMMARY_TAG = f"{names.EPSILON_STAR}/summary"
-
-
-def _membership_epsilon_class() -> Optional[type]:
-    try:  # the estimation metric is optional: the audit works without it
-        from lightning_privacy.metrics.membership_epsilon import MembershipEpsilon
-    except ImportError:  # pragma: no cover - only before the estimation issue landed
-        return None
-    return MembershipEpsilon
-
-
-def transformed_fit_figure(details: EpsilonStarDetails, member_losses: Any, nonmember_losses: Any):
-    """Histograms of the transformed losses ``phi`` of both sets with their fitted Normals (parametric)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from scipy import stats
-
-    low, high = details.loss_min, details.loss_max
-    phi_tr = transform_losses(np.asarray(member_losses, dtype=np.float64), low=low, high=high)
-    phi_pop = transform_losses(np.asarray(nonmember_losses, dtype=np.float64), low=low, high=high)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    bins = np.linspace(min(phi_tr.min(), phi_pop.min()), max(phi_tr.max(), phi_pop.max()), 80)
-    grid = np.linspace(bins[0], bins[-1], 400)
-    for phi, mean, std, label, color in (
-        (phi_tr, details.member_mean, details.member_std, "members (training)", "C0"),
-        (phi_pop, details.nonmember_mean, details.nonmember_std, "non-members (population)", "C1"),
-    ):
-        ax.hist(phi, bins=bins, density=True, alpha=0.35, color=color, label=f"{label}, n = {phi.size}")
-        ax.plot(grid, stats.norm.pdf(grid, mean, std), color=color, label=f"Normal fit N({mean:.3f}, {std:.3f}²)")
-    if details.threshold is not None:
-        phi_tau = transform_losses([details.threshold], low=low, high=high)[0]
-        ax.axvline(phi_tau, color="k", linestyle="--", label=f"maximising threshold (ratio {details.ratio})")
-    ax.set_xlabel("φ = logit(exp(−(normalised loss + 1)))   (members: φ ≥ threshold)")
-    ax.set_ylabel("density")
-    ax.set_title(f"Epsilon* = {details.epsilon_star:.4f} (parametric, δ = {details.delta:.2g})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+MEMBER_LOSSES_TAG = names.EPSILON_STAR_MEMBER_LOSSES
+NONMEMBER_LOSSES_TAG = names.EPSILON_STAR_NONMEMBER_LOSSES
+FIGURE_TAG = names.EPSILON_STAR_FIGURE
+SUMMARY_TAG = names.EPSILON_STAR_SUMMARY
 
 
 class EpsilonStarAudit(Callback):
@@ -87,6 +48,12 @@ class EpsilonStarAudit(Callback):
     - on TensorBoard: histograms of both loss sets, a figure of the transformed losses with their Normal
       fits, and a text summary with the fits, the maximising threshold and the KS p-values.
 
+    The audit itself is :func:`lightning_privacy.audits.audit_epsilon_star_from_losses` (the same as
+    :func:`lightning_privacy.audits.audit_epsilon_star` on the same model and loaders): this callback
+    picks the data, gathers the losses across processes (in dataset order) and logs the result. It runs
+    at most once per training step (the fit-end audit is skipped when the last epoch was just audited)
+    and not at all under ``fast_dev_run``.
+
     Works with or without DP-SGD. To audit a saved checkpoint use
     ``lightning-privacy audit epsilon-star --checkpoint ...``.
 
@@ -102,6 +69,7 @@ class EpsilonStarAudit(Callback):
         mia_alpha: significance of the ``MembershipEpsilon`` interval.
 
     Attributes:
+        result: the last :class:`~lightning_privacy.audits.epsilon_star.EpsilonStarResult` (every rank).
         results: the last values written, by key (same on every rank).
         details: the last parametric and empirical
             :class:`~lightning_privacy.analysis.epsilon_star.EpsilonStarDetails`, by method.
@@ -152,14 +120,25 @@ class EpsilonStarAudit(Callback):
         self.mia_alpha = mia_alpha
         self.results: Dict[str, float] = {}
         self.details: Dict[str, EpsilonStarDetails] = {}
+        self.result: Optional[EpsilonStarResult] = None
+        self._audited_step: Optional[int] = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            audit.announce_skip(trainer, type(self).__name__)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if audit.skip_audit(trainer):
+            return
         if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
             self.audit(trainer, pl_module)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if audit.skip_audit(trainer) or self._audited_step == trainer.global_step:
+            return  # fast_dev_run, or the last epoch's audit already measured this very model
         self.audit(trainer, pl_module)
 
     def audit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[str, float]:
@@ -168,74 +147,46 @@ class EpsilonStarAudit(Callback):
         population_in = audit.population_loader(trainer, self.population_dataloader)
         member_losses = membership_losses_from_loader(pl_module, members_in, forward_fn=self.forward_fn)
         nonmember_losses = membership_losses_from_loader(pl_module, population_in, forward_fn=self.forward_fn)
-        local = torch.cat([member_losses, nonmember_losses]).double()
-        is_member = torch.cat(
-            [torch.ones_like(member_losses, dtype=torch.bool), torch.zeros_like(nonmember_losses, dtype=torch.bool)]
-        )
-
-        metric = EpsilonStar(delta=self.delta)
-        metric.update(local, is_member)  # every rank updates, even with an empty shard
-        members, nonmembers = metric.gathered_losses()
-        if members.numel() == 0 or nonmembers.numel() == 0:
-            raise MisconfigurationException(
-                f"Epsilon* needs member and non-member examples, got {members.numel()} and {nonmembers.numel()}"
+        members, nonmembers = _gather(trainer, member_losses, nonmember_losses)
+        try:
+            result = audit_epsilon_star_from_losses(
+                members, nonmembers, delta=self.delta, mia_alpha=self.mia_alpha, warn=False
             )
-        delta = self.delta if self.delta is not None else default_delta(int(members.numel()))
-        results: Dict[str, float] = {}
-        self.details = {}
-        for method, key in (("parametric", names.EPSILON_STAR), ("empirical", names.EPSILON_STAR_EMPIRICAL)):
-            try:
-                self.details[method] = epsilon_star_details(
-                    members.numpy(), nonmembers.numpy(), delta=delta, method=method
-                )
-            except ValueError as err:  # e.g. a constant model: no Normal can be fitted
-                rank_zero_warn(f"EpsilonStarAudit: {key} not computed: {err}")
-                continue
-            results[key] = self.details[method].epsilon_star
+        except ValueError as err:
+            raise MisconfigurationException(str(err)) from err
+        for note in result.notes:
+            rank_zero_warn(f"EpsilonStarAudit: {note}")
+        self.result, self.results, self.details = result, result.metrics(), dict(result.details)
+        self._audited_step = trainer.global_step
+        self._write(trainer, result)
+        return self.results
 
-        membership_epsilon = _membership_epsilon_class()
-        if membership_epsilon is not None:
-            mia = membership_epsilon(delta=delta, alpha=self.mia_alpha)
-            mia.update(-local, is_member)  # score: higher = more likely a member
-            results[names.MIA_EPSILON_LOWER] = float(mia.compute()["epsilon_lower"])
-        self.results = results
-        self._write(trainer, members.numpy(), nonmembers.numpy())
-        return results
-
-    def _write(self, trainer: pl.Trainer, members: np.ndarray, nonmembers: np.ndarray) -> None:
+    def _write(self, trainer: pl.Trainer, result: EpsilonStarResult) -> None:
         if not trainer.is_global_zero:
             return
         audit.log_scalars(trainer, self.results)
         if self.log_histograms:
-            audit.log_histogram(trainer, MEMBER_LOSSES_TAG, members)
-            audit.log_histogram(trainer, NONMEMBER_LOSSES_TAG, nonmembers)
-        parametric = self.details.get("parametric")
-        if self.log_figure and parametric is not None and audit.tensorboard_experiments(trainer):
-            audit.log_figure(trainer, FIGURE_TAG, transformed_fit_figure(parametric, members, nonmembers))
+            audit.log_histogram(trainer, MEMBER_LOSSES_TAG, result.member_losses)
+            audit.log_histogram(trainer, NONMEMBER_LOSSES_TAG, result.nonmember_losses)
+        if self.log_figure and "parametric" in result.details and audit.tensorboard_experiments(trainer):
+            audit.log_figure(trainer, FIGURE_TAG, result.figure())
         text = self.summary()
         audit.log_text(trainer, SUMMARY_TAG, text)
         rank_zero_info(text)
 
     def summary(self) -> str:
         """A markdown table of the last audit."""
-        lines = ["| quantity | value |", "|---|---|"]
-        lines += [f"| `{key}` | {value:.4f} |" for key, value in self.results.items()]
-        for method, d in self.details.items():
-            lines.append(
-                f"| {method}: members / non-members / delta | {d.num_members} / {d.num_nonmembers} / {d.delta:.3g} |"
-            )
-            if d.ratio is not None:
-                lines.append(
-                    f"| {method}: threshold (loss) / FPR / FNR / ratio | {d.threshold:.4g} / {d.fpr:.3g} / {d.fnr:.3g} / "
-                    f"{RATIO_NAMES[d.ratio - 1]} |"
-                )
-        d = self.details.get("parametric")
-        if d is not None:
-            lines.append(
-                f"| Normal fits of φ: members / non-members | N({d.member_mean:.4f}, {d.member_std:.4f}²) / "
-                f"N({d.nonmember_mean:.4f}, {d.nonmember_std:.4f}²) |"
-            )
-            lines.append(
-                f"| KS p-values of the fits: members / non-members | {d.ks_pvalue_member:.3g} / {d.ks_pvalue_nonmember:.3g} |"
-            )
-        return "Epsilon* audit\n\n" + "\n".join(lines)
+        return summary_text(self.results, self.details)
+
+
+def _gather(trainer: pl.Trainer, member_losses: torch.Tensor, nonmember_losses: torch.Tensor) -> tuple:
+    """Every rank's losses, in dataset order, as float64 arrays (collective: every rank calls it)."""
+    local = torch.cat([member_losses, nonmember_losses]).double()
+    is_member = torch.cat(
+        [torch.ones_like(member_losses, dtype=torch.bool), torch.zeros_like(nonmember_losses, dtype=torch.bool)]
+    )
+    metric = EpsilonStar()
+    metric.update(local, is_member)  # every rank updates, even with an empty shard
+    members, nonmembers = metric.gathered_losses()
+    world_size = trainer.world_size
+    return unshard(members.numpy(), world_size), unshard(nonmembers.numpy(), world_size)

@@ -1,8 +1,9 @@
 """``PanoramiaAudit``: PANORAMIA privacy measurement at fit end, with generated non-members.
 
 Kazmi et al., "PANORAMIA: Privacy Auditing of Machine Learning Models without Retraining" (NeurIPS
-2024). The pipeline is :func:`lightning_privacy.functional.panoramia.panoramia_audit`, the bounds
-:mod:`lightning_privacy.analysis.panoramia`; this file only gathers data and logs.
+2024). The audit is :func:`lightning_privacy.audits.audit_panoramia` (pipeline
+:func:`lightning_privacy.functional.panoramia.panoramia_audit`, bounds
+:mod:`lightning_privacy.analysis.panoramia`); this file only picks the member data and logs.
 """
 
 from __future__ import annotations
@@ -10,57 +11,19 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
-import numpy as np
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_privacy import names
+from lightning_privacy.audits.panoramia import PanoramiaAuditResult, audit_panoramia, panoramia_figure
 from lightning_privacy.callbacks import _audit_utils as audit
-from lightning_privacy.functional.panoramia import PanoramiaResult, panoramia_audit, summary_text
 
 __all__ = ["PanoramiaAudit", "panoramia_figure"]
 
-FIGURE_TAG = f"{names.PANORAMIA_EPSILON}/curves"
-SUMMARY_TAG = f"{names.PANORAMIA_EPSILON}/summary"
-
-
-def panoramia_figure(result: PanoramiaResult):
-    """Left: precision–recall of baseline vs MIA. Right: ``c_lb`` / ``{c+eps}_lb`` over recall."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from sklearn.metrics import precision_recall_curve
-
-    b = result.bounds
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    mia_label = "MIA (x + target loss)" if result.mia_features == "target_loss" else "MIA (x + target & helper losses)"
-    for scores, label, color in (
-        (result.baseline_scores, "baseline b (x + helper loss)", "C0"),
-        (result.mia_scores, mia_label, "C3"),
-    ):
-        precision, recall, _ = precision_recall_curve(result.labels, scores)
-        left.plot(recall, precision, color=color, label=label)
-    left.axhline(b.members / len(result.labels), color="grey", linestyle=":", label="share of members")
-    left.set_xlabel("recall")
-    left.set_ylabel("precision")
-    left.set_title("Members vs generated rows in the audit game")
-    left.legend(loc="lower left")
-    left.grid(alpha=0.3)
-    right.plot(b.baseline_recall, b.c_lb_curve, color="C0", label="c_lb (baseline)")
-    right.plot(b.mia_recall, b.c_plus_epsilon_lb_curve, color="C3", label="{c+ε}_lb (MIA)")
-    right.axhline(b.c_lb, color="C0", linestyle="--")
-    right.axhline(b.c_plus_epsilon_lb, color="C3", linestyle="--")
-    right.set_xscale("log")
-    right.set_xlabel("recall (log scale)")
-    right.set_ylabel("bound")
-    right.set_title(f"ε̃ = {b.epsilon:.3f} (not an ε-DP lower bound)")
-    right.legend(loc="upper right")
-    right.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+FIGURE_TAG = names.PANORAMIA_FIGURE
+SUMMARY_TAG = names.PANORAMIA_SUMMARY
 
 
 class PanoramiaAudit(Callback):
@@ -79,6 +42,9 @@ class PanoramiaAudit(Callback):
     (image-shaped inputs only, with the default :class:`~lightning_privacy.generators.DigitsGenerator`,
     unless a ``generator`` is given).
 
+    The audit runs on global rank 0 (other ranks skip it), shows its phases on a progress bar when the
+    Trainer shows one, and is skipped under ``fast_dev_run``.
+
     Args:
         members: member rows the auditor holds (optional, see above).
         encode: rows -> ``(x, y)`` tensors for the model (required with table ``members``).
@@ -95,7 +61,7 @@ class PanoramiaAudit(Callback):
         seed: seed of the whole audit.
 
     Attributes:
-        result: the last :class:`~lightning_privacy.functional.panoramia.PanoramiaResult` (rank 0).
+        result: the last :class:`~lightning_privacy.audits.panoramia.PanoramiaAuditResult` (rank 0).
 
     Raises:
         MisconfigurationException: for a bad argument (at construction) or missing member data.
@@ -159,7 +125,7 @@ class PanoramiaAudit(Callback):
         self.beta, self.num_thresholds, self.helper_epochs = float(beta), num_thresholds, helper_epochs
         self.classifier, self.top_rows, self.seed = classifier, top_rows, seed
         self.mia_features = mia_features
-        self.result: Optional[PanoramiaResult] = None
+        self.result: Optional[PanoramiaAuditResult] = None
         self._last: Dict[str, float] = {}
 
     @property
@@ -175,40 +141,25 @@ class PanoramiaAudit(Callback):
         dm = trainer.datamodule
         if dm is not None and hasattr(dm, "train_table") and callable(getattr(dm, "to_dataset", None)):
             return dm.train_table, (self.encode or (lambda rows: dm.to_dataset(rows).tensors))
-        xs, ys = [], []
-        for batch in audit.member_loader(trainer):
-            if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
-                raise MisconfigurationException("PanoramiaAudit needs (x, y) batches or `members=`")
-            xs.append(batch[0].detach().cpu().numpy())
-            ys.append(batch[1].detach().cpu().numpy())
-        if not xs:
-            raise MisconfigurationException("PanoramiaAudit found no member data: pass `members=`")
-        x, y = np.concatenate(xs), np.concatenate(ys)
-        if x.ndim < 3 and self.generator is None:
-            raise MisconfigurationException(
-                f"PanoramiaAudit cannot generate non-members for flat features of shape {x.shape[1:]}: pass "
-                "`generator=` (and raw `members=` for tables), or use a datamodule with `train_table`/`to_dataset`"
-            )
-        return (x, y), self.encode
+        return audit.member_loader(trainer), self.encode  # (x, y) batches: read by the audit
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            audit.announce_skip(trainer, type(self).__name__)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.is_global_zero:
+        if not trainer.is_global_zero or audit.skip_audit(trainer):
             return
-        from lightning_privacy.generators import _data
-
         members, encode = self._member_data(trainer)
-        kept = int(round(self.member_fraction * _data.length(members)))
-        if kept < _data.length(members):
-            members = _data.subset(
-                members, np.sort(np.random.default_rng(self.seed).permutation(_data.length(members))[:kept])
-            )
         try:
-            result = panoramia_audit(
+            result = audit_panoramia(
                 pl_module,
                 members,
                 encode=encode,
                 generator=self.generator,
+                member_fraction=self.member_fraction,
                 audit_size=self.audit_size,
                 generator_size=self.generator_size,
                 beta=self.beta,
@@ -218,19 +169,16 @@ class PanoramiaAudit(Callback):
                 top_rows=self.top_rows,
                 seed=self.seed,
                 mia_features=self.mia_features,
+                progress=audit.show_progress(trainer),
             )
         except (ValueError, TypeError) as err:
             raise MisconfigurationException(f"PanoramiaAudit: {err}") from err
         self.result = result
-        self._last = {
-            names.PANORAMIA_EPSILON: result.epsilon,
-            names.PANORAMIA_C_LB: result.c_lb,
-            names.PANORAMIA_C_PLUS_EPSILON_LB: result.c_plus_epsilon_lb,
-        }
+        self._last = result.metrics()
         audit.log_scalars(trainer, self._last)
         if audit.tensorboard_experiments(trainer):
-            audit.log_figure(trainer, FIGURE_TAG, panoramia_figure(result))
-        text = summary_text(result)
+            audit.log_figure(trainer, FIGURE_TAG, result.figure())
+        text = result.summary()
         audit.log_text(trainer, SUMMARY_TAG, text)
         rank_zero_info(text.splitlines()[0])
 

@@ -60,15 +60,8 @@ def _load_class(spec: str):
 
 def audit_checkpoint(args: argparse.Namespace) -> dict:
     """Load the checkpoint and data of ``args``, return the audit as a dict of plain values."""
-    import dataclasses
-
-    import numpy as np
-    import torch
-
-    from lightning_privacy import names
-    from lightning_privacy.analysis.epsilon_star import default_delta, epsilon_star_details
+    from lightning_privacy.audits import audit_epsilon_star
     from lightning_privacy.data.datamodule import AdultDataModule
-    from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 
     if args.delta is not None and not 0.0 < args.delta < 0.5:
         raise ValueError(f"`--delta` must be in the open interval (0, 0.5), got {args.delta!r}")
@@ -79,62 +72,48 @@ def audit_checkpoint(args: argparse.Namespace) -> dict:
         path=args.data_path, batch_size=args.batch_size, val_fraction=args.val_fraction, seed=args.split_seed
     )
     dm.setup("fit")
-    population = dm.val_dataloader() if args.nonmembers == "val" else dm.test_dataloader()
     if args.nonmembers == "val" and len(dm.val_dataset) == 0:
         raise ValueError("`--nonmembers val` needs `--val-fraction` > 0; use `--nonmembers test`")
-    members = membership_losses_from_loader(model, dm.member_dataloader()).double().numpy()
-    nonmembers = membership_losses_from_loader(model, population).double().numpy()
-    delta = args.delta if args.delta is not None else default_delta(members.size)
-    parametric = epsilon_star_details(members, nonmembers, delta=delta, method="parametric")
-    empirical = epsilon_star_details(members, nonmembers, delta=delta, method="empirical")
-    out = {
-        names.EPSILON_STAR: parametric.epsilon_star,
-        names.EPSILON_STAR_EMPIRICAL: empirical.epsilon_star,
-        "delta": delta,
-        "num_members": int(members.size),
-        "num_nonmembers": int(nonmembers.size),
-        "nonmembers": args.nonmembers,
-        "parametric": dataclasses.asdict(parametric),
-        "empirical": dataclasses.asdict(empirical),
-    }
-    try:
-        from lightning_privacy.metrics.membership_epsilon import MembershipEpsilon
-    except ImportError:  # pragma: no cover - only before the estimation issue landed
-        MembershipEpsilon = None
-    if MembershipEpsilon is not None:
-        mia = MembershipEpsilon(delta=delta)
-        scores = torch.from_numpy(-np.concatenate([members, nonmembers]))
-        is_member = torch.cat(
-            [torch.ones(members.size, dtype=torch.bool), torch.zeros(nonmembers.size, dtype=torch.bool)]
-        )
-        mia.update(scores, is_member)
-        out[names.MIA_EPSILON_LOWER] = float(mia.compute()["epsilon_lower"])
-    return out
+    population = dm.val_dataloader() if args.nonmembers == "val" else dm.test_dataloader()
+    result = audit_epsilon_star(model, dm.member_dataloader(), population, delta=args.delta, warn=False)
+    if "parametric" not in result.details:
+        raise ValueError("; ".join(result.notes))
+    return {**result.to_dict(), "nonmembers": args.nonmembers}
+
+
+def _f(value, spec: str) -> str:
+    """``value`` formatted, or ``nan`` for a value JSON could not hold (``None``)."""
+    return "nan" if value is None else format(value, spec)
 
 
 def _table(out: dict) -> str:
+    """The audit as aligned text (the JSON of ``--json`` holds the same numbers)."""
     from lightning_privacy import names
 
-    p, e = out["parametric"], out["empirical"]
+    p, e = out["parametric"], out.get("empirical")
+    where = f" ({out['nonmembers']} rows)" if "nonmembers" in out else ""
     rows = [
-        ("members / non-members", f"{out['num_members']} / {out['num_nonmembers']} ({out['nonmembers']} rows)"),
+        ("members / non-members", f"{out['num_members']} / {out['num_nonmembers']}{where}"),
         ("delta", f"{out['delta']:.3g}"),
-        (names.EPSILON_STAR, f"{out[names.EPSILON_STAR]:.4f}"),
-        (names.EPSILON_STAR_EMPIRICAL, f"{out[names.EPSILON_STAR_EMPIRICAL]:.4f}"),
     ]
-    if names.MIA_EPSILON_LOWER in out:
-        rows.append((names.MIA_EPSILON_LOWER, f"{out[names.MIA_EPSILON_LOWER]:.4f}"))
+    for key in (names.EPSILON_STAR, names.EPSILON_STAR_EMPIRICAL, names.MIA_EPSILON_LOWER):
+        if key in out:
+            rows.append((key, _f(out[key], ".4f")))
     rows.append(
         (
             "Normal fits (members / non-members)",
-            f"N({p['member_mean']:.4f}, {p['member_std']:.4f}^2) / N({p['nonmember_mean']:.4f}, {p['nonmember_std']:.4f}^2)",
+            f"N({_f(p['member_mean'], '.4f')}, {_f(p['member_std'], '.4f')}^2) / "
+            f"N({_f(p['nonmember_mean'], '.4f')}, {_f(p['nonmember_std'], '.4f')}^2)",
         )
     )
     rows.append(
-        ("KS p-values (members / non-members)", f"{p['ks_pvalue_member']:.3g} / {p['ks_pvalue_nonmember']:.3g}")
+        (
+            "KS p-values (members / non-members)",
+            f"{_f(p['ks_pvalue_member'], '.3g')} / {_f(p['ks_pvalue_nonmember'], '.3g')}",
+        )
     )
     for label, d in (("parametric", p), ("empirical", e)):
-        if d["ratio"] is not None:
+        if d is not None and d["ratio"] is not None:
             rows.append(
                 (
                     f"{label}: threshold / FPR / FNR / ratio",
@@ -151,5 +130,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"lightning-privacy audit epsilon-star: error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(out, indent=2, default=float) if args.json else _table(out))
+    for note in out.get("notes", []):
+        print(f"lightning-privacy audit epsilon-star: warning: {note}", file=sys.stderr)
+    print(json.dumps(out, indent=2) if args.json else _table(out))
     return 0

@@ -45,18 +45,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--figure", default=None, help="write the curves to this image file")
     parser.add_argument("--output", default=None, help="write the numbers and the report to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
     if args.data != "adult":
         raise SystemExit(f"error: --data must be 'adult' (the only bundled tabular set), got {args.data!r}")
     if not 0 < args.member_fraction <= 1:
         raise SystemExit(f"error: --member-fraction must be in (0, 1], got {args.member_fraction!r}")
-    from lightning_privacy.callbacks.panoramia_audit import panoramia_figure
+    from lightning_privacy.audits import audit_panoramia
     from lightning_privacy.data import AdultDataModule
-    from lightning_privacy.functional.panoramia import panoramia_audit, summary_text
     from lightning_privacy.generators import FilteredGenerator, TabularGenerator
 
     module_name, _, class_name = args.model_class.rpartition(".")
@@ -64,45 +62,31 @@ def run(args: argparse.Namespace) -> int:
     model = model_class.load_from_checkpoint(args.checkpoint, map_location="cpu")
     dm = AdultDataModule(path=args.data_path, val_fraction=args.val_fraction, seed=args.split_seed)
     dm.setup("fit")
-    members = dm.train_table
-    if args.member_fraction < 1:
-        keep = int(round(args.member_fraction * len(members)))
-        members = members.subset(np.sort(np.random.default_rng(args.seed).permutation(len(members))[:keep]))
     generator = TabularGenerator(seed=args.seed)
     if not args.no_filter:
         generator = FilteredGenerator(generator, seed=args.seed)
     start = time.perf_counter()
-    result = panoramia_audit(
+    result = audit_panoramia(
         model,
-        members,
+        dm.train_table,
         encode=lambda rows: dm.to_dataset(rows).tensors,
         generator=generator,
+        member_fraction=args.member_fraction,
         audit_size=args.audit_size,
         generator_size=args.generator_size,
         beta=args.beta,
         helper_epochs=args.helper_epochs,
         seed=args.seed,
         mia_features=args.mia_features,
+        progress=not args.quiet,
     )
     seconds = time.perf_counter() - start
-    text = summary_text(result)
+    text = result.summary()
     print(text)
     print(f"\naudit time: {seconds:.1f} s")
     if args.figure:
-        panoramia_figure(result).savefig(args.figure, dpi=120)
+        result.figure().savefig(args.figure, dpi=120)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump(
-                {
-                    "epsilon": result.epsilon,
-                    "c_lb": result.c_lb,
-                    "c_plus_epsilon_lb": result.c_plus_epsilon_lb,
-                    "beta": args.beta,
-                    "sizes": result.sizes,
-                    "seconds": seconds,
-                    "report": text,
-                },
-                handle,
-                indent=2,
-            )
+            json.dump({**result.to_dict(), "seconds": seconds, "report": text}, handle, indent=2)
     return 0

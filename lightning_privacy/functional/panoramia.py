@@ -40,13 +40,24 @@ from torch.nn import functional as F
 from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, panoramia_bounds
 from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator, _data
 
-__all__ = ["PanoramiaResult", "fresh_copy", "panoramia_audit", "per_example_loss", "train_classifier_model"]
+__all__ = [
+    "PHASES",
+    "PanoramiaResult",
+    "describe_row",
+    "fresh_copy",
+    "panoramia_audit",
+    "per_example_loss",
+    "summary_text",
+    "train_classifier_model",
+]
 
 MIN_TRAIN = 20
 MIN_AUDIT = 20
 MIN_GENERATOR = 20
 
 HGB_GRID = {"learning_rate": [0.1, 0.2], "max_leaf_nodes": [15, 31]}
+PHASES = ("fit generator", "train helper", "baseline classifier", "MIA classifier", "bounds")
+"""The phases :func:`panoramia_audit` reports to its ``progress`` callable, in order."""
 
 
 @dataclass
@@ -64,6 +75,9 @@ class PanoramiaResult:
         seconds: wall time of every phase.
         baseline_params, mia_params: the classifier settings the search chose.
         acceptance_rate: share of generated rows the filter kept (``nan`` without filtering).
+        mia_features: the MIA's features (``"target_loss"`` or ``"calibrated"``).
+        column_names: ``(numeric names, categorical names)`` of table rows for the report (``None``:
+            ``num0, ...`` / ``cat0, ...``).
     """
 
     bounds: PanoramiaBounds
@@ -92,6 +106,7 @@ class PanoramiaResult:
         return self.bounds.epsilon
 
     meaning: str = MEANING
+    column_names: Optional[tuple] = None
 
 
 # ----------------------------------------------------------------------------- torch helpers
@@ -339,6 +354,8 @@ def panoramia_audit(
     seed: int = 0,
     num_threads: Optional[int] = 1,
     mia_features: str = "target_loss",
+    column_names: Optional[tuple] = None,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> PanoramiaResult:
     """Audit ``target`` with PANORAMIA (Algorithm 1), using only members and generated non-members.
 
@@ -372,6 +389,9 @@ def panoramia_audit(
             ``None`` leaves them alone. One thread is the default because boosted trees and small
             MLPs slow down several-fold from OpenMP spin-waiting on a busy shared CPU (measured: 1.1 s
             vs 5.4 s per gradient-boosting fit on Adult with another job running).
+        column_names: ``(numeric names, categorical names)`` of table members, for the report's rows.
+        progress: called with the name of each phase as it starts (:data:`PHASES`), e.g. to drive a
+            progress bar (:func:`lightning_privacy.audits.audit_panoramia` does).
 
     Returns:
         A :class:`PanoramiaResult` (``.c_lb``, ``.c_plus_epsilon_lb``, ``.epsilon``, curves, rows).
@@ -412,6 +432,8 @@ def panoramia_audit(
             top_rows=top_rows,
             seed=seed,
             mia_features=mia_features,
+            column_names=column_names,
+            progress=progress or (lambda phase: None),
         )
 
 
@@ -434,6 +456,8 @@ def _audit(
     top_rows,
     seed,
     mia_features,
+    column_names,
+    progress,
 ) -> PanoramiaResult:
     if not isinstance(target, nn.Module):
         raise TypeError(f"`target` must be a torch.nn.Module, got {type(target).__name__}")
@@ -461,6 +485,7 @@ def _audit(
         )
     seconds: dict = {}
     clock = time.perf_counter()
+    progress(PHASES[0])
 
     # Phase 1: split D_f, fit G on D_G, generate non-members (and the helper's training data).
     perm = np.random.default_rng(seed).permutation(n)
@@ -498,6 +523,7 @@ def _audit(
                 f"`encode` returned {len(xx)} inputs / {len(tt)} labels for {_data.length(rows)} {name} rows"
             )
     x_h, t_h = encode(d_helper)
+    progress(PHASES[1])
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         h = fresh_copy(target if helper is None else helper)
@@ -529,13 +555,16 @@ def _audit(
     else:  # the target's loss calibrated by the helper's (a reference model trained on synthetic data)
         a_tr = np.concatenate([log(f_tr), log(h_tr), log(f_tr) - log(h_tr)], axis=1)
         a_au = np.concatenate([log(f_au), log(h_au), log(f_au) - log(h_au)], axis=1)
+    progress(PHASES[2])
     base_score, base_params = train_classifier_model(
         feats_tr, b_tr, y_train, kind=kind, seed=seed, categorical_mask=mask
     )
+    progress(PHASES[3])
     mia_score, mia_params = train_classifier_model(feats_tr, a_tr, y_train, kind=kind, seed=seed, categorical_mask=mask)
     t_b, t_a = base_score(feats_au, b_au), mia_score(feats_au, a_au)
     seconds["classifiers"] = time.perf_counter() - clock
 
+    progress(PHASES[4])
     bounds = panoramia_bounds(s, t_b, t_a, beta=beta, num_thresholds=num_thresholds)
     top = np.argsort(-t_b, kind="stable")[:top_rows]
     return PanoramiaResult(
@@ -559,21 +588,31 @@ def _audit(
         mia_params=mia_params,
         acceptance_rate=float(getattr(generator, "acceptance_rate", float("nan"))),
         mia_features=mia_features,
+        column_names=column_names,
     )
 
 
 # ----------------------------------------------------------------------------- reporting
-def describe_row(rows: Any, index: int) -> str:
-    """One audit row as text: ``name=value`` pairs for tables (Adult column names when they fit)."""
+def describe_row(rows: Any, index: int, column_names: Optional[tuple] = None) -> str:
+    """One audit row as text: ``name=value`` pairs for tables.
+
+    ``column_names`` is ``(numeric names, categorical names)``; names that do not fit the table's
+    columns (or ``None``) give ``num0, ...`` and ``cat0, ...``. This module knows no data set's columns:
+    the caller names them (:func:`lightning_privacy.audits.audit_panoramia` does for Adult tables).
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> rows = SimpleNamespace(numeric=np.array([[39.0]]), categorical=np.array([["x"]]), labels=np.array([1]))
+        >>> describe_row(rows, 0, (["age"], ["job"])), describe_row(rows, 0)
+        ('age=39, job=x, label=1', 'num0=39, cat0=x, label=1')
+    """
     if _data.kind(rows) == _data.TABLE:
         numeric, categorical = np.asarray(rows.numeric)[index], np.asarray(rows.categorical)[index]
-        try:
-            from lightning_privacy.data.adult import CATEGORICAL, NUMERIC
-        except ImportError:  # pragma: no cover
-            NUMERIC, CATEGORICAL = (), ()
-        num_names = NUMERIC if len(NUMERIC) == len(numeric) else [f"num{j}" for j in range(len(numeric))]
+        given_num, given_cat = column_names if column_names is not None else ((), ())
+        num_names = list(given_num) if len(given_num) == len(numeric) else [f"num{j}" for j in range(len(numeric))]
         cat_names = (
-            CATEGORICAL if len(CATEGORICAL) == len(categorical) else [f"cat{j}" for j in range(len(categorical))]
+            list(given_cat) if len(given_cat) == len(categorical) else [f"cat{j}" for j in range(len(categorical))]
         )
         parts = [f"{k}={v:g}" for k, v in zip(num_names, numeric)] + [
             f"{k}={v}" for k, v in zip(cat_names, categorical)
@@ -619,6 +658,6 @@ def summary_text(result: PanoramiaResult) -> str:
         for rank, i in enumerate(result.top_real, 1):
             kind = "member" if result.labels[i] == 1 else "generated"
             lines.append(
-                f"{rank}. score {result.baseline_scores[i]:.3f} ({kind}): {describe_row(result.audit_rows, int(i))}"
+                f"{rank}. score {result.baseline_scores[i]:.3f} ({kind}): {describe_row(result.audit_rows, int(i), result.column_names)}"
             )
     return "\n".join(lines)

@@ -1,0 +1,49 @@
+"""Post-training audits as plain functions over a trained model and its data (or over losses).
+
+One module per audit; each function returns a result with the same four views — ``.metrics()``
+(``{names.*: float}``), ``.summary()`` (Markdown), ``.figure()`` (a ``matplotlib.figure.Figure``) and
+``.to_dict()`` (JSON-ready)::
+
+    from lightning_privacy.audits import audit_epsilon_star
+
+    result = audit_epsilon_star(model, datamodule.member_dataloader(), datamodule.val_dataloader())
+    print(result.summary())
+
+- :func:`audit_epsilon_star`, :func:`audit_epsilon_star_from_losses` — Epsilon* and the threshold
+  attack's ε lower bound (:mod:`lightning_privacy.audits.epsilon_star`);
+- :func:`audit_panoramia` — PANORAMIA with generated non-members (:mod:`lightning_privacy.audits.panoramia`);
+- :func:`audit_privacy_profile` — the privacy profile of a logistic-regression head
+  (:mod:`lightning_privacy.audits.privacy_profile`).
+
+The callbacks (:class:`~lightning_privacy.EpsilonStarAudit`, :class:`~lightning_privacy.PanoramiaAudit`,
+:class:`~lightning_privacy.PrivacyProfileAudit`) pick the data from the Trainer, call these functions
+and log the results; the ``lightning-privacy audit`` commands parse, build loaders, call and print.
+Layers: callbacks / commands / report → audits → metrics, functional → analysis. Nothing here imports
+Lightning or pyplot. Names are resolved lazily, so importing the package stays light.
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "AuditResult": "lightning_privacy.audits._common",
+    "EpsilonStarResult": "lightning_privacy.audits.epsilon_star",
+    "audit_epsilon_star": "lightning_privacy.audits.epsilon_star",
+    "audit_epsilon_star_from_losses": "lightning_privacy.audits.epsilon_star",
+    "PanoramiaAuditResult": "lightning_privacy.audits.panoramia",
+    "audit_panoramia": "lightning_privacy.audits.panoramia",
+    "PrivacyProfileResult": "lightning_privacy.audits.privacy_profile",
+    "audit_privacy_profile": "lightning_privacy.audits.privacy_profile",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lightning_privacy.audits' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(__all__)

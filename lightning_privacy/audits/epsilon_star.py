@@ -1,0 +1,290 @@
+"""Epsilon* (Negoescu et al. 2023) of a trained model: score members and non-members, fit, threshold MIA.
+
+:func:`audit_epsilon_star` scores two loaders with the model;
+:func:`audit_epsilon_star_from_losses` starts from per-example losses (e.g. computed by another
+framework). Both return an :class:`EpsilonStarResult`. The math is
+:mod:`lightning_privacy.analysis.epsilon_star` and :mod:`lightning_privacy.analysis.estimation`;
+:class:`~lightning_privacy.EpsilonStarAudit` and ``lightning-privacy audit epsilon-star`` call these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+
+import numpy as np
+
+from lightning_privacy import names
+from lightning_privacy.analysis.epsilon_star import (
+    RATIO_NAMES,
+    EpsilonStarDetails,
+    _check_delta,
+    default_delta,
+    epsilon_star_details,
+    transform_losses,
+)
+from lightning_privacy.audits._common import AuditResult, jsonable, sequential_loader
+
+__all__ = [
+    "EpsilonStarResult",
+    "audit_epsilon_star",
+    "audit_epsilon_star_from_losses",
+    "summary_text",
+    "transformed_fit_figure",
+]
+
+METHOD_KEYS = (("parametric", names.EPSILON_STAR), ("empirical", names.EPSILON_STAR_EMPIRICAL))
+
+
+def summary_text(values: Mapping[str, float], details: Mapping[str, EpsilonStarDetails]) -> str:
+    """The Markdown table of one Epsilon* audit: the values, the fits, the maximising threshold, the KS checks."""
+    lines = ["| quantity | value |", "|---|---|"]
+    lines += [f"| `{key}` | {value:.4f} |" for key, value in values.items()]
+    for method, d in details.items():
+        lines.append(
+            f"| {method}: members / non-members / delta | {d.num_members} / {d.num_nonmembers} / {d.delta:.3g} |"
+        )
+        if d.ratio is not None:
+            lines.append(
+                f"| {method}: threshold (loss) / FPR / FNR / ratio | {d.threshold:.4g} / {d.fpr:.3g} / {d.fnr:.3g} / "
+                f"{RATIO_NAMES[d.ratio - 1]} |"
+            )
+    d = details.get("parametric")
+    if d is not None:
+        lines.append(
+            f"| Normal fits of φ: members / non-members | N({d.member_mean:.4f}, {d.member_std:.4f}²) / "
+            f"N({d.nonmember_mean:.4f}, {d.nonmember_std:.4f}²) |"
+        )
+        lines.append(
+            f"| KS p-values of the fits: members / non-members | {d.ks_pvalue_member:.3g} / {d.ks_pvalue_nonmember:.3g} |"
+        )
+    return "Epsilon* audit\n\n" + "\n".join(lines)
+
+
+def transformed_fit_figure(details: EpsilonStarDetails, member_losses: Any, nonmember_losses: Any):
+    """Histograms of the transformed losses ``phi`` of both sets with their fitted Normals (parametric).
+
+    Returns a :class:`matplotlib.figure.Figure` (no pyplot: the user's backend is left alone).
+    """
+    from matplotlib.figure import Figure
+    from scipy import stats
+
+    low, high = details.loss_min, details.loss_max
+    phi_tr = transform_losses(np.asarray(member_losses, dtype=np.float64), low=low, high=high)
+    phi_pop = transform_losses(np.asarray(nonmember_losses, dtype=np.float64), low=low, high=high)
+    fig = Figure(figsize=(7, 4), layout="tight")
+    ax = fig.subplots()
+    bins = np.linspace(min(phi_tr.min(), phi_pop.min()), max(phi_tr.max(), phi_pop.max()), 80)
+    grid = np.linspace(bins[0], bins[-1], 400)
+    for phi, mean, std, label, color in (
+        (phi_tr, details.member_mean, details.member_std, "members (training)", "C0"),
+        (phi_pop, details.nonmember_mean, details.nonmember_std, "non-members (population)", "C1"),
+    ):
+        ax.hist(phi, bins=bins, density=True, alpha=0.35, color=color, label=f"{label}, n = {phi.size}")
+        ax.plot(grid, stats.norm.pdf(grid, mean, std), color=color, label=f"Normal fit N({mean:.3f}, {std:.3f}²)")
+    if details.threshold is not None:
+        phi_tau = transform_losses([details.threshold], low=low, high=high)[0]
+        ax.axvline(phi_tau, color="k", linestyle="--", label=f"maximising threshold (ratio {details.ratio})")
+    ax.set_xlabel("φ = logit(exp(−(normalised loss + 1)))   (members: φ ≥ threshold)")
+    ax.set_ylabel("density")
+    ax.set_title(f"Epsilon* = {details.epsilon_star:.4f} (parametric, δ = {details.delta:.2g})")
+    ax.legend(fontsize=8)
+    return fig
+
+
+@dataclass
+class EpsilonStarResult(AuditResult):
+    """One Epsilon* audit.
+
+    Attributes:
+        member_losses, nonmember_losses: the per-example membership losses (float64, low = member-like).
+        delta: the δ of Equation 7 that was used.
+        values: ``audit/epsilon_star`` (parametric), ``audit/epsilon_star_empirical`` and
+            ``audit/mia_epsilon_lower`` (the same losses as a threshold attack, score = −loss: a lower
+            bound with confidence ``1 − mia_alpha`` on the ε of any DP guarantee).
+        details: the :class:`~lightning_privacy.analysis.epsilon_star.EpsilonStarDetails` by method
+            (a method whose fit failed is missing, see ``notes``).
+        mia: the threshold attack's bound, interval, threshold and confusion counts.
+        notes: what could not be computed, and why.
+    """
+
+    member_losses: np.ndarray
+    nonmember_losses: np.ndarray
+    delta: float
+    values: Dict[str, float]
+    details: Dict[str, EpsilonStarDetails]
+    mia: Dict[str, Any] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def epsilon_star(self) -> float:
+        """The parametric Epsilon* (``audit/epsilon_star``)."""
+        return self.values[names.EPSILON_STAR]
+
+    def metrics(self) -> Dict[str, float]:
+        """``{audit/epsilon_star, audit/epsilon_star_empirical, audit/mia_epsilon_lower: float}``."""
+        return dict(self.values)
+
+    def summary(self) -> str:
+        """The Markdown table (what :class:`~lightning_privacy.EpsilonStarAudit` writes and prints)."""
+        return summary_text(self.values, self.details)
+
+    def figure(self):
+        """The transformed losses of both sets with their Normal fits (a ``matplotlib.figure.Figure``).
+
+        Raises:
+            ValueError: when the parametric fit failed (see ``notes``).
+        """
+        parametric = self.details.get("parametric")
+        if parametric is None:
+            raise ValueError(f"no parametric fit to draw: {'; '.join(self.notes) or 'not computed'}")
+        return transformed_fit_figure(parametric, self.member_losses, self.nonmember_losses)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The values, δ, the sample sizes, each method's details, the attack's bound and the notes."""
+        out: Dict[str, Any] = dict(self.values)
+        out.update(
+            {
+                "delta": self.delta,
+                "num_members": int(self.member_losses.size),
+                "num_nonmembers": int(self.nonmember_losses.size),
+            }
+        )
+        for method, _ in METHOD_KEYS:
+            if method in self.details:
+                out[method] = dataclasses.asdict(self.details[method])
+        if self.mia:
+            out["mia"] = dict(self.mia)
+        out["notes"] = list(self.notes)
+        return jsonable(out)
+
+
+def _losses(values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().double().numpy()
+    return np.asarray(values, dtype=np.float64).reshape(-1)
+
+
+def audit_epsilon_star_from_losses(
+    member_losses: Any,
+    nonmember_losses: Any,
+    *,
+    delta: Optional[float] = None,
+    mia_alpha: float = 0.05,
+    warn: bool = True,
+) -> EpsilonStarResult:
+    """Epsilon* (parametric and empirical) and the threshold attack's ε lower bound from losses.
+
+    Args:
+        member_losses: per-example losses of training examples (array or tensor; low = member-like,
+            e.g. :func:`~lightning_privacy.functional.membership_loss.membership_loss`).
+        nonmember_losses: the same for examples never trained on.
+        delta: δ of Epsilon*, in ``(0, 0.5)``; ``None`` = ``1 / (n ln n)``, ``n`` = number of members
+            (also the δ of the attack's bound).
+        mia_alpha: significance of the attack's bound, in ``(0, 1)``.
+        warn: issue a ``UserWarning`` for each method whose fit failed (it is also in ``notes``).
+
+    Returns:
+        An :class:`EpsilonStarResult`.
+
+    Raises:
+        ValueError: for an empty set, non-finite losses, or ``delta`` / ``mia_alpha`` out of range.
+
+    Example::
+
+        >>> rng = np.random.default_rng(0)
+        >>> result = audit_epsilon_star_from_losses(rng.gamma(2, 5, 2000), rng.gamma(3, 5, 2000), delta=1e-4)
+        >>> round(result.metrics()["audit/epsilon_star"], 2), round(result.metrics()["audit/mia_epsilon_lower"], 2)
+        (4.12, 1.43)
+        >>> print(result.summary().splitlines()[4])
+        | `audit/epsilon_star` | 4.1219 |
+    """
+    members, nonmembers = _losses(member_losses), _losses(nonmember_losses)
+    if members.size == 0 or nonmembers.size == 0:
+        raise ValueError(f"Epsilon* needs member and non-member examples, got {members.size} and {nonmembers.size}")
+    delta = default_delta(int(members.size)) if delta is None else _check_delta(delta)
+    if isinstance(mia_alpha, bool) or not isinstance(mia_alpha, (int, float)) or not 0.0 < mia_alpha < 1.0:
+        raise ValueError(f"`mia_alpha` must be in (0, 1), got {mia_alpha!r}")
+    values: Dict[str, float] = {}
+    details: Dict[str, EpsilonStarDetails] = {}
+    notes: List[str] = []
+    for method, key in METHOD_KEYS:
+        try:
+            details[method] = epsilon_star_details(members, nonmembers, delta=delta, method=method)
+        except ValueError as err:  # e.g. a constant model: no Normal can be fitted
+            notes.append(f"{key} not computed: {err}")
+            if warn:
+                warnings.warn(f"audit_epsilon_star: {notes[-1]}", UserWarning, stacklevel=2)
+            continue
+        values[key] = details[method].epsilon_star
+
+    from lightning_privacy.analysis.estimation import epsilon_lower_bound
+
+    scores = -np.concatenate([members, nonmembers])  # higher = more likely a member
+    is_member = np.concatenate([np.ones(members.size, dtype=bool), np.zeros(nonmembers.size, dtype=bool)])
+    mia = epsilon_lower_bound(
+        scores, is_member, delta=delta, alpha=mia_alpha, method="bayes", selection="holdout", sided="two", seed=0
+    ).as_dict()
+    values[names.MIA_EPSILON_LOWER] = float(mia["epsilon_lower"])
+    return EpsilonStarResult(members, nonmembers, delta, values, details, mia=mia, notes=notes)
+
+
+def audit_epsilon_star(
+    model: Any,
+    members: Iterable,
+    nonmembers: Iterable,
+    *,
+    delta: Optional[float] = None,
+    forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
+    mia_alpha: float = 0.05,
+    device: Any = None,
+    warn: bool = True,
+) -> EpsilonStarResult:
+    """Epsilon* of ``model``: its membership losses on ``members`` (training data) and ``nonmembers``.
+
+    Each loader is read once in dataset order (a ``DataLoader`` over a map-style dataset is rebuilt
+    without shuffling or Poisson sampling, so a training loader can be passed as it is); the model runs
+    in eval mode without gradients (its mode is restored). Then
+    :func:`audit_epsilon_star_from_losses`.
+
+    Args:
+        model: a ``torch.nn.Module`` (e.g. a trained ``LightningModule``) returning logits.
+        members: batches of training examples, e.g. ``datamodule.member_dataloader()``.
+        nonmembers: batches of examples never trained on, e.g. ``datamodule.val_dataloader()``.
+        delta: δ of Epsilon*, in ``(0, 0.5)``; ``None`` = ``1 / (n ln n)``, ``n`` = number of members.
+        forward_fn: ``forward_fn(model, batch) -> (logits, target)``; default ``model(batch[0]), batch[1]``.
+        mia_alpha: significance of the threshold attack's ε lower bound.
+        device: where to run the model (default: where its parameters are).
+        warn: see :func:`audit_epsilon_star_from_losses`.
+
+    Returns:
+        An :class:`EpsilonStarResult`: ``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``.
+
+    Example::
+
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> gen = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(600, 4, generator=gen), torch.randint(0, 2, (600,), generator=gen)
+        >>> model = torch.nn.Linear(4, 2)
+        >>> members = DataLoader(TensorDataset(x[:400], y[:400]), batch_size=100)
+        >>> nonmembers = DataLoader(TensorDataset(x[400:], y[400:]), batch_size=100)
+        >>> result = audit_epsilon_star(model, members, nonmembers)
+        >>> sorted(result.metrics())
+        ['audit/epsilon_star', 'audit/epsilon_star_empirical', 'audit/mia_epsilon_lower']
+        >>> result.to_dict()["num_members"], type(result.figure()).__name__
+        (400, 'Figure')
+    """
+    from lightning_privacy.functional.membership_loss import membership_losses_from_loader
+
+    member_losses = membership_losses_from_loader(
+        model, sequential_loader(members), forward_fn=forward_fn, device=device
+    )
+    nonmember_losses = membership_losses_from_loader(
+        model, sequential_loader(nonmembers), forward_fn=forward_fn, device=device
+    )
+    return audit_epsilon_star_from_losses(
+        member_losses.double(), nonmember_losses.double(), delta=delta, mia_alpha=mia_alpha, warn=warn
+    )
