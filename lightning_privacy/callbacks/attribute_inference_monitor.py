@@ -90,6 +90,9 @@ class AttributeInferenceMonitor(Callback):
             deliberately out-of-range candidates).
 
     Attributes:
+        attribute: the :class:`~lightning_privacy.functional.attributes.SensitiveAttribute` (for a name:
+            the name until setup, then what the datamodule returned).
+        tracked_attribute: ``attribute`` restricted to ``values`` (``None`` until a name is looked up).
         segments: run-length state ``[{noise_multiplier, sample_rate, steps, sum_sq, measured}]``.
         max_sensitivity: the largest measured R_t.
 
@@ -137,7 +140,7 @@ class AttributeInferenceMonitor(Callback):
         if (isinstance(values, str) and values not in ("all", "extremes")) or not isinstance(values, Iterable):
             raise MisconfigurationException(f"`values` can be 'all', 'extremes' or a sequence, got {values!r}")
         self.values = values if isinstance(values, str) else list(values)
-        self.attribute = attribute
+        self.attribute, self._attribute_name = attribute, attribute if isinstance(attribute, str) else None
         self.tracked_attribute = self._select(attribute) if isinstance(attribute, SensitiveAttribute) else None
         for name, flag in (("publish", publish), ("check_candidates", check_candidates)):
             if not isinstance(flag, bool):
@@ -171,7 +174,7 @@ class AttributeInferenceMonitor(Callback):
     @override
     def state_key(self) -> str:
         values = self.values if isinstance(self.values, str) else repr(self.values)
-        name = self.attribute if isinstance(self.attribute, str) else self.attribute.name
+        name = self._attribute_name or self.attribute.name
         return self._generate_state_key(attribute=name, method=self.method, values=values, key=self.key)
 
     # ------------------------------------------------------------------------------ results
@@ -280,8 +283,9 @@ class AttributeInferenceMonitor(Callback):
     # ------------------------------------------------------------------------------ hooks
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if isinstance(self.attribute, str):
-            self.tracked_attribute = self._select(look_up_attribute(trainer, self.attribute))
+        if self._attribute_name is not None:  # looked up again at every fit: the datamodule may differ
+            self.attribute = look_up_attribute(trainer, self._attribute_name)
+            self.tracked_attribute = self._select(self.attribute)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

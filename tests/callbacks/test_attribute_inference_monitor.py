@@ -276,6 +276,7 @@ def test_name_and_datamodule_attribute_pass_the_check_and_agree(adult, tmp_path)
     one_hot = AttributeInferenceMonitor(attribute="race", key=names.AI_BAYES_SECURITY + "_race")
     t = _fit_adult(adult, [by_name, by_object, one_hot], tmp_path)
     assert by_name.tracked_attribute.values == tuple(range(17, 91)) and by_name.tracked_attribute.column == 0
+    assert by_name.attribute.name == "age" and by_name.attribute.encode is not None  # what the report reads
     assert by_name._check.done and by_object._check.done and one_hot._check.done
     logged = float(t.callback_metrics[names.AI_BAYES_SECURITY])
     assert 0 < logged < 1 and logged == pytest.approx(float(t.callback_metrics[names.AI_BAYES_SECURITY + "_o"]))
