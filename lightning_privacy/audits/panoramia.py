@@ -20,7 +20,7 @@ from lightning_privacy.audits._common import AuditResult, jsonable, progress_sta
 from lightning_privacy.functional.panoramia import PHASES, PanoramiaResult, panoramia_audit, summary_text
 from lightning_privacy.generators import _data
 
-__all__ = ["PanoramiaAuditResult", "audit_panoramia", "member_arrays", "panoramia_figure"]
+__all__ = ["FloatRows", "PanoramiaAuditResult", "audit_panoramia", "member_arrays", "panoramia_figure"]
 
 
 def panoramia_figure(result: PanoramiaResult):
@@ -111,12 +111,46 @@ class PanoramiaAuditResult(PanoramiaResult, AuditResult):
         )
 
 
-def member_arrays(batches: Any, *, generator: Any = None) -> tuple:
+@dataclass
+class FloatRows:
+    """Rows of float features as a table (numeric columns only), so the default tabular generator fits them.
+
+    For datamodules whose batches are already float vectors: ``FloatRows.of(x, y)`` holds them, and
+    :meth:`encode` turns rows back into the model's ``(x float32, y int64)`` tensors.
+
+    Example::
+
+        >>> rows = FloatRows.of(np.ones((3, 2)), np.array([0, 1, 1]))
+        >>> rows.numeric.shape, rows.categorical.shape, [t.dtype for t in FloatRows.encode(rows)]
+        ((3, 2), (3, 0), [torch.float32, torch.int64])
+    """
+
+    numeric: np.ndarray
+    categorical: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def of(cls, x: Any, y: Any) -> FloatRows:
+        x = np.asarray(x, dtype=np.float64)
+        return cls(numeric=x.reshape(len(x), -1), categorical=np.empty((len(x), 0), dtype=str), labels=np.asarray(y))
+
+    @staticmethod
+    def encode(rows: FloatRows) -> tuple:
+        import torch
+
+        return (
+            torch.as_tensor(np.asarray(rows.numeric), dtype=torch.float32),
+            torch.as_tensor(np.asarray(rows.labels), dtype=torch.long),
+        )
+
+
+def member_arrays(batches: Any, *, generator: Any = None, allow_flat: bool = False) -> tuple:
     """``(x, y)`` numpy arrays from one pass over batches of ``(x, y)`` tensors (dataset order).
 
     Raises:
         ValueError: for batches that are not ``(x, y)`` pairs, no data, or flat features without a
-            ``generator`` (the default generators make tables or images, not encoded feature vectors).
+            ``generator`` (the default generators make tables or images, not encoded feature vectors;
+            ``allow_flat=True`` lets the caller treat them as :class:`FloatRows`).
     """
     xs, ys = [], []
     for batch in sequential_loader(batches):
@@ -127,7 +161,7 @@ def member_arrays(batches: Any, *, generator: Any = None) -> tuple:
     if not xs:
         raise ValueError("PANORAMIA found no member data in the batches")
     x, y = np.concatenate(xs), np.concatenate(ys)
-    if x.ndim < 3 and generator is None:
+    if x.ndim < 3 and generator is None and not allow_flat:
         raise ValueError(
             f"cannot generate non-members for flat features of shape {x.shape[1:]}: pass `generator=` (and raw "
             "`members=` for tables), or use a datamodule with `train_table`/`to_dataset`"

@@ -1,84 +1,114 @@
-"""``lightning-privacy audit epsilon-star``: Epsilon* of a saved checkpoint on Adult (or its own data).
+"""``lightning-privacy audit epsilon-star``: Epsilon* of a saved model on its own data, or of two loss files.
 
-Members are the training rows of :class:`~lightning_privacy.data.datamodule.AdultDataModule` (the same
-split as training: pass the same ``--val-fraction`` / ``--split-seed``), non-members its validation rows
-(``--nonmembers val``, default) or the ``adult.test`` rows (``--nonmembers test``).
+From a checkpoint: ``--model pkg.module:Class`` and ``--datamodule pkg.module:Class`` (default: the
+bundled :class:`~lightning_privacy.data.datamodule.AdultDataModule` and
+:class:`~lightning_privacy.models.TabularMLP`), built with ``--datamodule-args`` (JSON). Members are
+the datamodule's ``member_dataloader()`` if it has one, else one pass over its ``train_dataloader()``;
+non-members its ``val_dataloader()`` (``--nonmembers val``, default) or ``test_dataloader()``. For Adult
+pass the split used in training (``--val-fraction`` / ``--split-seed``). The checkpoint is read by
+torch's weights-only loader: a file that holds more than plain weights is refused.
+
+From files: ``--member-losses F --nonmember-losses F`` (``.npy``, or ``.csv``/``.txt`` with one value a
+line; low loss = looks like a member), e.g. losses computed by another framework.
+
+The audit is :func:`lightning_privacy.audits.audit_epsilon_star`; ``--json`` prints exactly one JSON
+object on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from pathlib import Path
 
 NAME = "audit epsilon-star"
-HELP = "Epsilon* (Negoescu et al. 2023) of a saved model checkpoint: members = Adult train rows, non-members = val/test rows."
+HELP = (
+    "Epsilon* (Negoescu et al. 2023) of a saved model on its datamodule's members and non-members "
+    "(default: Adult), or of member / non-member loss files."
+)
 DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
+ADULT_DEFAULTS = {"data_path": None, "batch_size": 1024, "val_fraction": 0.1, "split_seed": 0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) to audit")
-    parser.add_argument(
+    source = parser.add_argument_group("what to audit (a checkpoint, or two loss files)")
+    source.add_argument("--checkpoint", default=None, help="Lightning checkpoint (.ckpt) or state_dict file")
+    source.add_argument("--member-losses", default=None, help="losses of members: .npy, or .csv/.txt one a line")
+    source.add_argument("--nonmember-losses", default=None, help="losses of non-members (same formats)")
+    model = parser.add_argument_group("model and data (with --checkpoint)")
+    model.add_argument(
         "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
     )
-    parser.add_argument(
-        "--data-path", default=None, help="folder with adult.data / adult.test (default: the bundled copy)"
+    model.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
+    model.add_argument(
+        "--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult's)"
     )
-    parser.add_argument(
-        "--nonmembers", choices=("val", "test"), default="val", help="non-member rows (default: %(default)s)"
+    model.add_argument("--datamodule-args", default=None, help="JSON object of constructor arguments")
+    model.add_argument(
+        "--nonmembers", choices=("val", "test"), default="val", help="non-member data (default: %(default)s)"
     )
-    parser.add_argument(
-        "--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--split-seed",
-        type=int,
-        default=0,
-        help="seed of the train/validation split used in training (default: %(default)s)",
-    )
-    parser.add_argument("--batch-size", type=int, default=1024, help="evaluation batch size (default: %(default)s)")
+    adult = parser.add_argument_group("Adult (the default datamodule)")
+    adult.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: bundled)")
+    adult.add_argument("--val-fraction", type=float, default=None, help="validation share used in training (0.1)")
+    adult.add_argument("--split-seed", type=int, default=None, help="seed of the train/validation split (0)")
+    adult.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (1024)")
     parser.add_argument(
         "--delta",
         type=float,
         default=None,
-        help="delta of Epsilon* in (0, 0.5) (default: 1/(n ln n), n = training rows)",
+        help="delta of Epsilon* in (0, 0.5) (default: 1/(n ln n), n = member examples)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def _load_class(spec: str):
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise ValueError(f"`--model` must look like 'package.module:Class', got {spec!r}")
-    try:
-        return getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"`--model` {spec!r} cannot be imported: {err}") from err
+def _datamodule_args(args: argparse.Namespace) -> dict:
+    from lightning_privacy.commands._audit_io import json_object
+
+    given = json_object(args.datamodule_args, "--datamodule-args")
+    adult_flags = {k: getattr(args, k) for k in ADULT_DEFAULTS if getattr(args, k) is not None}
+    if args.datamodule is not None:
+        if adult_flags:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in adult_flags)
+            raise ValueError(f"{flags} only apply to the default Adult datamodule; use `--datamodule-args`")
+        return given
+    adult = {**ADULT_DEFAULTS, **adult_flags}
+    return {
+        "path": adult["data_path"],
+        "batch_size": adult["batch_size"],
+        "val_fraction": adult["val_fraction"],
+        "seed": adult["split_seed"],
+        **given,
+    }
 
 
-def audit_checkpoint(args: argparse.Namespace) -> dict:
-    """Load the checkpoint and data of ``args``, return the audit as a dict of plain values."""
-    from lightning_privacy.audits import audit_epsilon_star
-    from lightning_privacy.data.datamodule import AdultDataModule
+def audit(args: argparse.Namespace) -> dict:
+    """The audit ``args`` ask for, as a dict of plain values (``ValueError`` with a one-line message)."""
+    from lightning_privacy.audits import audit_epsilon_star, audit_epsilon_star_from_losses
+    from lightning_privacy.commands import _audit_io as io
 
     if args.delta is not None and not 0.0 < args.delta < 0.5:
         raise ValueError(f"`--delta` must be in the open interval (0, 0.5), got {args.delta!r}")
-    if not Path(args.checkpoint).is_file():
-        raise ValueError(f"`--checkpoint` {args.checkpoint!r} is not a file")
-    model = _load_class(args.model).load_from_checkpoint(args.checkpoint, map_location="cpu")
-    dm = AdultDataModule(
-        path=args.data_path, batch_size=args.batch_size, val_fraction=args.val_fraction, seed=args.split_seed
-    )
-    dm.setup("fit")
-    if args.nonmembers == "val" and len(dm.val_dataset) == 0:
-        raise ValueError("`--nonmembers val` needs `--val-fraction` > 0; use `--nonmembers test`")
-    population = dm.val_dataloader() if args.nonmembers == "val" else dm.test_dataloader()
-    result = audit_epsilon_star(model, dm.member_dataloader(), population, delta=args.delta, warn=False)
+    files = (args.member_losses, args.nonmember_losses)
+    if args.checkpoint is None and None in files:
+        raise ValueError("give `--checkpoint`, or both `--member-losses` and `--nonmember-losses`")
+    if args.checkpoint is not None and files != (None, None):
+        raise ValueError("give either `--checkpoint` or loss files, not both")
+    if args.checkpoint is None:
+        members = io.read_values(args.member_losses, "--member-losses")
+        nonmembers = io.read_values(args.nonmember_losses, "--nonmember-losses")
+        result = audit_epsilon_star_from_losses(members, nonmembers, delta=args.delta, warn=False)
+        source = {"member_losses": args.member_losses, "nonmember_losses": args.nonmember_losses}
+    else:
+        model_class = io.load_class(args.model, "--model")
+        dm_args = _datamodule_args(args)
+        model = io.load_model(model_class, args.checkpoint, io.json_object(args.model_args, "--model-args"))
+        dm = io.datamodule(args.datamodule, dm_args, stage_test=args.nonmembers == "test")
+        members, nonmembers = io.member_batches(dm), io.nonmember_batches(dm, args.nonmembers)
+        result = audit_epsilon_star(model, members, nonmembers, delta=args.delta, warn=False)
+        source = {"checkpoint": args.checkpoint, "datamodule": type(dm).__name__, "nonmembers": args.nonmembers}
     if "parametric" not in result.details:
         raise ValueError("; ".join(result.notes))
-    return {**result.to_dict(), "nonmembers": args.nonmembers}
+    return {**result.to_dict(), **source}
 
 
 def _f(value, spec: str) -> str:
@@ -126,11 +156,11 @@ def _table(out: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        out = audit_checkpoint(args)
+        out = audit(args)
     except ValueError as err:
         print(f"lightning-privacy audit epsilon-star: error: {err}", file=sys.stderr)
         return 2
     for note in out.get("notes", []):
         print(f"lightning-privacy audit epsilon-star: warning: {note}", file=sys.stderr)
-    print(json.dumps(out, indent=2) if args.json else _table(out))
+    print(json.dumps(out, indent=2, allow_nan=False) if args.json else _table(out))
     return 0

@@ -1,23 +1,43 @@
-"""``lightning-privacy audit panoramia``: PANORAMIA on a saved checkpoint (Adult models)."""
+"""``lightning-privacy audit panoramia``: PANORAMIA on a saved checkpoint, with generated non-members.
+
+Members come from ``--datamodule pkg.module:Class`` (default: the bundled Adult datamodule), built with
+``--datamodule-args`` (JSON):
+
+- a datamodule with raw rows (``train_table`` and ``to_dataset``, as Adult's) gives a table and the
+  default tabular generator;
+- any other datamodule is read once (``member_dataloader()`` if it has one, else
+  ``train_dataloader()``): image-shaped inputs use the digits generator, flat float rows are audited as
+  a numeric table with the default tabular generator.
+
+``--generator pkg.module:Class`` (with ``--generator-args`` JSON) replaces the default generator. The
+checkpoint is read by torch's weights-only loader: a file that holds more than plain weights is refused.
+The audit is :func:`lightning_privacy.audits.audit_panoramia`; its phases show on a progress bar on
+stderr (``--quiet``: none), and ``--json`` prints exactly one JSON object on stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
+import sys
 import time
 
 NAME = "audit panoramia"
-HELP = "PANORAMIA audit of a saved Adult checkpoint with generated non-members (no retraining)"
+HELP = "PANORAMIA audit of a saved checkpoint with generated non-members (no retraining); default data: Adult"
+DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) of the target model")
+    parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) or state_dict of the target")
     parser.add_argument(
-        "--model-class",
-        default="lightning_privacy.models.TabularMLP",
-        help="dotted path of the LightningModule class (default: %(default)s)",
+        "--model", default=None, help=f"LightningModule class as module:Class (default: {DEFAULT_MODEL})"
     )
+    parser.add_argument("--model-class", default=None, help="the same as a dotted path (older spelling of --model)")
+    parser.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
+    parser.add_argument("--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult)")
+    parser.add_argument("--datamodule-args", default=None, help="JSON object of constructor arguments")
+    parser.add_argument("--generator", default=None, help="generator class as module:Class (fit(data) / sample(n))")
+    parser.add_argument("--generator-args", default=None, help="JSON object of constructor arguments for --generator")
     parser.add_argument("--data", default="adult", help="member data: only 'adult' (the AdultDataModule train split)")
     parser.add_argument("--data-path", default=None, help="folder with adult.data/adult.test (default: bundled copy)")
     parser.add_argument(
@@ -45,31 +65,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--figure", default=None, help="write the curves to this image file")
     parser.add_argument("--output", default=None, help="write the numbers and the report to this JSON file")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (numbers and report) on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.data != "adult":
-        raise SystemExit(f"error: --data must be 'adult' (the only bundled tabular set), got {args.data!r}")
-    if not 0 < args.member_fraction <= 1:
-        raise SystemExit(f"error: --member-fraction must be in (0, 1], got {args.member_fraction!r}")
-    from lightning_privacy.audits import audit_panoramia
-    from lightning_privacy.data import AdultDataModule
+def _members(args: argparse.Namespace, dm) -> tuple:
+    """``(members, encode, generator)`` for the datamodule: a table, image arrays or float rows."""
+    from lightning_privacy.audits.panoramia import FloatRows, member_arrays
+    from lightning_privacy.commands import _audit_io as io
     from lightning_privacy.generators import FilteredGenerator, TabularGenerator
 
-    module_name, _, class_name = args.model_class.rpartition(".")
-    model_class = getattr(importlib.import_module(module_name), class_name)
-    model = model_class.load_from_checkpoint(args.checkpoint, map_location="cpu")
-    dm = AdultDataModule(path=args.data_path, val_fraction=args.val_fraction, seed=args.split_seed)
-    dm.setup("fit")
-    generator = TabularGenerator(seed=args.seed)
-    if not args.no_filter:
-        generator = FilteredGenerator(generator, seed=args.seed)
-    start = time.perf_counter()
-    result = audit_panoramia(
+    generator = None
+    if args.generator is not None:
+        try:
+            generator = io.load_class(args.generator, "--generator")(
+                **io.json_object(args.generator_args, "--generator-args")
+            )
+        except TypeError as err:
+            raise ValueError(f"`--generator-args` do not fit {args.generator}: {err}") from None
+    if hasattr(dm, "train_table") and callable(getattr(dm, "to_dataset", None)):
+        members, encode = dm.train_table, (lambda rows: dm.to_dataset(rows).tensors)
+        tabular = True
+    else:
+        x, y = member_arrays(io.member_batches(dm), generator=generator, allow_flat=True)
+        tabular = x.ndim < 3
+        members, encode = (FloatRows.of(x, y), FloatRows.encode) if tabular else ((x, y), None)
+    if generator is None and tabular:
+        generator = TabularGenerator(seed=args.seed)
+        if not args.no_filter:
+            generator = FilteredGenerator(generator, seed=args.seed)
+    return members, encode, generator
+
+
+def audit(args: argparse.Namespace):
+    """The audit ``args`` ask for (``ValueError`` with a one-line message)."""
+    from lightning_privacy.audits import audit_panoramia
+    from lightning_privacy.commands import _audit_io as io
+
+    if args.model is not None and args.model_class is not None:
+        raise ValueError("give `--model` or its older spelling `--model-class`, not both")
+    spec = args.model or args.model_class or DEFAULT_MODEL
+    model_class = io.load_class(spec, "--model" if args.model_class is None else "--model-class")
+    dm_args = io.json_object(args.datamodule_args, "--datamodule-args")
+    if args.datamodule is None:
+        dm_args = {"path": args.data_path, "val_fraction": args.val_fraction, "seed": args.split_seed, **dm_args}
+    model = io.load_model(model_class, args.checkpoint, io.json_object(args.model_args, "--model-args"))
+    dm = io.datamodule(args.datamodule, dm_args)
+    members, encode, generator = _members(args, dm)
+    return audit_panoramia(
         model,
-        dm.train_table,
-        encode=lambda rows: dm.to_dataset(rows).tensors,
+        members,
+        encode=encode,
         generator=generator,
         member_fraction=args.member_fraction,
         audit_size=args.audit_size,
@@ -80,13 +126,30 @@ def run(args: argparse.Namespace) -> int:
         mia_features=args.mia_features,
         progress=not args.quiet,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.data != "adult":
+        raise SystemExit(f"error: --data must be 'adult' (the only bundled tabular set), got {args.data!r}")
+    if not 0 < args.member_fraction <= 1:
+        raise SystemExit(f"error: --member-fraction must be in (0, 1], got {args.member_fraction!r}")
+    start = time.perf_counter()
+    try:
+        result = audit(args)
+    except (ValueError, TypeError) as err:
+        print(f"lightning-privacy audit panoramia: error: {err}", file=sys.stderr)
+        return 2
     seconds = time.perf_counter() - start
     text = result.summary()
-    print(text)
-    print(f"\naudit time: {seconds:.1f} s")
+    out = {**result.to_dict(), "seconds": seconds, "report": text}
+    if args.json:
+        print(json.dumps(out, indent=2, allow_nan=False))
+    else:
+        print(text)
+        print(f"\naudit time: {seconds:.1f} s")
     if args.figure:
         result.figure().savefig(args.figure, dpi=120)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
-            json.dump({**result.to_dict(), "seconds": seconds, "report": text}, handle, indent=2)
+            json.dump(out, handle, indent=2, allow_nan=False)
     return 0
