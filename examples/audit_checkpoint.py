@@ -12,6 +12,13 @@ Both audits take members = the ``AdultDataModule`` training rows of the split th
 on (default ``val_fraction=0.1``; ``--split-seed`` must match training). Epsilon* uses the validation
 rows as non-members; PANORAMIA generates its non-members. Neither retrains the target.
 
+The commands are thin: the audits are plain functions. The script also calls one directly, as in a
+notebook, and shows that it gives the command's numbers::
+
+    from lightning_privacy.audits import audit_epsilon_star
+    result = audit_epsilon_star(model, dm.member_dataloader(), dm.val_dataloader())
+    result.metrics(), result.summary(), result.figure(), result.to_dict()
+
 Run:  OMP_NUM_THREADS=1 python examples/audit_checkpoint.py [--epochs 10] [--logdir lightning_logs]
       OMP_NUM_THREADS=1 python examples/audit_checkpoint.py --checkpoint path/to/model.ckpt
 """
@@ -107,6 +114,20 @@ def main(argv: list[str] | None = None) -> None:
         f"({eps_star['nonmembers']} rows), δ = {eps_star['delta']:.3g}"
     )
 
+    # the same audit as a plain function call on the loaded model and Adult's loaders
+    from lightning_privacy.audits import audit_epsilon_star
+    from lightning_privacy.data import AdultDataModule
+    from lightning_privacy.models import TabularMLP
+
+    model = TabularMLP.load_from_checkpoint(checkpoint, map_location="cpu", weights_only=True)
+    dm = AdultDataModule(batch_size=1024, seed=args.split_seed)
+    dm.setup("fit")
+    result = audit_epsilon_star(model, dm.member_dataloader(), dm.val_dataloader())
+    same = all(result.metrics()[key] == eps_star[key] for key in result.metrics())
+    print("\n>>> audit_epsilon_star(model, dm.member_dataloader(), dm.val_dataloader()).metrics()")
+    print(f"{names.EPSILON_STAR:<28} {result.epsilon_star:.4f}   (the command's numbers, exactly: {same})")
+    result.figure().savefig(out_dir / "epsilon_star.png", dpi=110)
+
     report = out_dir / "panoramia.json"
     figure = out_dir / "panoramia.png"
     command = [
@@ -139,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{{c+ε}}_lb = {panoramia['c_plus_epsilon_lb']:.4f}   (β = {panoramia['beta']:g}; ε̃ is not a DP lower bound)"
     )
     print(f"  checkpoint: {checkpoint}")
-    print(f"  PANORAMIA report: {report}   figure: {figure}")
+    print(f"  PANORAMIA report: {report}   figure: {figure}   Epsilon* figure: {out_dir / 'epsilon_star.png'}")
 
 
 if __name__ == "__main__":
