@@ -18,6 +18,7 @@ _CALLBACKS = {
     "PanoramiaAudit": "lightning_privacy.callbacks.panoramia_audit",
     "PrivacyProfileAudit": "lightning_privacy.callbacks.privacy_profile_audit",
     "OutputPerturbation": "lightning_privacy.callbacks.output_perturbation",
+    "CanaryAudit": "lightning_privacy.callbacks.canary_audit",
 }
 
 __all__ = ["__version__", *_CALLBACKS]

@@ -56,5 +56,17 @@ EPSILON_STAR_SUMMARY = "audit/epsilon_star/summary"  # text: the Epsilon* table
 PANORAMIA_FIGURE = "audit/panoramia_epsilon/curves"  # figure: precision-recall and bounds over recall
 PANORAMIA_SUMMARY = "audit/panoramia_epsilon/summary"  # text: the numbers, their meaning, the most real rows
 PRIVACY_REPORT = "privacy/report"  # text: the end-of-training privacy report (lightning_privacy.report)
+CANARY_EPSILON_LOWER = "audit/canary_epsilon_lower"  # one-run canary audit: valid ε lower bound (Steinke et al.)
+CANARY_EPSILON_LOWER_GDP = "audit/canary_epsilon_lower_gdp"  # the same from the Gaussian f-DP test (Mahloujifar et al.)
+CANARY_GUESSES = "audit/canary_guesses"  # r of the reported binomial test
+CANARY_CORRECT = "audit/canary_correct"  # v of the reported binomial test
+CANARY_GUESSES_GDP = "audit/canary_guesses_gdp"
+CANARY_CORRECT_GDP = "audit/canary_correct_gdp"
+CANARY_EPSILON_LOWER_MAX = "audit/canary_epsilon_lower_max"  # the largest bound m canaries can give (binomial)
+CANARY_EPSILON_LOWER_MAX_GDP = "audit/canary_epsilon_lower_max_gdp"
+CANARY_EPSILON_OPTIMISTIC = "audit/canary_epsilon_optimistic"  # uncorrected best over the grid: NOT a valid bound
+CANARY_EPSILON_OPTIMISTIC_GDP = "audit/canary_epsilon_optimistic_gdp"
+CANARY_FIGURE = "audit/canary_epsilon_lower/theory_vs_practice"  # figure: accountant ε vs the empirical bounds
+CANARY_SUMMARY = "audit/canary_epsilon_lower/summary"  # text: the canary audit table
 
 ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))

@@ -1,0 +1,577 @@
+"""``CanaryAudit``: an ε lower bound from canaries inserted into the same training run (one-run auditing).
+
+Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023): m canaries, each
+included with probability 1/2, scored after training; the guesses become a statistically valid lower
+bound on ε (:mod:`lightning_privacy.analysis.canary`). The accountant gives the upper bound of the same run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from matplotlib.figure import Figure
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, RandomSampler, Subset
+from typing_extensions import override
+
+from lightning_privacy import _compat, names
+from lightning_privacy.analysis.canary import canary_audit_from_scores, guess_grid, max_epsilon_lower
+from lightning_privacy.callbacks import _audit_utils as audit
+from lightning_privacy.functional.membership_loss import membership_losses_from_loader
+
+__all__ = ["CanaryAudit", "theory_vs_practice_figure"]
+
+KINDS = ("gradient", "input")
+CORRECTIONS = ("bonferroni", "split")
+SCORES = ("released_minus_batch", "released")
+DEFAULT_DELTA = 1e-5
+STATE_VERSION = 1
+SCORE_BATCH_SIZE = 256
+_DRAW, _SAMPLE = 0, 1  # seed streams: the canary set and inclusion; the per-step Poisson sampling
+_KEYS = {  # method -> (bound, guesses, correct, optimistic, ceiling)
+    "binomial": (
+        names.CANARY_EPSILON_LOWER,
+        names.CANARY_GUESSES,
+        names.CANARY_CORRECT,
+        names.CANARY_EPSILON_OPTIMISTIC,
+        names.CANARY_EPSILON_LOWER_MAX,
+    ),
+    "gdp": (
+        names.CANARY_EPSILON_LOWER_GDP,
+        names.CANARY_GUESSES_GDP,
+        names.CANARY_CORRECT_GDP,
+        names.CANARY_EPSILON_OPTIMISTIC_GDP,
+        names.CANARY_EPSILON_LOWER_MAX_GDP,
+    ),
+}
+
+
+def _bad(name: str, expected: str, value: Any) -> MisconfigurationException:
+    return MisconfigurationException(f"`{name}` must be {expected}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class CanaryAudit(Callback):
+    r"""One-run canary audit: an ε lower bound from the training run itself, beside the accountant's ε.
+
+    ``num_canaries`` canaries are each included in training with probability 1/2 (drawn from ``seed``); at
+    fit end each is scored (higher = looks included) and the best guesses on a grid fixed by m become a
+    lower bound on ε at level ``alpha`` with a Bonferroni (or ``"split"``) correction
+    (:func:`~lightning_privacy.analysis.canary.canary_audit_from_scores`), by Steinke et al.'s Theorem 3.1
+    (``"binomial"``) and Mahloujifar et al.'s Gaussian trade-off test (``"gdp"``). A bound above the
+    accountant's ε would mean the implementation leaks more than claimed. With m canaries no bound can
+    exceed about log(q/(1 − q)), q = (α/27)^(1/m) (4.8 for m = 1000, α = 0.05, δ = 1e-5), whatever the true
+    ε: the ceiling is logged beside the bound.
+
+    ``kind="gradient"`` (white box, needs :class:`~lightning_privacy.DPSGD`): canary j is the Dirac
+    gradient C·e_j (C = ``max_grad_norm``, so clipping leaves it unchanged) on one of m distinct random
+    coordinates of the flattened trainable parameters. Every step each included canary joins the batch
+    with DP-SGD's sample rate p and is added to the summed clipped gradient before the noise (through
+    ``DPSGD.register_before_noise_hook``; under DDP on global rank 0 only, so it is counted once — every
+    rank derives the same canaries, inclusion and per-step sampling from ``seed``). The scores come from
+    g̃_t, the released noisy sum of step t, read from ``p.grad`` after the step (after DDP's all-reduce,
+    the same on every rank) and expressed in units of the clipped sum. DP-SGD's analysis (Abadi et al.
+    2016) assumes every g̃_t is released to an adversary who knows all the other training data: the
+    accountant's ε holds against exactly that adversary, so scores built from those values audit what the
+    accountant claims.
+
+    - ``score="released_minus_batch"`` (default): Σ_t (g̃_t[j] − b_t[j]), where b_t is the sum of the
+      batch's own clipped per-sample gradients (read in the hook before the canaries are added; summed
+      over DDP ranks). The accountant's guarantee still holds when the adversary also knows every other
+      example's clipped gradient and batch membership (Poisson amplification conditions on the other
+      examples' sampling), so this is a valid — and the strongest — white-box score; it leaves C·(times
+      canary j was sampled) plus the noise, and the bound then tracks the accountant's ε as privacy weakens.
+    - ``score="released"``: Σ_t g̃_t[j], the released values alone. The real data's gradient at coordinate
+      j adds a nuisance that is large for small models and big batches (Adult MLP, B ≈ 2,700: a bound of
+      1.0 instead of 4.1 at σ = 0.3, 30 epochs; see ``benchmarks/canary_audit.py``).
+
+    The canaries are real gradient terms: each moves its coordinate by at most C per step (C/B after
+    averaging over the expected batch size B), so the audited run trains slightly differently from one
+    without the audit.
+
+    ``kind="input"`` (black box; with or without DP-SGD): canary j is a copy of a random training row
+    with a wrong label (label y → (y + 1 + u) mod K, u uniform in [0, K − 2], K classes), an example the
+    model would not fit by chance. Included canaries are appended to the training set (a
+    ``ConcatDataset`` behind a loader with the same batch size and collate_fn, installed before DP-SGD's
+    Poisson sampling, so they are sampled like every row). Score: minus the final model's membership loss
+    (``logsumexp`` of the other logits minus the label's logit, monotone in cross-entropy) on every
+    canary, included or not. Only the last model is seen, so expect bounds far below the accountant's ε.
+
+    Logged at fit end through ``trainer.loggers`` at ``trainer.global_step`` (rank 0):
+    ``audit/canary_epsilon_lower``, ``audit/canary_epsilon_lower_gdp``, the guesses and correct guesses of
+    both, and the ceilings ``audit/canary_epsilon_lower_max(_gdp)``; to TensorBoard a "theory vs practice"
+    figure (accountant ε, the canary bounds, and ε* and PANORAMIA ε̃ when those audits ran in the same
+    fit) and a text summary. Skipped under ``fast_dev_run``.
+
+    Args:
+        kind: ``"gradient"`` or ``"input"``.
+        num_canaries: m ≥ 1 (gradient: at most the number of trainable coordinates; input: of rows).
+        seed: non-negative int; the canaries, inclusion, per-step sampling and tie-breaking derive from it.
+        alpha: significance of the bound, in (0, 1).
+        delta: δ of the (ε, δ) claim tested, in (0, 1); default DPSGD's δ, else 1e-5.
+        correction: ``"bonferroni"`` or ``"split"`` (see ``canary_audit_from_scores``).
+        score: gradient canaries' score, ``"released_minus_batch"`` or ``"released"`` (see above).
+        num_classes: K for the wrong labels (input); default the model's number of logits (2 for one).
+        forward_fn: ``forward_fn(pl_module, batch) -> (logits, target)`` to score input canaries; default
+            ``pl_module(batch[0]), batch[1]``.
+
+    Attributes:
+        results: the fit-end values by key: the logged ones plus the uncorrected best
+            ``audit/canary_epsilon_optimistic(_gdp)`` (not a valid bound: kept for comparison with papers).
+        details: the :class:`~lightning_privacy.analysis.canary.CanaryAuditResult` by method.
+        accountant_epsilon: DPSGD's ε at the audit's δ (``None`` without DPSGD).
+
+    Raises:
+        MisconfigurationException: a bad argument (at construction); ``"gradient"`` without DPSGD, more
+            canaries than coordinates or rows, or a train loader that cannot take canary rows (at fit).
+
+    Example::
+
+        >>> audit = CanaryAudit("gradient", num_canaries=1000, seed=3)
+        >>> audit.state_key
+        "CanaryAudit{'kind': 'gradient', 'num_canaries': 1000, 'seed': 3}"
+        >>> CanaryAudit("labels")
+        Traceback (most recent call last):
+        ...
+        lightning.fabric.utilities.exceptions.MisconfigurationException: `kind` must be one of ('gradient', 'input'), got 'labels'
+        >>> trainer = pl.Trainer(callbacks=[DPSGD(noise_multiplier=1.0), audit])  # doctest: +SKIP
+    """
+
+    hparams_metric_keys = (names.CANARY_EPSILON_LOWER,)
+
+    def __init__(
+        self,
+        kind: str = "gradient",
+        *,
+        num_canaries: int = 1000,
+        seed: int = 0,
+        alpha: float = 0.05,
+        delta: Optional[float] = None,
+        correction: str = "bonferroni",
+        score: str = "released_minus_batch",
+        num_classes: Optional[int] = None,
+        forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise _bad("kind", f"one of {KINDS}", kind)
+        if not _is_int(num_canaries) or num_canaries < 1:
+            raise _bad("num_canaries", "a positive int", num_canaries)
+        if not _is_int(seed) or seed < 0:
+            raise _bad("seed", "a non-negative int", seed)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+            raise _bad("alpha", "in (0, 1)", alpha)
+        if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1):
+            raise _bad("delta", "None or in (0, 1)", delta)
+        if correction not in CORRECTIONS:
+            raise _bad("correction", f"one of {CORRECTIONS}", correction)
+        if score not in SCORES:
+            raise _bad("score", f"one of {SCORES}", score)
+        if num_classes is not None and (not _is_int(num_classes) or num_classes < 2):
+            raise _bad("num_classes", "None or an int >= 2", num_classes)
+        self.kind, self.num_canaries, self.seed = kind, int(num_canaries), int(seed)
+        self.alpha, self.delta, self.correction = float(alpha), None if delta is None else float(delta), correction
+        self.score, self.num_classes, self.forward_fn = score, num_classes, forward_fn
+        # the run's canaries (plain Python, in state_dict); drawn from the seed at the first fit
+        self._space: Optional[int] = None  # trainable coordinates (gradient) or training rows (input)
+        self._canaries: Optional[List[int]] = None  # coordinates or row indices
+        self._labels: Optional[List[int]] = None  # the wrong labels (input)
+        self._included: Optional[np.ndarray] = None
+        self._scores = np.zeros(self.num_canaries)  # running Σ_t g̃_t[j] (gradient)
+        self._steps = 0  # optimizer steps with canaries (seeds each step's sampling)
+        self.results: Dict[str, float] = {}
+        self.details: Dict[str, Any] = {}
+        self.accountant_epsilon: Optional[float] = None
+        # runtime only
+        self._dpsgd: Any = None
+        self._hooked: Any = None
+        self._params: List[tuple] = []  # (parameter, local flat indices, canary ids)
+        self._order = np.zeros(0, dtype=np.int64)
+        self._adds, self._world = False, 1
+        self._pending: Optional[tuple] = None  # (batch sums at the canaries or None, p.grad unit) of this step
+        self._sample_rate = 0.0
+        self._source: Optional[Dataset] = None
+        self._collate: Any = None
+        self._figure_pending = False
+        self._module: Any = None
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(kind=self.kind, num_canaries=self.num_canaries, seed=self.seed)
+
+    # ------------------------------------------------------------------------------ the canaries
+    def _draw(self, space: int, what: str) -> None:
+        """Draw (or, after a resume, check) the canary set and inclusion for ``space`` coordinates or rows."""
+        if space < self.num_canaries:
+            raise MisconfigurationException(
+                f"`num_canaries`={self.num_canaries} needs at least as many {what}, but the run has {space}"
+            )
+        if self._canaries is not None:
+            if self._space != space:
+                raise RuntimeError(
+                    f"CanaryAudit state was drawn for {self._space} {what}, this run has {space}: not the same run"
+                )
+            return
+        rng = np.random.default_rng([self.seed, _DRAW])
+        self._space = int(space)
+        self._canaries = [int(i) for i in rng.choice(space, size=self.num_canaries, replace=False)]
+        self._included = rng.random(self.num_canaries) < 0.5
+
+    @property
+    def included(self) -> Optional[np.ndarray]:
+        """Whether each canary was included (known once the fit started)."""
+        return None if self._included is None else self._included.copy()
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Running scores (gradient: Σ_t g̃_t[j] so far; input: filled at fit end)."""
+        return self._scores.copy()
+
+    def sampled(self, step: int) -> np.ndarray:
+        """Which canaries join optimizer step ``step`` (0-based): included and Poisson-sampled at rate p."""
+        rng = np.random.default_rng([self.seed, _SAMPLE, int(step)])
+        return self._included & (rng.random(self.num_canaries) < self._sample_rate)
+
+    # ------------------------------------------------------------------------------ wiring
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        from lightning_privacy.callbacks.dpsgd import DPSGD
+
+        self._module = pl_module
+        found = [cb for cb in trainer.callbacks if isinstance(cb, DPSGD)]
+        self._dpsgd = found[0] if found else None
+        if self.kind == "input":
+            _compat.install_train_loader_transform(trainer, self._with_canaries, key="canaries", order=0)
+            return
+        if self._dpsgd is None:
+            raise MisconfigurationException(
+                "CanaryAudit(kind='gradient') adds canaries to DP-SGD's clipped gradients and needs the DPSGD callback "
+                "in the same Trainer; use kind='input' to audit training without DP-SGD"
+            )
+        if self._hooked is not self._dpsgd:  # once per DPSGD, however often fit is called
+            self._dpsgd.register_before_noise_hook(self._add_canaries)
+            self._hooked = self._dpsgd
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.kind != "gradient":
+            return
+        named = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
+        self._draw(sum(p.numel() for _, p in named), "trainable coordinates")
+        optimized = {id(p) for group in trainer.strategy.optimizers[0].param_groups for p in group["params"]}
+        coords = np.asarray(self._canaries, dtype=np.int64)
+        self._params, order, start = [], [], 0
+        for name, p in named:
+            if id(p) not in optimized:
+                raise MisconfigurationException(f"CanaryAudit: trainable parameter {name!r} is not in the optimizer")
+            ids = np.flatnonzero((coords >= start) & (coords < start + p.numel()))
+            if ids.size:
+                local = torch.as_tensor(coords[ids] - start, device=p.device)
+                self._params.append((p, local, torch.as_tensor(ids)))
+                order.append(ids)
+            start += p.numel()
+        self._order = np.concatenate(order)
+        self._sample_rate = float(self._dpsgd.sample_rate)
+        self._adds, self._world = trainer.is_global_zero, trainer.world_size
+        self._pending = None
+
+    def _gather(self, tensors: List[torch.Tensor]) -> torch.Tensor:
+        """The canary coordinates of per-parameter tensors, in ``self._order``, as float64 on the CPU."""
+        return torch.cat(
+            [t.detach().reshape(-1).index_select(0, local).cpu() for t, (_, local, _) in zip(tensors, self._params)]
+        ).double()
+
+    def _add_canaries(self, optimizer: Any) -> None:
+        """Before-noise hook: note the batch's own sum, then add C·e_j per canary sampled this step (rank 0 only)."""
+        step, self._steps = self._steps, self._steps + 1
+        known = (
+            self._gather([p.summed_grad for p, _, _ in self._params]) if self.score == "released_minus_batch" else None
+        )
+        mean = optimizer.loss_reduction == "mean"  # p.grad = Σ_ranks (sum + noise) / unit after the step
+        unit = optimizer.expected_batch_size * optimizer.accumulated_iterations * self._world if mean else 1.0
+        self._pending = (known, float(unit))
+        if not self._adds:
+            return
+        sampled = torch.as_tensor(self.sampled(step))
+        value = float(self._dpsgd.max_grad_norm)
+        for p, local, ids in self._params:
+            hit = local[sampled[ids].to(local.device)]
+            if hit.numel():
+                flat = p.summed_grad.reshape(-1)
+                flat.index_add_(0, hit, torch.full_like(hit, value, dtype=flat.dtype))
+                if flat.data_ptr() != p.summed_grad.data_ptr():  # reshape copied: write back
+                    p.summed_grad = flat.view_as(p.summed_grad)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._pending is None:  # no DP step this batch (e.g. a skipped optimizer step): nothing released
+            return
+        known, unit = self._pending
+        self._pending = None
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p, _, _ in self._params]
+        score = self._gather(grads) * unit  # the released noisy sum g̃_t at the canary coordinates
+        if known is not None:
+            if self._world > 1:  # every rank's own batch sum (a collective: every rank gets here)
+                known = trainer.strategy.reduce(known.to(pl_module.device), reduce_op="sum").cpu()
+            score -= known
+        self._scores[self._order] += score.numpy()
+
+    def _with_canaries(self, loader: Any) -> DataLoader:
+        """The train loader with the included canary rows appended (same batch size, collate_fn, shuffling)."""
+        dataset = getattr(loader, "dataset", None)
+        if not isinstance(loader, DataLoader) or loader.batch_size is None or isinstance(dataset, IterableDataset):
+            raise MisconfigurationException(
+                "CanaryAudit(kind='input') needs one DataLoader with a batch_size over a map-style dataset, got "
+                f"{type(loader).__name__}" + (f" over {type(dataset).__name__}" if dataset is not None else "")
+            )
+        self._draw(len(dataset), "training rows")
+        self._source, self._collate = dataset, loader.collate_fn
+        if self._labels is None:
+            self._labels = self._wrong_labels(dataset)
+        rows = _CanaryRows(dataset, self._canaries, self._labels)
+        kept = Subset(rows, np.flatnonzero(self._included).tolist())
+        sampler = loader.sampler
+        return DataLoader(
+            ConcatDataset([dataset, kept]),
+            batch_size=loader.batch_size,
+            shuffle=isinstance(sampler, RandomSampler),
+            generator=getattr(sampler, "generator", None) if isinstance(sampler, RandomSampler) else None,
+            collate_fn=loader.collate_fn,
+            drop_last=loader.drop_last,
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+        )
+
+    def _wrong_labels(self, dataset: Dataset) -> List[int]:
+        labels = [_label(dataset[i]) for i in self._canaries]
+        classes = self.num_classes or self._classes_of_model(dataset)
+        if max(labels) >= classes:
+            raise MisconfigurationException(f"CanaryAudit: labels up to {max(labels)} but `num_classes`={classes}")
+        shift = 1 + np.random.default_rng([self.seed, _DRAW, 1]).integers(0, classes - 1, size=len(labels))
+        return [int((y + s) % classes) for y, s in zip(labels, shift)]
+
+    def _classes_of_model(self, dataset: Dataset) -> int:
+        module = self._module
+        batch = next(iter(DataLoader(Subset(dataset, self._canaries[:1]), batch_size=1, collate_fn=self._collate)))
+        with torch.no_grad():
+            was = module.training
+            module.eval()
+            try:
+                device = next(module.parameters()).device
+                batch = [b.to(device) if isinstance(b, torch.Tensor) else b for b in batch]
+                logits = (self.forward_fn or (lambda m, b: (m(b[0]), b[1])))(module, batch)[0]
+            finally:
+                module.train(was)
+        return max(2, int(logits.shape[-1]) if logits.ndim > 1 else 2)
+
+    # ------------------------------------------------------------------------------ the audit
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.fast_dev_run:
+            rank_zero_info("CanaryAudit: skipped under fast_dev_run (no audit of a few debug batches).")
+            return
+        if self._included is None:
+            return  # training never started
+        if self.kind == "input":
+            self._scores = -self._input_losses(pl_module)
+        delta = self.delta or (self._dpsgd.delta if self._dpsgd is not None else DEFAULT_DELTA)
+        self.accountant_epsilon = float(self._dpsgd.epsilon(delta)) if self._dpsgd is not None else None
+        tested = self.num_canaries - self.num_canaries // 2 if self.correction == "split" else self.num_canaries
+        per_test = self.alpha / len(guess_grid(self.num_canaries)) if self.correction == "bonferroni" else self.alpha
+        results: Dict[str, float] = {}
+        for method, (bound, guesses, correct, optimistic, ceiling) in _KEYS.items():
+            res = canary_audit_from_scores(
+                scores=self._scores,
+                included=self._included,
+                delta=delta,
+                alpha=self.alpha,
+                method=method,
+                correction=self.correction,
+                seed=self.seed,
+            )
+            self.details[method] = res
+            results[bound], results[guesses], results[correct] = res.epsilon_lower, res.num_guesses, res.num_correct
+            results[ceiling] = max_epsilon_lower(num_canaries=tested, alpha=per_test, delta=delta, method=method)
+            results[optimistic] = res.optimistic
+        self.results = results
+        audit.log_scalars(trainer, {k: v for k, v in results.items() if k not in _OPTIMISTIC})
+        text = self.summary()
+        audit.log_text(trainer, names.CANARY_SUMMARY, text)
+        rank_zero_info(text.splitlines()[0])
+        self._figure_pending = True  # drawn in teardown, after every callback's on_fit_end (ε*, PANORAMIA)
+
+    def _input_losses(self, pl_module: pl.LightningModule) -> np.ndarray:
+        rows = _CanaryRows(self._source, self._canaries, self._labels)
+        loader = DataLoader(rows, batch_size=SCORE_BATCH_SIZE, shuffle=False, collate_fn=self._collate)
+        return membership_losses_from_loader(pl_module, loader, forward_fn=self.forward_fn).double().numpy()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or not self._figure_pending:
+            return
+        self._figure_pending = False
+        if audit.tensorboard_experiments(trainer):
+            audit.log_figure(trainer, names.CANARY_FIGURE, theory_vs_practice_figure(self, _other_audits(trainer)))
+
+    def summary(self) -> str:
+        """A Markdown table of the last audit."""
+        m, kind = self.num_canaries, self.kind
+        eps = self.accountant_epsilon
+        lines = [
+            f"Canary audit ({kind}, m = {m}): ε ≥ {self.results[names.CANARY_EPSILON_LOWER]:.3f} (binomial), "
+            f"≥ {self.results[names.CANARY_EPSILON_LOWER_GDP]:.3f} (Gaussian f-DP); accountant ε "
+            + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
+            "",
+            "| method | ε lower (valid) | guesses / correct | (k₊, k₋) | ceiling for m | uncorrected best |",
+            "|---|---|---|---|---|---|",
+        ]
+        for method, (bound, guesses, correct, optimistic, ceiling) in _KEYS.items():
+            d = self.details[method]
+            lines.append(
+                f"| {method} | {self.results[bound]:.4f} | {int(self.results[guesses])} / {int(self.results[correct])} "
+                f"| ({d.k_plus}, {d.k_minus}) | {self.results[ceiling]:.4f} | {self.results[optimistic]:.4f} |"
+            )
+        lines.append(
+            f"\nα = {self.alpha:g} ({self.correction}), δ = {self.details['binomial'].delta:.3g}, "
+            f"{int(self._included.sum())} of {m} canaries included. The uncorrected best is the usual paper number; "
+            "it is not a valid level-α bound."
+        )
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------------------ state
+    @override
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "kind": self.kind,
+            "num_canaries": self.num_canaries,
+            "seed": self.seed,
+            "space": self._space,
+            "canaries": None if self._canaries is None else list(self._canaries),
+            "labels": None if self._labels is None else list(self._labels),
+            "included": None if self._included is None else [bool(b) for b in self._included],
+            "scores": [float(s) for s in self._scores],
+            "steps": self._steps,
+            "score": self.score,
+            "results": dict(self.results),
+        }
+
+    @override
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        required = {"version", "kind", "num_canaries", "seed", "score", "space", "canaries", "included", "scores"}
+        missing = required - set(state_dict)
+        if missing:
+            raise RuntimeError(f"CanaryAudit state is missing {sorted(missing)}: refusing to restart the audit")
+        if state_dict["version"] != STATE_VERSION:
+            raise RuntimeError(f"CanaryAudit state version {state_dict['version']!r} is not {STATE_VERSION}")
+        for key in ("kind", "num_canaries", "seed", "score"):
+            if state_dict[key] != getattr(self, key):
+                raise RuntimeError(
+                    f"checkpoint audited with {key}={state_dict[key]!r}, this CanaryAudit has {getattr(self, key)!r}"
+                )
+        if len(state_dict["scores"]) != self.num_canaries:
+            raise RuntimeError(
+                f"CanaryAudit state has {len(state_dict['scores'])} scores for {self.num_canaries} canaries"
+            )
+        self._space = state_dict["space"]
+        self._canaries = None if state_dict["canaries"] is None else [int(i) for i in state_dict["canaries"]]
+        self._labels = None if state_dict.get("labels") is None else [int(i) for i in state_dict["labels"]]
+        self._included = None if state_dict["included"] is None else np.asarray(state_dict["included"], dtype=bool)
+        self._scores = np.asarray(state_dict["scores"], dtype=float)
+        self._steps = int(state_dict.get("steps", 0))
+        self.results = {str(k): float(v) for k, v in state_dict.get("results", {}).items()}
+
+
+_OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_GDP)
+
+
+class _CanaryRows(Dataset):
+    """Rows ``rows`` of ``dataset`` with their labels replaced by ``labels`` (canary j is item j)."""
+
+    def __init__(self, dataset: Dataset, rows: List[int], labels: List[int]) -> None:
+        self.dataset, self.rows, self.labels = dataset, rows, labels
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, j: int) -> Any:
+        item = self.dataset[self.rows[j]]
+        y = item[1]
+        label = (
+            torch.as_tensor(self.labels[j], dtype=y.dtype) if isinstance(y, torch.Tensor) else type(y)(self.labels[j])
+        )
+        return type(item)((item[0], label, *item[2:])) if isinstance(item, tuple) else [item[0], label, *item[2:]]
+
+
+def _label(item: Any) -> int:
+    if not isinstance(item, (tuple, list)) or len(item) < 2:
+        raise MisconfigurationException(
+            f"CanaryAudit(kind='input') needs (x, y, ...) examples, got {type(item).__name__}"
+        )
+    y = item[1]
+    if isinstance(y, torch.Tensor) and y.numel() != 1 or not (isinstance(y, torch.Tensor) or _is_int(y)):
+        raise MisconfigurationException(
+            f"CanaryAudit(kind='input') needs one integer class label per example, got {y!r}"
+        )
+    return int(y)
+
+
+def _other_audits(trainer: pl.Trainer) -> Dict[str, float]:
+    """ε* and PANORAMIA ε̃ of this fit, from the audits' attributes or ``trainer.callback_metrics``."""
+    found: Dict[str, float] = {}
+    for key in (names.EPSILON_STAR, names.PANORAMIA_EPSILON):
+        for cb in trainer.callbacks:
+            for attr in ("results", "last_values"):
+                values = getattr(cb, attr, None)
+                if isinstance(values, dict) and key in values:
+                    found[key] = float(values[key])
+        if key not in found and key in trainer.callback_metrics:
+            found[key] = float(trainer.callback_metrics[key])
+    return found
+
+
+def theory_vs_practice_figure(canary: CanaryAudit, others: Dict[str, float]) -> Figure:
+    """The accountant's ε (upper bound) beside the canary lower bounds, ε* and PANORAMIA ε̃, on one axis."""
+    r = canary.results
+    bars = []
+    if canary.accountant_epsilon is not None:
+        bars.append(("accountant ε (upper bound)", canary.accountant_epsilon, "C3"))
+    bars += [
+        ("canary ε lower bound (binomial)", r[names.CANARY_EPSILON_LOWER], "C0"),
+        ("canary ε lower bound (Gaussian f-DP)", r[names.CANARY_EPSILON_LOWER_GDP], "C2"),
+    ]
+    if names.EPSILON_STAR in others:
+        bars.append(("ε* (Epsilon*, not a DP bound)", others[names.EPSILON_STAR], "C4"))
+    if names.PANORAMIA_EPSILON in others:
+        bars.append(("PANORAMIA ε̃ (not a DP bound)", others[names.PANORAMIA_EPSILON], "C5"))
+    fig = Figure(figsize=(8, 0.6 * len(bars) + 1.8), layout="constrained")
+    ax = fig.subplots()
+    y = np.arange(len(bars))[::-1]
+    values = [max(v, 0.0) for _, v, _ in bars]
+    ax.barh(y, values, color=[c for _, _, c in bars])
+    ax.set_yticks(y, [label for label, _, _ in bars])
+    for yi, v in zip(y, values):
+        ax.annotate(f"{v:.3g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+    ceiling = r[names.CANARY_EPSILON_LOWER_MAX]
+    ax.axvline(
+        ceiling, color="grey", linestyle="--", label=f"largest binomial bound m = {canary.num_canaries} can give"
+    )
+    if canary.accountant_epsilon is not None and canary.accountant_epsilon > 10 * max(values[1:] + [ceiling]):
+        ax.set_xscale("symlog", linthresh=1.0)  # a weak guarantee (large ε) would flatten the lower bounds
+    ax.set_xlabel("ε (at the audit's δ)")
+    ax.set_title(f"Theory vs practice: {canary.kind} canaries, α = {canary.alpha:g}")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    return fig

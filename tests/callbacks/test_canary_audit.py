@@ -1,0 +1,344 @@
+"""CanaryAudit: canaries counted once per sampled step (also under DDP), determinism, resume, validity against the
+accountant, power, input canaries, logging and configuration."""
+
+import json
+import pickle
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
+
+from lightning_privacy import DPSGD, CanaryAudit, EpsilonStarAudit, names
+from lightning_privacy.analysis.canary import canary_audit_from_scores
+from lightning_privacy.callbacks import canary_audit as module
+from lightning_privacy.models import TabularMLP
+from tests.callbacks._tiny import D, N, tiny_dataset, trainer
+
+WIDE = 128  # TabularMLP(8, hidden=(128,)): 8·128 + 128 + 128·2 + 2 = 1410 trainable coordinates
+COORDS = D * WIDE + WIDE + WIDE * 2 + 2
+P_BATCH = 26  # ⌈256 / 26⌉ = 10 batches: sample rate p = 0.1
+
+
+def _model(lr=0.5):
+    return TabularMLP(D, hidden=(WIDE,), lr=lr)
+
+
+def _loader(batch_size=P_BATCH):
+    return DataLoader(tiny_dataset(), batch_size=batch_size, shuffle=True)
+
+
+def _fit(callbacks, epochs=3, seed=0, tmp_path=None, **kwargs):
+    torch.manual_seed(seed)
+    t = trainer(callbacks, tmp_path, max_epochs=epochs, **kwargs)
+    t.fit(_model(), _loader())
+    return t
+
+
+class _Reseed(pl.Callback):
+    """Seeds torch before every step, so an unbroken and a resumed run draw the same noise at each step.
+
+    (Their batches may still differ — Lightning fetches a batch ahead — but with the default score a canary's
+    score is C·[sampled] + noise at every step, whatever the batch.)
+    """
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        torch.manual_seed(1000 + trainer.global_step)
+
+
+def _counts(audit, steps):
+    """Σ_t of the canaries' per-step sampling, recomputed from the seed."""
+    return sum(audit.sampled(t).astype(int) for t in range(steps))
+
+
+# ------------------------------------------------------------------------------------------ configuration
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(kind="labels"), "`kind` must be one of .*got 'labels'"),
+        (dict(num_canaries=0), "`num_canaries` must be a positive int, got 0"),
+        (dict(num_canaries=10.0), "`num_canaries` must be a positive int, got 10.0"),
+        (dict(num_canaries=True), "`num_canaries` must be a positive int, got True"),
+        (dict(seed=-1), "`seed` must be a non-negative int, got -1"),
+        (dict(alpha=1.0), r"`alpha` must be in \(0, 1\), got 1.0"),
+        (dict(delta=0.0), r"`delta` must be None or in \(0, 1\), got 0.0"),
+        (dict(correction="none"), "`correction` must be one of .*got 'none'"),
+        (dict(score="loss"), "`score` must be one of .*got 'loss'"),
+        (dict(num_classes=1), "`num_classes` must be None or an int >= 2, got 1"),
+    ],
+)
+def test_bad_arguments_name_argument_and_value(kwargs, match):
+    with pytest.raises(MisconfigurationException, match=match):
+        CanaryAudit(**kwargs)
+
+
+def test_state_key_metric_keys_and_pickling():
+    audit = CanaryAudit("input", num_canaries=50, seed=7)
+    assert audit.state_key == "CanaryAudit{'kind': 'input', 'num_canaries': 50, 'seed': 7}"
+    assert CanaryAudit.hparams_metric_keys == (names.CANARY_EPSILON_LOWER,)
+    assert pickle.loads(pickle.dumps(audit)).state_key == audit.state_key
+
+
+def test_gradient_canaries_need_dpsgd():
+    with pytest.raises(MisconfigurationException, match="needs the DPSGD callback"):
+        _fit([CanaryAudit(num_canaries=10)], epochs=1)
+
+
+def test_more_canaries_than_coordinates_raises():
+    with pytest.raises(MisconfigurationException, match=f"num_canaries`={COORDS + 1} needs at least as many trainable"):
+        _fit([DPSGD(noise_multiplier=1.0), CanaryAudit(num_canaries=COORDS + 1)], epochs=1)
+
+
+# ------------------------------------------------------------------------------------------ the canaries
+def _hooked_audit(world_size, rank, *, seed=3, m=200, rate=0.5, clip=2.0):
+    """A gradient CanaryAudit wired to a model without a Trainer: one simulated DDP rank."""
+    model = _model()
+    audit = CanaryAudit(num_canaries=m, seed=seed)
+    audit._dpsgd = SimpleNamespace(sample_rate=rate, max_grad_norm=clip)
+    optimizer = SimpleNamespace(
+        param_groups=[{"params": list(model.parameters())}],
+        loss_reduction="sum",
+        expected_batch_size=16,
+        accumulated_iterations=1,
+    )
+    fake = SimpleNamespace(
+        strategy=SimpleNamespace(optimizers=[optimizer]), is_global_zero=rank == 0, world_size=world_size
+    )
+    audit.on_train_start(fake, model)
+    for p in model.parameters():
+        p.summed_grad = torch.zeros_like(p)
+    return audit, model, optimizer
+
+
+def _flat_summed(model):
+    return torch.cat([p.summed_grad.reshape(-1) for p in model.parameters()])
+
+
+def test_canary_set_inclusion_and_sampling_follow_the_seed():
+    audit, _, _ = _hooked_audit(1, 0, m=1000, rate=0.1)
+    coords = np.asarray(audit.state_dict()["canaries"])
+    assert len(set(coords.tolist())) == 1000 and coords.min() >= 0 and coords.max() < COORDS
+    assert 400 < audit.included.sum() < 600
+    rates = np.mean([audit.sampled(t)[audit.included].mean() for t in range(200)])
+    assert rates == pytest.approx(0.1, abs=0.01)
+    assert not audit.sampled(0)[~audit.included].any()  # excluded canaries are never sampled
+    again, _, _ = _hooked_audit(1, 0, m=1000, rate=0.1)
+    assert again.state_dict()["canaries"] == audit.state_dict()["canaries"]
+    assert np.array_equal(again.sampled(17), audit.sampled(17))
+    other, _, _ = _hooked_audit(1, 0, m=1000, rate=0.1, seed=4)
+    assert other.state_dict()["canaries"] != audit.state_dict()["canaries"]
+
+
+def test_before_noise_hook_adds_each_sampled_canary_once_across_ranks():
+    single, model, opt = _hooked_audit(1, 0)
+    ranks = [_hooked_audit(2, r) for r in (0, 1)]
+    coords = torch.as_tensor(single.state_dict()["canaries"])
+    for step in range(3):
+        for audit, m, o in [(single, model, opt), *ranks]:
+            for p in m.parameters():
+                p.summed_grad.zero_()
+            audit._add_canaries(o)
+        expected = torch.zeros(COORDS)
+        expected[coords[torch.as_tensor(single.sampled(step))]] = 2.0  # C·e_j, C = 2
+        assert torch.equal(_flat_summed(model), expected)
+        assert torch.equal(_flat_summed(ranks[0][1]), expected)  # global rank 0 adds them …
+        assert not _flat_summed(ranks[1][1]).any()  # … rank 1 adds nothing: DDP's sum counts them once
+        assert expected.sum() > 0
+    assert single._steps == ranks[0][0]._steps == ranks[1][0]._steps == 3
+
+
+def test_scores_are_the_released_sum_minus_the_batch_in_units_of_the_clipped_sum():
+    """σ → 0: every canary's score is C × (number of steps it was sampled), read from the released p.grad."""
+    dp = DPSGD(noise_multiplier=1e-4, max_grad_norm=2.0)
+    audit = CanaryAudit(num_canaries=300, seed=1)
+    _fit([dp, audit], epochs=4)
+    counts = _counts(audit, dp.steps)
+    assert audit._steps == dp.steps == 40
+    assert audit.scores == pytest.approx(2.0 * counts, abs=0.05)
+    assert counts[audit.included].mean() == pytest.approx(0.1 * 40, rel=0.1)
+    # "released" keeps the real data's gradient in the score: no longer the count alone
+    released = CanaryAudit(num_canaries=300, seed=1, score="released")
+    _fit([DPSGD(noise_multiplier=1e-4, max_grad_norm=2.0), released], epochs=4)
+    assert np.abs(released.scores - 2.0 * counts).max() > 0.5
+
+
+class _DumpCanaryState(pl.Callback):
+    def __init__(self, path):
+        self.path = path
+
+    def on_fit_end(self, trainer, pl_module):
+        audit = next(cb for cb in trainer.callbacks if isinstance(cb, CanaryAudit))
+        state = dict(audit.state_dict(), sample_rate=audit._sample_rate)
+        Path(self.path, f"rank{trainer.global_rank}.json").write_text(json.dumps(state))
+
+
+@pytest.mark.slow
+def test_ddp_counts_each_canary_once(tmp_path):
+    """Two gloo processes: the same scores on both ranks, each C × its sampled steps (not 2×), as in one process."""
+    runs = {}
+    for name, kwargs in (("one", {}), ("two", dict(strategy="ddp_spawn", devices=2, use_distributed_sampler=False))):
+        out = tmp_path / name
+        out.mkdir()
+        callbacks = [DPSGD(noise_multiplier=1e-4), CanaryAudit(num_canaries=300, seed=5), _DumpCanaryState(out)]
+        _fit(callbacks, epochs=3, **kwargs)
+        runs[name] = [json.loads(f.read_text()) for f in sorted(out.glob("rank*.json"))]
+    (one,), (rank0, rank1) = runs["one"], runs["two"]
+    assert rank0["scores"] == rank1["scores"]  # the all-reduced gradient: the same on every rank
+    assert rank0["canaries"] == one["canaries"] and rank0["included"] == one["included"]
+    assert rank0["steps"] == one["steps"] == 30
+    audit = CanaryAudit(num_canaries=300, seed=5)
+    audit.load_state_dict({k: v for k, v in one.items() if k != "sample_rate"})
+    audit._sample_rate = one["sample_rate"]
+    assert rank0["sample_rate"] == pytest.approx(one["sample_rate"])
+    counts = _counts(audit, 30)
+    assert np.asarray(one["scores"]) == pytest.approx(counts, abs=0.05)
+    assert np.asarray(rank0["scores"]) == pytest.approx(counts, abs=0.05)
+
+
+# ------------------------------------------------------------------------------------------ determinism, resume
+def test_same_seed_same_audit():
+    runs = []
+    for _ in range(2):
+        audit = CanaryAudit(num_canaries=400, seed=2)
+        _fit([DPSGD(noise_multiplier=1.0), audit], epochs=2)
+        runs.append(audit)
+    assert np.array_equal(runs[0].scores, runs[1].scores)
+    assert runs[0].results == runs[1].results
+    assert runs[0].state_dict() == runs[1].state_dict()
+
+
+def test_resume_equals_an_unbroken_run(tmp_path):
+    def callbacks():
+        return [_Reseed(), DPSGD(noise_multiplier=1.0), CanaryAudit(num_canaries=400, seed=2)]
+
+    straight = callbacks()
+    _fit(straight, epochs=4)
+    first = callbacks()
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    _fit([*first, ckpt], epochs=2, tmp_path=tmp_path, enable_checkpointing=True)
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"][first[2].state_key]
+    assert state["steps"] == 20 and len(state["scores"]) == 400  # plain values: loads with weights_only
+    resumed = callbacks()
+    torch.manual_seed(123)  # a different model init: the weights come from the checkpoint
+    t = trainer(resumed, tmp_path, max_epochs=4)
+    t.fit(_model(), _loader(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert resumed[1].steps == straight[1].steps == 40
+    assert resumed[2].state_dict()["canaries"] == straight[2].state_dict()["canaries"]
+    assert np.array_equal(resumed[2].included, straight[2].included)
+    assert np.allclose(resumed[2].scores, straight[2].scores, rtol=0, atol=1e-4)  # float32 sums of other batches
+    assert resumed[2].results == pytest.approx(straight[2].results, rel=1e-9)
+    # without the saved state the resumed run would start the scores and the per-step sampling at 0
+    assert np.abs(resumed[2].scores - first[2].scores).max() > 1.0
+
+
+def test_state_is_strict():
+    audit = CanaryAudit(num_canaries=20, seed=1)
+    with pytest.raises(RuntimeError, match="missing"):
+        audit.load_state_dict({"version": 1})
+    state = CanaryAudit(num_canaries=20, seed=2).state_dict()
+    with pytest.raises(RuntimeError, match="seed=2"):
+        audit.load_state_dict(state)
+
+
+# ------------------------------------------------------------------------------------------ validity and power
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bound_stays_below_the_accountant_at_sigma_1(seed):
+    audits = [CanaryAudit(num_canaries=1000, seed=seed), CanaryAudit("input", num_canaries=100, seed=seed)]
+    dp = DPSGD(noise_multiplier=1.0)
+    _fit([dp, *audits], epochs=20, seed=seed)
+    epsilon = dp.epsilon()
+    for audit in audits:
+        assert audit.accountant_epsilon == pytest.approx(epsilon)
+        assert 0.0 <= audit.results[names.CANARY_EPSILON_LOWER] <= epsilon
+        assert 0.0 <= audit.results[names.CANARY_EPSILON_LOWER_GDP] <= epsilon
+    assert audits[0].results[names.CANARY_EPSILON_LOWER] > 0.5  # white-box canaries do see the leakage
+
+
+def test_power_of_gradient_canaries_on_a_weakly_private_run():
+    """σ = 0.3, p = 0.1, 1000 canaries, 30 epochs (the issue's acceptance run, on the tiny data): ε ≥ 2."""
+    dp = DPSGD(noise_multiplier=0.3)
+    audit = CanaryAudit(num_canaries=1000)
+    _fit([audit, dp], epochs=30)  # listed before DPSGD: the hook is registered at setup all the same
+    assert dp.sample_rate == pytest.approx(0.1)
+    r = audit.results
+    assert r[names.CANARY_EPSILON_LOWER] >= 2.0 and r[names.CANARY_EPSILON_LOWER_GDP] >= 2.0
+    assert r[names.CANARY_EPSILON_LOWER] <= r[names.CANARY_EPSILON_LOWER_MAX] <= 4.8
+    assert r[names.CANARY_EPSILON_LOWER] <= r[names.CANARY_EPSILON_OPTIMISTIC]
+    # the logged value is the analysis module's on the same scores
+    again = canary_audit_from_scores(scores=audit.scores, included=audit.included, delta=1e-5, seed=0)
+    assert again.epsilon_lower == r[names.CANARY_EPSILON_LOWER]
+    assert (again.num_guesses, again.num_correct) == (r[names.CANARY_GUESSES], r[names.CANARY_CORRECT])
+
+
+def test_input_canaries_on_an_overfitting_model_without_dp():
+    audit = CanaryAudit("input", num_canaries=200)
+    _fit([audit], epochs=60, tmp_path=None)
+    assert audit.accountant_epsilon is None
+    assert audit.results[names.CANARY_EPSILON_LOWER] > 0.5
+    assert audit.results[names.CANARY_EPSILON_LOWER_GDP] > 0.5
+    assert np.median(audit.scores[audit.included]) > np.median(audit.scores[~audit.included])
+
+
+def test_input_canaries_join_the_training_set_before_poisson_sampling():
+    audit = CanaryAudit("input", num_canaries=40, seed=4)
+    dp = DPSGD(noise_multiplier=1.0)
+    t = _fit([dp, audit], epochs=1)
+    loader = t.train_dataloader
+    included = int(audit.included.sum())
+    assert len(loader.dataset) == N + included
+    canaries = [loader.dataset[N + i] for i in range(included)]
+    rows = np.asarray(audit.state_dict()["canaries"])[audit.included]
+    labels = np.asarray(audit.state_dict()["labels"])[audit.included]
+    source = tiny_dataset()
+    for (x, y), row, label in zip(canaries, rows, labels):
+        assert torch.equal(x, source[row][0]) and int(y) == label != int(source[row][1])  # a mislabeled copy
+    assert dp.sample_rate == pytest.approx(1 / len(DataLoader(range(N + included), batch_size=P_BATCH)))
+
+
+# ------------------------------------------------------------------------------------------ logging
+def test_logs_scalars_summary_and_the_theory_vs_practice_figure(tmp_path, monkeypatch):
+    drawn = {}
+    original = module.theory_vs_practice_figure
+
+    def spy(canary, others):
+        drawn.update(others)
+        return original(canary, others)
+
+    monkeypatch.setattr(module, "theory_vs_practice_figure", spy)
+    audit = CanaryAudit(num_canaries=300)
+    star = EpsilonStarAudit()  # listed after the canary audit: its value is read in teardown
+    loggers = [TensorBoardLogger(tmp_path, name="tb"), CSVLogger(tmp_path, name="csv")]
+    torch.manual_seed(0)
+    t = trainer([DPSGD(noise_multiplier=1.0), audit, star], tmp_path, max_epochs=2, logger=loggers)
+    t.fit(_model(), _loader(), DataLoader(tiny_dataset(1), batch_size=64))
+    assert drawn == {names.EPSILON_STAR: pytest.approx(star.results[names.EPSILON_STAR])}
+    events = EventAccumulator(str(next(Path(tmp_path, "tb").rglob("events.out.*")).parent)).Reload()
+    scalars = events.Tags()["scalars"]
+    for key in (names.CANARY_EPSILON_LOWER, names.CANARY_EPSILON_LOWER_GDP, names.CANARY_CORRECT):
+        assert key in scalars
+        assert events.Scalars(key)[-1].step == t.global_step
+    assert names.CANARY_EPSILON_OPTIMISTIC not in scalars  # not a valid bound: kept in results only
+    assert names.CANARY_FIGURE in events.Tags()["images"]
+    assert names.CANARY_SUMMARY + "/text_summary" in events.Tags()["tensors"]
+    assert audit.results[names.CANARY_EPSILON_OPTIMISTIC] >= audit.results[names.CANARY_EPSILON_LOWER]
+    assert "not a valid level-α bound" in audit.summary()
+
+
+def test_fast_dev_run_skips_the_audit():
+    audit = CanaryAudit(num_canaries=50)
+    _fit([DPSGD(noise_multiplier=1.0), audit], epochs=1, fast_dev_run=2)
+    assert audit.results == {}
+
+
+def test_figure_without_dpsgd_or_other_audits():
+    audit = CanaryAudit("input", num_canaries=50)
+    _fit([audit], epochs=2)
+    fig = module.theory_vs_practice_figure(audit, {})
+    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 2  # the two canary bounds only
