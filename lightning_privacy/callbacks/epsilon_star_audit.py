@@ -88,6 +88,9 @@ class EpsilonStarAudit(Callback):
         lightning.fabric.utilities.exceptions.MisconfigurationException: `delta` must be in the open interval (0, 0.5), got 0.5
     """
 
+    #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
+    hparams_metric_keys = (names.EPSILON_STAR,)
+
     def __init__(
         self,
         *,
