@@ -32,16 +32,36 @@ Backends (same values up to float rounding):
   by its |A| substitutions (nested ``vmap``, inner ``randomness="same"``), so the distances measure the
   attribute and not the dropout noise. The masks are fresh draws, not the ones the live step used: with
   dropout, R_t is a one-sample estimate of the mask-dependent sensitivity (without dropout it is exact).
-- ``"linear"``: when every trainable parameter sits in an ``nn.Linear`` layer and no dropout is active,
-  the |A|×|A| Gram matrices come from layer inputs ``a`` and back-propagated errors ``δ`` of one ordinary
-  forward/backward pass over the ``B·|A|`` rows, ``⟨δᵢaᵢᵀ, δⱼaⱼᵀ⟩ = (δᵢ·δⱼ)(aᵢ·aⱼ)``, in float64; no
-  per-sample gradient is materialised. ``"auto"`` (default) picks it when it applies.
+- ``"gram"``: one ordinary forward/backward over the ``B·|A|`` substituted rows, no vmap. Forward hooks
+  on the supported layers record their inputs ``a`` and outputs, one ``autograd.grad`` gives the
+  back-propagated errors ``δ``, and each layer adds its share of every example's |A|×|A| Gram matrix of
+  UNCLIPPED per-sample gradients, in float64: Linear (any ``[N, *, d]`` input, also Opacus'
+  ``RNNLinear``, hence ``DPLSTM``/``DPGRU``/``DPRNN``) by the ghost identity
+  ``⟨Σ_t δ_tᵢa_tᵢᵀ, Σ_s δ_sⱼa_sⱼᵀ⟩ = Σ_{t,s}(a_tᵢ·a_sⱼ)(δ_tᵢ·δ_sⱼ)`` or with the per-sample gradient
+  materialised, whichever is cheaper; Conv1d/2d/3d the same after unfolding (as Opacus' conv grad
+  sampler); Embedding likewise (materialised on each example's own tokens only); LayerNorm, RMSNorm and
+  GroupNorm from Opacus' grad-sample formulas; Opacus' ``SequenceBias``; so also
+  ``DPMultiheadAttention``. Formulas and costs: :mod:`lightning_privacy.functional._gram`. The diagonal
+  gives the norms, hence Opacus' clip factors ``c``, and ``‖c_a g_a − c_b g_b‖² = c_a²G_aa + c_b²G_bb −
+  2c_a c_b G_ab``. It applies when every trainable parameter sits in exactly one supported layer (exact
+  types; frozen layers of any kind are fine) and no dropout layer is active
+  (:func:`gram_backend_reason` says why not). ``"linear"`` is the former name of this backend (it
+  covered ``nn.Linear`` only) and is still accepted.
+- ``"auto"`` (default): ``"gram"`` when it applies, else ``"func"``; also ``"func"`` when a batch does not
+  fit at run time (a supported layer that sees the batch folded into another dimension, e.g.
+  ``x.view(-1, d)``, or a packed sequence).
 
 The module's train/eval mode is respected (an eval-mode module has no dropout). BatchNorm in training
 mode is rejected (per-example gradients are not defined for it, and Opacus rejects it too).
 
 Work is chunked over examples (``chunk_size`` examples, i.e. ``chunk_size·|A|`` gradient rows, at a
-time), so memory stays bounded; the result does not depend on the chunking.
+time), so memory stays bounded; the result does not depend on the chunking. Without ``chunk_size`` the
+Gram backend measures what its first example holds and sizes later chunks to about 2**23 elements (a
+cache-sized working set, fastest on CPU).
+
+On the Gram backend the module's OUTPUT must have the batch on dim 0 (the loss is evaluated row by
+row); inside, a layer's input may have it on dim 0 or dim 1 (sequence-first ``[T, N, d]``). If both
+dims have the chunk's row count, the chunk is split so that they differ.
 """
 
 from __future__ import annotations
@@ -57,6 +77,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
+from lightning_privacy.functional import _gram
 from lightning_privacy.functional.attributes import SensitiveAttribute, ValuesSpec, _tree_map, tree_batch_size
 
 __all__ = [
@@ -72,6 +93,7 @@ __all__ = [
 METHODS = ("exact", "approximate")
 CLIP_EPS = 1e-6  # Opacus' DPOptimizer.clip_and_accumulate: C / (norm + 1e-6)
 DEFAULT_CHUNK_ELEMENTS = 2**23  # gradient entries per chunk (32 MB in float32)
+GRAM_CHUNK_ELEMENTS = 2**23  # Gram backend: elements held per chunk (activations, errors, per-layer work); cache-sized
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -357,69 +379,76 @@ def _check_chunk_size(chunk_size: Any) -> Optional[int]:
     return int(chunk_size)
 
 
-# ---------------------------------------------------------------------------------------- Linear fast path
-def _linear_layers(module: nn.Module, trainable: Mapping[str, torch.Tensor]) -> Optional[Dict[str, nn.Linear]]:
-    """The trainable ``nn.Linear`` layers if they hold ALL trainable parameters and nothing is random; else None."""
-    layers: Dict[str, nn.Linear] = {}
-    covered = set()
-    for name, m in module.named_modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0:
-            return None  # dropout masks must be shared per example: the torch.func path does that
-        own = [f"{name}.{p}" if name else p for p, _ in m.named_parameters(recurse=False)]
-        mine = [n for n in own if n in trainable]
-        if not mine:
-            continue
-        if type(m) is not nn.Linear:
-            return None
-        layers[name] = m
-        covered.update(mine)
-    return layers if covered == set(trainable) else None
+# ---------------------------------------------------------------------------------------- Gram backend
+def gram_backend_reason(module: nn.Module, *, params: Optional[Mapping[str, torch.Tensor]] = None) -> Optional[str]:
+    """Why the Gram backend cannot take ``module`` (``None`` if it can): what ``backend="auto"`` decides on.
 
+    The Gram backend needs every trainable parameter to sit in exactly one supported layer (exact types:
+    ``nn.Linear``, ``nn.Conv1d/2d/3d``, ``nn.Embedding``, ``nn.LayerNorm``, ``nn.GroupNorm``,
+    ``nn.RMSNorm`` and Opacus' ``RNNLinear`` and ``SequenceBias``, hence ``DPMultiheadAttention``, ``DPLSTM``,
+    ``DPGRU`` and ``DPRNN``) and no active dropout layer. A batch can still be refused at run time (a layer
+    that folds the batch into another dimension, packed sequences); ``"auto"`` then uses torch.func.
 
-class _NotLinear(Exception):
-    """The module's forward does not fit the Linear fast path (shared layers, non-2-D activations)."""
+    Example::
 
-
-@torch.enable_grad()  # also when called from a no_grad context
-def _linear_gram(module, layers, trainable, frozen, loss_fn, inputs, targets, b: int, k: int) -> torch.Tensor:
-    """Gram matrices ``(b, k, k)`` of the UNCLIPPED per-sample gradients, without materialising them.
-
-    For a Linear layer the per-sample gradient is ``δ aᵀ`` (plus ``δ`` for the bias), so
-    ``⟨δᵢaᵢᵀ, δⱼaⱼᵀ⟩ = (δᵢ·δⱼ)(aᵢ·aⱼ)`` (the "ghost norm" identity, Goodfellow 2015; Li et al. 2022).
-    One ordinary forward/backward over the ``b·k`` rows gives every ``a`` and ``δ``; the products are
-    taken in float64, so the distances derived from the Gram matrix carry no float32 cancellation.
+        >>> gram_backend_reason(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(16, 2))) is None
+        True
+        >>> print(gram_backend_reason(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4).eval())))
+        parameter '1.weight' belongs to '1', a BatchNorm1d (not a supported layer)
     """
-    captured: Dict[str, list] = {name: [] for name in layers}
-    handles = [
-        layer.register_forward_hook(lambda m, inp, out, name=name: captured[name].append((inp[0], out)))
-        for name, layer in layers.items()
-    ]
-    try:
-        params = {n: t.detach().requires_grad_(True) for n, t in trainable.items()}
-        outputs = functional_call(module, (params, frozen), (inputs,))
-    finally:
-        for h in handles:
-            h.remove()
-    rows = b * k
-    for name, calls in captured.items():
-        if len(calls) != 1 or calls[0][0].ndim != 2 or calls[0][0].shape[0] != rows:
-            raise _NotLinear(name)
-    one = lambda t: t.unsqueeze(0)  # noqa: E731
-    per_row = vmap(lambda o, t: loss_fn(_tree_map(one, o), _tree_map(one, t)))(outputs, targets)
-    deltas = torch.autograd.grad(per_row.sum(), [captured[name][0][1] for name in layers], allow_unused=True)
-    gram = torch.zeros(b, k, k, dtype=torch.float64, device=per_row.device)
-    for (name, layer), delta in zip(layers.items(), deltas):
-        if delta is None:  # the layer's output does not reach the loss: zero gradient
-            continue
-        d = delta.reshape(b, k, -1).double()
-        dd = torch.bmm(d, d.transpose(1, 2))
-        prefix = f"{name}." if name else ""
-        if prefix + "weight" in trainable:
-            a = captured[name][0][0].detach().reshape(b, k, -1).double()
-            gram += dd * torch.bmm(a, a.transpose(1, 2))
-        if layer.bias is not None and prefix + "bias" in trainable:
-            gram += dd
-    return gram
+    trainable, _ = _split_params(module, params, None)
+    found = _gram.plan(module, trainable)
+    return found if isinstance(found, str) else None
+
+
+def _gram_sensitivities(
+    module, layers, trainable, frozen, loss_fn, attribute, inputs, targets, c_max, method, chunk_size
+):
+    """Per-example sensitivities on the Gram backend, chunk by chunk (raises _gram.Unsupported if it cannot)."""
+    n, k = tree_batch_size(inputs), attribute.size
+    state = {"copy": False}
+
+    def run(index: torch.Tensor, copies: int = 1) -> tuple:
+        """Sensitivities of the examples ``index`` (each taken ``copies`` times; the first copy is kept)."""
+        rows = index.repeat(copies) if copies > 1 else index
+        b = len(rows)
+        if index.is_contiguous() and copies == 1 and bool((index[1:] - index[:-1] == 1).all()):
+            pick = lambda t: t[int(index[0]) : int(index[0]) + b]  # noqa: E731  (a view, no gather)
+        else:
+            pick = lambda t: t[rows.to(t.device)]  # noqa: E731
+        x = _tree_map(lambda t: t.reshape(b * k, *t.shape[2:]), attribute.expand(_tree_map(pick, inputs)))
+        y = _tree_map(lambda t: pick(t).repeat_interleave(k, dim=0), targets)
+        try:
+            gram, held = _gram.chunk_gram(module, layers, trainable, frozen, loss_fn, x, y, b, k, state["copy"])
+        except _gram.InPlace as exc:
+            if state["copy"]:
+                raise _gram.Unsupported(
+                    f"layer {exc}: captured tensors are modified in place even when copied"
+                ) from exc
+            state["copy"] = True  # an in-place op downstream of a hooked layer: hand on copies from now on
+            return run(index, copies)
+        except _gram.Ambiguous:
+            # some layer's sequence length equals the row count b·|A|: any other row count tells the dims apart
+            if len(index) > 1:
+                first, _ = run(index[:-1])
+                last, held = run(index[-1:])
+                return torch.cat([first, last]), held
+            if copies < 3:  # one example: run it twice (or three times) and keep one copy
+                return run(index, copies + 1)
+            raise
+        return _sensitivity_from_gram(gram[: len(index)], c_max, method), held / b  # elements held per example
+
+    dtype = next(iter(trainable.values())).dtype
+    out, start = [], 0
+    step = chunk_size or 1  # without a chunk size, the first example measures the memory one example needs
+    while start < n:
+        stop = min(n, start + step)
+        values, held = run(torch.arange(start, stop))
+        out.append(values.to(dtype))
+        if chunk_size is None:
+            step = max(1, int(GRAM_CHUNK_ELEMENTS // max(held, 1.0)))
+        start = stop
+    return torch.cat(out)
 
 
 def _sensitivity_from_gram(gram: torch.Tensor, c_max: float, method: str) -> torch.Tensor:
@@ -439,11 +468,11 @@ def _sensitivity_from_gram(gram: torch.Tensor, c_max: float, method: str) -> tor
             .max(dim=1)
             .values.sqrt()
         )
-    return value.clamp(max=2.0 * c_max).float()
+    return value.clamp(max=2.0 * c_max)  # float64; the caller casts to the parameters' dtype
 
 
 # ---------------------------------------------------------------------------------------- driver
-BACKENDS = ("auto", "func", "linear")
+BACKENDS = ("auto", "func", "gram", "linear")
 
 
 def _sensitivities(
@@ -485,36 +514,18 @@ def _sensitivities(
     if n == 0:
         return torch.zeros(0, device=next(iter(trainable.values())).device)
     k = attribute.size
-    layers = _linear_layers(module, trainable) if backend != "func" else None
-    if backend == "linear" and layers is None:
-        raise ValueError(
-            "backend='linear' needs a module whose trainable parameters all sit in nn.Linear layers and no active "
-            "dropout; use backend='func' (or 'auto')."
-        )
-    if layers is not None:
-        try:
-            step = chunk_size or max(
-                1,
-                DEFAULT_CHUNK_ELEMENTS
-                // (2 * k * (k + sum(lin.in_features + lin.out_features for lin in layers.values()))),
-            )
-            out = []
-            for start in range(0, n, step):
-                x = attribute.expand(_tree_map(lambda t: t[start : start + step], inputs))
-                b = tree_batch_size(x)
-                x = _tree_map(lambda t: t.reshape(b * k, *t.shape[2:]), x)
-                y = _tree_map(lambda t: t[start : start + step].repeat_interleave(k, dim=0), targets)
-                out.append(
-                    _sensitivity_from_gram(
-                        _linear_gram(module, layers, trainable, frozen, loss_fn, x, y, b, k), c_max, method
-                    )
+    if backend != "func":
+        layers = _gram.plan(module, trainable)
+        reason = layers if isinstance(layers, str) else None
+        if reason is None:
+            try:
+                return _gram_sensitivities(
+                    module, layers, trainable, frozen, loss_fn, attribute, inputs, targets, c_max, method, chunk_size
                 )
-            return torch.cat(out)
-        except _NotLinear as exc:
-            if backend == "linear":
-                raise ValueError(
-                    "backend='linear': a Linear layer is used more than once or on non-2-D inputs; use backend='func'."
-                ) from exc
+            except _gram.Unsupported as exc:
+                reason = str(exc)
+        if backend != "auto":
+            raise ValueError(f"backend={backend!r} cannot take this module: {reason}. Use backend='func' (or 'auto').")
     if chunk_size is None:
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // (k * sum(p.numel() for p in trainable.values())))
     per_value = vmap(_example_grad_fn(module, loss_fn, frozen), in_dims=(None, 0, None), randomness="same")
@@ -545,10 +556,11 @@ _SHARED_ARGS = """
         chunk_size: examples per chunk (default: as many as fit in 2**23 gradient entries).
         randomness: ``vmap`` randomness across examples (``"different"`` or ``"same"``); the |A|
             substitutions of one example always share it.
-        backend: ``"func"`` (torch.func per-sample gradients, any module), ``"linear"`` (Gram matrices
-            from activations and backprops, for modules whose trainable parameters are all in
-            ``nn.Linear`` layers and without active dropout — no per-sample gradient is materialised)
-            or ``"auto"`` (``"linear"`` when it applies). Both give the same values up to rounding."""
+        backend: ``"func"`` (torch.func per-sample gradients, any module), ``"gram"`` (Gram matrices
+            from one batched forward/backward, for modules whose trainable parameters all sit in
+            supported layers — Linear, Conv, Embedding, LayerNorm/RMSNorm/GroupNorm, Opacus'
+            DPMultiheadAttention and DP RNNs — without active dropout; ``"linear"`` is its former name)
+            or ``"auto"`` (``"gram"`` when it applies). All give the same values up to rounding."""
 
 
 def attribute_sensitivities(
