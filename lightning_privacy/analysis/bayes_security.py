@@ -75,6 +75,10 @@ DEFAULT_VALUE_DISCRETIZATION_INTERVAL = None
 #: < 0.55 % (β* moves by ≲ 1e-3 even if every step is rounded by the full step).
 DEFAULT_SENSITIVITY_LEVELS = np.exp2(-np.arange(2048, -1, -1) / 128.0)
 
+#: Smallest admissible level (units of 2C): below it the composed PLD's losses vanish in round-off (a level of
+#: 5e-309 gave β* = 0). Rounding R_t up to it is safe and costs < 1e-11 of β* per step.
+MIN_SENSITIVITY_LEVEL = 1e-12
+
 # Rounding step of noise_multiplier_for (always rounded up, i.e. towards more noise).
 _SIGMA_DECIMALS = 4
 
@@ -484,9 +488,10 @@ def _check_levels(levels: Any) -> np.ndarray:
     arr = _real_array("levels", levels)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"Expected argument `levels` to be a non-empty 1-D sequence, but got {levels!r}.")
-    if not (np.all(np.diff(arr) > 0.0) and arr[0] > 0.0 and arr[-1] == 1.0):
+    if not (np.all(np.diff(arr) > 0.0) and arr[0] >= MIN_SENSITIVITY_LEVEL and arr[-1] == 1.0):
         raise ValueError(
-            "Expected argument `levels` to increase strictly from a value > 0 to exactly 1.0 (units of 2C), "
+            f"Expected argument `levels` to increase strictly from a value >= {MIN_SENSITIVITY_LEVEL:g} to exactly 1.0 "
+            "(units of 2C), "
             f"but got {levels!r}."
         )
     return arr

@@ -384,12 +384,16 @@ def _single_step(direction: str, q: float, sigma: float, s: float, interval: flo
     span = 60.0 * sigma + 2.0 * s
     x_left = optimize.brentq(lambda x: _log_tail(p_comps, x, sigma, True) - target, -span, span, xtol=1e-12)
     x_right = optimize.brentq(lambda x: _log_tail(p_comps, x, sigma, False) - target, -span, span, xtol=1e-12)
-    loss_max = min(_loss(direction, x_left, q, sigma, s), LOSS_CAP)
-    loss_min = max(_loss(direction, x_right, q, sigma, s), -LOSS_CAP)
-    k_lo = max(math.floor(loss_min / interval), -cap)
-    k_hi = max(min(math.ceil(loss_max / interval), cap), k_lo + 1)
+    # grid range with one spare point on each side, so that rounding in the losses cannot leave the end points
+    # inside the range of losses (they must bracket L(x_right) … L(x_left))
+    k_lo = max(math.floor(_loss(direction, x_right, q, sigma, s) / interval) - 1, -cap)
+    k_hi = max(min(math.ceil(_loss(direction, x_left, q, sigma, s) / interval) + 1, cap), k_lo + 1)
     eps = np.arange(k_lo, k_hi + 1) * interval
     xs = np.clip(_inverse_loss(direction, eps, q, sigma, s), x_left, x_right)  # non-increasing in k
+    if k_lo > -cap:  # ε_{k_lo} < L(x_right): every output up to x_right has a loss above ε_{k_lo}
+        xs[0] = x_right
+    if k_hi < cap:  # ε_{k_hi} > L(x_left)
+        xs[-1] = x_left
     lo_x, hi_x = xs[1:], xs[:-1]
     a = _interval_mass(p_comps, lo_x, hi_x, sigma)  # P-mass of losses in (ε_k, ε_{k+1}]
     b = _interval_mass(q_comps, lo_x, hi_x, sigma)  # Q-mass of the same outputs

@@ -541,3 +541,250 @@ def test_import_loads_neither_torch_nor_lightning():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# exact values at the sample rates of real DP-SGD (tight_bounds.md)
+# --------------------------------------------------------------------------------------------------
+def test_closed_form_overstates_at_p005_where_exact_is_safe():
+    kw = dict(sample_rate=0.05, noise_multiplier=1.0, steps=400)
+    closed, exact = bs.mia_bayes_security(**kw), bs.mia_bayes_security_exact(**kw)
+    assert (round(closed, 4), round(exact, 4)) == (0.3173, 0.3059)
+    assert closed - exact == pytest.approx(0.011, abs=1e-3)
+
+
+def test_exact_uses_the_finest_automatic_grid_of_its_segments_first():
+    # the grid follows the first segment (ComposedPLD's rule); an explicit grid overrides it
+    auto = bs.mia_bayes_security_exact(sample_rate=[0.01, 0.01], noise_multiplier=[1.0, 1.0], steps=[100, 100])
+    fixed = bs.mia_bayes_security_exact(
+        sample_rate=0.01, noise_multiplier=1.0, steps=200, value_discretization_interval=1e-3
+    )
+    assert auto == pytest.approx(fixed, abs=1e-9)
+
+
+# --------------------------------------------------------------------------------------------------
+# trade-off curve
+# --------------------------------------------------------------------------------------------------
+def test_tradeoff_curve_spec_table():
+    kw = dict(sample_rate=0.02, noise_multiplier=1.5, steps=1000)
+    fpr = [0.001, 0.01, 0.1]
+    curve = bs.mia_tradeoff_curve(**kw, fpr=fpr)
+    beta = bs.mia_bayes_security_exact(**kw)
+    prop9 = [bs.tpr_upper_bound(bayes_security=beta, fpr=a) for a in fpr]
+    np.testing.assert_allclose(prop9, [0.331, 0.340, 0.430], atol=1e-3)
+    np.testing.assert_allclose(curve, [0.0126, 0.070, 0.334], atol=1e-3)
+    assert np.all(curve <= np.array(prop9))
+
+
+@pytest.mark.parametrize("relation", bs.RELATIONS)
+def test_tradeoff_curve_one_step_neyman_pearson(relation):
+    """One step: the likelihood ratio of the two outputs is monotone in x, so the best test is a threshold."""
+    from scipy import optimize
+
+    p, sigma = 0.2, 0.8
+    F_P = lambda t: (1 - p) * stats.norm.cdf(t / sigma) + p * stats.norm.cdf((t + 1) / sigma)  # with the target
+    if relation == "replace":
+        F_Q = lambda t: (1 - p) * stats.norm.cdf(t / sigma) + p * stats.norm.cdf((t - 1) / sigma)
+    else:
+        F_Q = lambda t: stats.norm.cdf(t / sigma)
+    fpr = np.array([1e-5, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.3, 0.6])
+    exact = np.array([F_P(optimize.brentq(lambda t: F_Q(t) - a, -60, 60, xtol=1e-14)) for a in fpr])
+    ours = bs.mia_tradeoff_curve(sample_rate=p, noise_multiplier=sigma, steps=1, fpr=fpr, relation=relation)
+    assert np.all(ours >= exact - 1e-12)
+    np.testing.assert_allclose(ours, exact, rtol=2e-3)
+
+
+def test_tradeoff_curve_segments_shapes_and_no_steps():
+    seg = dict(sample_rate=[0.01, 0.02], noise_multiplier=[1.0, 2.0], steps=[500, 200])
+    one = bs.mia_tradeoff_curve(**seg, fpr=0.01)
+    assert isinstance(one, float)
+    many = bs.mia_tradeoff_curve(**seg, fpr=np.array([0.01, 0.1]))
+    assert many.shape == (2,) and many[0] == one
+    assert bs.mia_tradeoff_curve(sample_rate=0.1, noise_multiplier=1.0, steps=0, fpr=0.2) == 0.2
+    assert bs.mia_tradeoff_curve(**bs.history_segments([]), fpr=[0.1, 0.2]).tolist() == [0.1, 0.2]
+
+
+@pytest.mark.parametrize(
+    "override, exc, match",
+    [
+        (dict(fpr=1.5), ValueError, r"`fpr`.*\[0, 1\].*1\.5"),
+        (dict(fpr=[0.1, -0.1]), ValueError, r"`fpr`"),
+        (dict(fpr="0.1"), TypeError, r"`fpr`"),
+        (dict(relation="x"), ValueError, r"`relation`"),
+        (dict(steps=1.5), ValueError, r"`steps`.*whole"),
+        (dict(value_discretization_interval=-1.0), ValueError, r"`value_discretization_interval`"),
+    ],
+)
+def test_tradeoff_curve_bad_arguments(override, exc, match):
+    with pytest.raises(exc, match=match):
+        bs.mia_tradeoff_curve(**{**GOOD, "fpr": 0.1, **override})
+
+
+# --------------------------------------------------------------------------------------------------
+# exact attribute inference (issue 14)
+# --------------------------------------------------------------------------------------------------
+def test_ai_exact_issue_14_numbers():
+    kw = dict(sample_rate=0.05, noise_multiplier=1.0, max_grad_norm=1.0)
+    for r, closed, exact in [(2.0, 0.3173, 0.3059), (1.0, 0.6171, 0.6179)]:
+        assert bs.ai_bayes_security(**kw, sensitivities=[r] * 400) == pytest.approx(closed, abs=1e-4)
+        assert bs.ai_bayes_security_exact(**kw, sensitivities=[r] * 400) == pytest.approx(exact, abs=1e-4)
+
+
+@pytest.mark.parametrize("c", [1.0, 1.7])
+def test_ai_exact_at_maximal_sensitivity_equals_mia_exact(c):
+    ai = bs.ai_bayes_security_exact(
+        sample_rate=0.02, noise_multiplier=1.2, max_grad_norm=c, sensitivities=[2 * c] * 300
+    )
+    mia = bs.mia_bayes_security_exact(sample_rate=0.02, noise_multiplier=1.2, steps=300)
+    assert ai == mia
+    seg = bs.ai_bayes_security_exact(
+        sample_rate=[0.02, 0.01],
+        noise_multiplier=[1.2, 2.0],
+        max_grad_norm=c,
+        sensitivities=[2 * c] * 2,
+        steps=[150, 250],
+    )
+    assert seg == pytest.approx(
+        bs.mia_bayes_security_exact(sample_rate=[0.02, 0.01], noise_multiplier=[1.2, 2.0], steps=[150, 250]), abs=1e-9
+    )
+
+
+def test_ai_exact_constant_sensitivity_equals_dp_accounting():
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    p, sigma, c, r, steps = 0.05, 1.0, 1.7, 0.5 * 1.7, 400  # R/(2C) = 0.25, a level of the default grid
+    grid = 1e-3
+    reference = pld_lib.from_gaussian_mechanism(
+        standard_deviation=sigma * c,
+        sensitivity=r / 2,
+        sampling_prob=p,
+        value_discretization_interval=grid,
+        neighboring_relation=NeighboringRelation.REPLACE_ONE,
+    ).self_compose(steps)
+    ours = bs.ai_bayes_security_exact(
+        sample_rate=p,
+        noise_multiplier=sigma,
+        max_grad_norm=c,
+        sensitivities=[r] * steps,
+        value_discretization_interval=grid,
+    )
+    assert ours == pytest.approx(1 - reference.get_delta_for_epsilon(0.0), abs=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    r=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=10),
+    p=st.floats(1e-3, 0.3),
+    sigma=st.floats(0.5, 4.0),
+    repeat=st.integers(1, 20),
+)
+def test_ai_exact_rounding_up_never_raises_bayes_security(r, p, sigma, repeat):
+    kw = dict(sample_rate=p, noise_multiplier=sigma, max_grad_norm=1.0, value_discretization_interval=1e-3)
+    sens = np.repeat(r, repeat)
+    rounded = bs.ai_bayes_security_exact(**kw, sensitivities=sens)
+    halves = np.asarray(r) / 2.0
+    exact = np.maximum(halves[halves > 0], bs.MIN_SENSITIVITY_LEVEL)  # no rounding above the smallest admissible level
+    exact_levels = np.unique(np.concatenate([exact, [1.0]]))
+    unrounded = bs.ai_bayes_security_exact(**kw, sensitivities=sens, levels=exact_levels)
+    coarse = bs.ai_bayes_security_exact(**kw, sensitivities=sens, levels=[0.25, 0.5, 1.0])
+    assert coarse <= rounded + 1e-12 <= unrounded + 2e-12
+    assert unrounded - rounded <= 2e-3  # 128 levels per octave: close
+    assert (
+        rounded
+        >= bs.mia_bayes_security_exact(
+            sample_rate=p, noise_multiplier=sigma, steps=sens.size, value_discretization_interval=1e-3
+        )
+        - 1e-12
+    )
+
+
+def test_ai_exact_aggregated_entries_are_bounded_safely():
+    kw = dict(sample_rate=0.05, noise_multiplier=1.0, max_grad_norm=1.0)
+    per_step = bs.ai_bayes_security_exact(**kw, sensitivities=[0.5] * 100)
+    aggregated = bs.ai_bayes_security_exact(**kw, sensitivities=[0.5 * math.sqrt(100)], steps=[100])
+    assert aggregated <= per_step  # each step bounded by min(2C, √ΣR²) = 2C here: MIA
+    assert aggregated == bs.mia_bayes_security_exact(sample_rate=0.05, noise_multiplier=1.0, steps=100)
+    one = bs.ai_bayes_security_exact(**kw, sensitivities=[0.5], steps=[1])
+    assert one == bs.ai_bayes_security_exact(**kw, sensitivities=[0.5])
+
+
+def test_ai_exact_zero_and_empty():
+    kw = dict(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0)
+    assert bs.ai_bayes_security_exact(**kw, sensitivities=[0.0, 0.0]) == 1.0
+    assert bs.ai_bayes_security_exact(**kw, sensitivities=[]) == 1.0
+
+
+def test_ai_symmetric_model_is_not_a_bound_over_every_gradient_pair():
+    """Documented caveat: with R_t = C the record's gradients C·e and 0 (both within the clipping ball) form
+    the add/remove pair, which leaks more than issue 14's symmetric pair (±C/2)."""
+    kw = dict(sample_rate=0.05, noise_multiplier=1.0)
+    symmetric = bs.ai_bayes_security_exact(**kw, max_grad_norm=1.0, sensitivities=[1.0] * 400)
+    collinear = bs.mia_bayes_security_exact(**kw, steps=400, relation="add_remove")
+    assert symmetric == pytest.approx(0.618, abs=1e-3)
+    assert collinear == pytest.approx(0.542, abs=1e-3)
+
+
+def test_sensitivity_levels_round_up_and_count():
+    rng = np.random.default_rng(1)
+    c = 1.3
+    r = np.concatenate([rng.uniform(0, 2 * c, size=500), [0.0, 2 * c, 2 * c * (1 + 1e-12)]])
+    values, counts = bs.sensitivity_levels(r, max_grad_norm=c)
+    assert counts.sum() == np.count_nonzero(r) and counts.dtype.kind == "i"
+    assert np.all(np.diff(values) > 0) and values[-1] == 1.0
+    s = np.minimum(r[r > 0] / (2 * c), 1.0)
+    idx = np.searchsorted(values, s, side="left")
+    assert np.all(values[idx] >= s)
+    assert np.all(values[idx] / s < 2 ** (1 / 128) + 1e-12)  # the next level up, not further
+    empty = bs.sensitivity_levels([], max_grad_norm=1.0)
+    assert empty[0].size == 0 and empty[1].size == 0
+    agg_values, agg_counts = bs.sensitivity_levels([0.1, 5.0], max_grad_norm=1.0, steps=[1, 10])
+    assert agg_values.tolist() == [0.05, 1.0] or agg_values[-1] == 1.0
+    assert agg_counts.tolist()[-1] == 10
+
+
+def test_sensitivity_levels_feed_composed_pld():
+    from lightning_privacy.analysis.composition import ComposedPLD
+
+    r = [2.0, 1.0, 1.0, 0.3, 0.0, 1.9]
+    kw = dict(sample_rate=0.05, noise_multiplier=1.0)
+    values, counts = bs.sensitivity_levels(r, max_grad_norm=1.0)
+    pld = ComposedPLD().compose(**kw, steps=counts, sensitivity=values)
+    assert pld.steps == 5
+    assert pld.bayes_security() == pytest.approx(
+        bs.ai_bayes_security_exact(**kw, max_grad_norm=1.0, sensitivities=r), abs=1e-9
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(sensitivities=[2.5]), ValueError, r"sensitivities.*2\.5"),
+        (dict(sensitivities=[-0.1]), ValueError, r"`sensitivities`.*>= 0"),
+        (dict(sensitivities=[0.1], levels=[0.5, 0.9]), ValueError, r"`levels`.*1\.0"),
+        (dict(sensitivities=[0.1], levels=[0.5, 0.4, 1.0]), ValueError, r"`levels`"),
+        (dict(sensitivities=[0.1], steps=[1.5]), ValueError, r"`steps`.*whole"),
+        (dict(sensitivities=[0.1], max_grad_norm=0.0), ValueError, r"`max_grad_norm`"),
+        (dict(sensitivities=[0.1], value_discretization_interval=0.0), ValueError, r"`value_discretization_interval`"),
+        (dict(sensitivities="x"), TypeError, r"`sensitivities`"),
+    ],
+)
+def test_ai_exact_bad_arguments(kwargs, exc, match):
+    base = dict(sample_rate=0.1, noise_multiplier=1.0, max_grad_norm=1.0)
+    with pytest.raises(exc, match=match):
+        bs.ai_bayes_security_exact(**{**base, **kwargs})
+
+
+def test_new_functions_are_keyword_only_and_import_no_torch():
+    with pytest.raises(TypeError):
+        bs.mia_tradeoff_curve(0.01, 1.0, 100, 0.1)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        bs.ai_bayes_security_exact(0.01, 1.0, 1.0, [0.1])  # type: ignore[misc]
+    code = (
+        "import sys, lightning_privacy.analysis.bayes_security as bs\n"
+        "bs.mia_tradeoff_curve(sample_rate=0.01, noise_multiplier=1.0, steps=10, fpr=0.1)\n"
+        "bs.ai_bayes_security_exact(sample_rate=0.01, noise_multiplier=1.0, max_grad_norm=1.0, sensitivities=[0.5])\n"
+        "bad = [m for m in ('torch', 'lightning', 'pytorch_lightning', 'opacus', 'torchmetrics') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
