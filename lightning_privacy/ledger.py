@@ -1,0 +1,385 @@
+"""``PrivacyLedger``: the one record of a private training run's privacy state.
+
+Owned by :class:`~lightning_privacy.DPSGD` (``dpsgd.ledger``) and saved in its ``state_dict``; every reader — the
+Bayes-security monitor, the attribute monitor, the budget stopper, the report, ``lightning-privacy plan`` — asks the
+ledger instead of re-reading Opacus' accountant.
+
+It holds
+- the DP-SGD history: an Opacus accountant (``"rdp"``, ``"prv"`` or ``"gdp"``) that records every optimizer step;
+  its ε at δ is the reference ε;
+- the safe Bayes security against membership inference: 1 − δ(ε = 0) of the composed mechanism (Cherubin et al.
+  2024, Prop. 8) from a pessimistic privacy-loss distribution (PLD) that is composed incrementally — the steps taken
+  since the last read are composed onto the stored PLD as one chunk, so a read costs one convolution, not a
+  recomposition of the whole history. The chunks are saved, and a resumed ledger recomposes the same chunks in the
+  same order (the same value to the last digit);
+- the paper's closed form beside it (Cor. 7; an approximation that can overstate security);
+- predictions for the budget stopper (how many more steps keep β* or ε within a budget) and the one calibration
+  routine (σ for a β* or ε target) that the planner, ``DPSGD(target_…)`` and the stopper share.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+from opacus.accountants import IAccountant, create_accountant
+
+from lightning_privacy.analysis import bayes_security as bs
+
+__all__ = ["ACCOUNTANTS", "PrivacyLedger", "Segment"]
+
+ACCOUNTANTS = ("rdp", "prv", "gdp")
+STATE_VERSION = 1
+Segment = Tuple[float, float, int]  # (noise_multiplier, sample_rate, steps), Opacus' history order
+_SIGMA_DECIMALS = 4  # calibrated σ are rounded up to this many decimals (towards more noise)
+
+
+def _epsilon_of(mechanism: str, history: Sequence[Segment], delta: float) -> float:
+    """ε at δ of ``history`` under a fresh Opacus accountant of ``mechanism`` (the run's own is not touched)."""
+    if not any(t > 0 for _, _, t in history):
+        return 0.0
+    accountant = create_accountant(mechanism=mechanism)
+    accountant.history = [(float(s), float(p), int(t)) for s, p, t in history if t > 0]
+    return float(accountant.get_epsilon(delta=delta))
+
+
+class PrivacyLedger:
+    """The privacy state of one DP-SGD run: history, ε, safe β*, closed form, predictions, calibration.
+
+    Args:
+        accountant: ``"rdp"``, ``"prv"``, ``"gdp"``, or an existing Opacus accountant to wrap (a user's own
+            ``make_private`` run; its history is read, never rewritten).
+        delta: δ of the reference ε.
+        relation: neighbouring relation of the Bayes-security values, ``"replace"`` or ``"add_remove"``.
+
+    Example:
+        >>> ledger = PrivacyLedger(accountant="rdp", delta=1e-5)
+        >>> for _ in range(200):
+        ...     ledger.step(noise_multiplier=1.0, sample_rate=0.05)
+        >>> ledger.steps
+        200
+        >>> round(ledger.bayes_security_closed_form(), 4), round(ledger.bayes_security(), 4)
+        (0.4795, 0.4695)
+        >>> ledger.bayes_security() <= ledger.bayes_security_closed_form()  # the closed form overstates here (dp_accounting: 0.4695)
+        True
+    """
+
+    def __init__(
+        self, *, accountant: Union[str, IAccountant] = "rdp", delta: float = 1e-5, relation: str = "replace"
+    ) -> None:
+        if isinstance(accountant, IAccountant):
+            self.accountant = accountant
+            self.mechanism = accountant.mechanism()
+        elif accountant in ACCOUNTANTS:
+            self.accountant = create_accountant(mechanism=accountant)
+            self.mechanism = accountant
+        else:
+            raise ValueError(
+                f"Expected argument `accountant` to be one of {ACCOUNTANTS} or an Opacus accountant, but got {accountant!r}."
+            )
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+            raise ValueError(f"Expected argument `delta` to be in (0, 1), but got {delta!r}.")
+        self.delta = float(delta)
+        self.relation = bs._check_relation(relation)
+        self._pld_state: Optional[Any] = None  # the ComposedPLD, made on first use (dp_accounting loads lazily)
+        self._composed = 0  # steps of the history already composed into the PLD
+        self._allowed: Dict[Any, int] = {}  # memoised step budgets (see steps_within)
+
+    @property
+    def _pld(self) -> Any:
+        if self._pld_state is None:
+            from lightning_privacy.analysis.composition import ComposedPLD
+
+            self._pld_state = ComposedPLD(relation=self.relation)
+        return self._pld_state
+
+    # ----------------------------------------------------------------------------------------------------- recording
+    def step(self, *, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
+        """Record ``steps`` optimizer steps at (σ, p) (DPSGD's optimizer hook records one at a time)."""
+        if steps == 1:
+            self.accountant.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+            return
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"Expected argument `steps` to be a whole number >= 0, but got {steps!r}.")
+        history = self.accountant.history
+        if history and history[-1][:2] == (noise_multiplier, sample_rate):
+            history[-1] = (noise_multiplier, sample_rate, history[-1][2] + steps)
+        elif steps:
+            history.append((noise_multiplier, sample_rate, steps))
+
+    @property
+    def history(self) -> List[Segment]:
+        """``[(noise_multiplier, sample_rate, steps), ...]`` run-length segments, as Opacus keeps them."""
+        return [(float(s), float(p), int(t)) for s, p, t in self.accountant.history]
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps recorded (including those before a resume)."""
+        return sum(t for _, _, t in self.history)
+
+    def segments(self) -> Dict[str, np.ndarray]:
+        """The history as keyword arguments of :mod:`lightning_privacy.analysis.bayes_security`."""
+        return bs.history_segments(self.history)
+
+    # -------------------------------------------------------------------------------------------------------- values
+    def epsilon(self, delta: Optional[float] = None) -> float:
+        """The run's accountant ε at ``delta`` (default: the ledger's δ); 0 before the first step."""
+        if not self.history:
+            return 0.0
+        return float(self.accountant.get_epsilon(delta=self.delta if delta is None else delta))
+
+    def bayes_security(self) -> float:
+        """Safe β*_MIA: a certified lower bound on the true Bayes security (pessimistic PLD, 1 − δ(0))."""
+        if self.steps == 0 and self._composed == 0:
+            return 1.0
+        self._sync()
+        return self._pld.bayes_security()
+
+    def bayes_security_closed_form(self) -> float:
+        """The paper's closed form (Cherubin et al. 2024, Cor. 7) — an approximation that may overstate."""
+        if not self.history:
+            return 1.0
+        return bs.mia_bayes_security(**self.segments(), relation=self.relation)
+
+    def tpr_bounds(self, fpr: Union[float, Sequence[float]]) -> Union[float, np.ndarray]:
+        """Tightest valid TPR bound of any membership attack at ``fpr`` (the composed mechanism's trade-off curve)."""
+        if self.steps == 0 and self._composed == 0:  # no step taken: no attack beats guessing
+            return np.asarray(fpr, dtype=float) if np.ndim(fpr) else float(fpr)
+        self._sync()
+        return self._pld.tpr_bound(fpr)
+
+    # --------------------------------------------------------------------------------------------------- predictions
+    def _pending(self) -> List[Segment]:
+        """The recorded steps not yet composed into the PLD, as segments in the order they were taken."""
+        left = self.steps - self._composed
+        out: List[Segment] = []
+        for sigma, rate, count in reversed(self.history):
+            if left <= 0:
+                break
+            take = min(count, left)
+            out.append((sigma, rate, take))
+            left -= take
+        return out[::-1]
+
+    def _sync(self) -> None:
+        if self.steps < self._composed:
+            raise RuntimeError(
+                f"The accountant has {self.steps} steps but the ledger composed {self._composed}: the history was "
+                "rewritten; privacy state must never go back."
+            )
+        for sigma, rate, count in self._pending():
+            self._pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
+            self._composed += count
+
+    def bayes_security_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> float:
+        """Safe β*_MIA if ``steps`` more optimizer steps at (σ, p) were taken (the ledger is not changed).
+
+        The recorded-but-uncomposed steps and the new ones are composed as the chunks the next read will compose
+        when (σ, p) stays the same, so the prediction equals the value that read will report.
+        """
+        if steps < 0:
+            raise ValueError(f"Expected argument `steps` to be >= 0, but got {steps!r}.")
+        pending = self._pending()
+        if pending and pending[-1][:2] == (float(noise_multiplier), float(sample_rate)):
+            sigma, rate, count = pending.pop()
+            pending.append((sigma, rate, count + steps))
+        elif steps:
+            pending.append((float(noise_multiplier), float(sample_rate), int(steps)))
+        chunks = [dict(sample_rate=p, noise_multiplier=s, steps=t) for s, p, t in pending if t > 0]
+        return self._pld.bayes_security_after(chunks) if chunks else self._pld.bayes_security()
+
+    def epsilon_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> float:
+        """The accountant's ε at the ledger's δ if ``steps`` more steps at (σ, p) were taken."""
+        return _epsilon_of(self.mechanism, self.history + [(noise_multiplier, sample_rate, steps)], self.delta)
+
+    def steps_within(
+        self,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        min_bayes_security: Optional[float] = None,
+        max_epsilon: Optional[float] = None,
+    ) -> int:
+        """How many more steps at (σ, p) keep safe β*_MIA ≥ ``min_bayes_security`` or ε ≤ ``max_epsilon``.
+
+        Exact to one step (bracketing and bisection; β* and ε are monotone in the step count). The answer is
+        memoised as a step count from a reference point (the composed PLD for β*, the recorded steps for ε) and only
+        recomputed when the ledger composes new steps or (σ, p) change, so asking before every step is cheap.
+        """
+        if (min_bayes_security is None) == (max_epsilon is None):
+            raise ValueError("Give exactly one of `min_bayes_security` or `max_epsilon`.")
+        sigma, rate = float(noise_multiplier), float(sample_rate)
+        if min_bayes_security is not None:
+            pending = self._pending()
+            if any(seg[:2] != (sigma, rate) for seg in pending):
+                self._sync()  # the next step differs from the pending ones: compose them first
+                pending = []
+            since = sum(t for _, _, t in pending)  # steps recorded after the reference point (the composed PLD)
+            key = ("beta", min_bayes_security, sigma, rate, self._composed)
+
+            def ok(k: int) -> bool:  # k steps at (σ, p) on top of the composed PLD, as one chunk
+                chunk = [dict(sample_rate=rate, noise_multiplier=sigma, steps=k)] if k else []
+                value = self._pld.bayes_security_after(chunk) if chunk else self._pld.bayes_security()
+                return value >= min_bayes_security
+        else:
+            last = self.history[-1] if self.history else None
+            key = ("epsilon", max_epsilon, sigma, rate)
+            cached = self._allowed.get(key)
+            # reuse while every step since the reference point was taken at (σ, p)
+            if cached is not None and last is not None and last[:2] == (sigma, rate):
+                reference, allowed = cached
+                since = self.steps - reference
+                if 0 <= since <= last[2]:
+                    return max(0, allowed - since)
+            reference = self.steps
+
+            def ok(k: int) -> bool:
+                return self.epsilon_after(k, noise_multiplier=sigma, sample_rate=rate) <= max_epsilon
+
+            allowed = self._largest(ok, guess=None if cached is None else max(0, cached[1] - (self.steps - cached[0])))
+            self._allowed[key] = (reference, allowed)
+            return allowed
+        if key not in self._allowed:
+            guess = next((v - (key[4] - k[4]) for k, v in self._allowed.items() if k[:4] == key[:4]), None)
+            self._allowed = {k: v for k, v in self._allowed.items() if k[:4] != key[:4]}
+            self._allowed[key] = self._largest(ok, guess=None if guess is None else max(0, guess))
+        return max(0, self._allowed[key] - since)
+
+    @staticmethod
+    def _largest(ok, guess: Optional[int] = None) -> int:
+        """Largest k ≥ 0 with ok(k), for a monotone ok (True then False); 0 if ok(0) fails."""
+        if guess is not None and ok(guess) and not ok(guess + 1):
+            return guess
+        if not ok(0):
+            return 0
+        lo, hi = 0, max(1, guess or 1)
+        while ok(hi):
+            lo, hi = hi, hi * 2
+            if hi > 10**9:
+                return lo
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        return lo
+
+    # --------------------------------------------------------------------------------------------------- calibration
+    @staticmethod
+    def calibrate(
+        *,
+        sample_rate: float,
+        steps: int,
+        target_bayes_security: Optional[float] = None,
+        target_epsilon: Optional[float] = None,
+        delta: float = 1e-5,
+        accountant: str = "rdp",
+        relation: str = "replace",
+        steps_per_read: Optional[int] = None,
+    ) -> float:
+        """The smallest σ (rounded up to 1e-4) whose run of ``steps`` steps meets the target.
+
+        For ``target_bayes_security`` the check is the ledger's own safe β* (composed in chunks of
+        ``steps_per_read`` steps, e.g. one epoch, as a run reads it); for ``target_epsilon`` the accountant's ε at
+        ``delta`` (Opacus' ``get_noise_multiplier`` is the reference; this search never overwrites an accountant).
+        The returned σ always meets the target (checked).
+
+        Example:
+            >>> PrivacyLedger.calibrate(sample_rate=0.01, steps=1000, target_epsilon=1.0, delta=1e-5)
+            1.5132
+        """
+        if (target_bayes_security is None) == (target_epsilon is None):
+            raise ValueError("Give exactly one of `target_bayes_security` or `target_epsilon`.")
+        if steps < 1 or int(steps) != steps:
+            raise ValueError(f"Expected argument `steps` to be a whole number >= 1, but got {steps!r}.")
+        if target_bayes_security is not None:
+            if not 0 < target_bayes_security < 1:
+                raise ValueError(
+                    f"Expected argument `target_bayes_security` to be in (0, 1), but got {target_bayes_security!r}."
+                )
+            chunk = int(steps_per_read or steps)
+
+            from lightning_privacy.analysis.composition import ComposedPLD
+
+            def ok(sigma: float) -> bool:
+                pld = ComposedPLD(relation=relation)
+                done = 0
+                while done < steps:
+                    take = min(chunk, steps - done)
+                    pld.compose(sample_rate=sample_rate, noise_multiplier=sigma, steps=take)
+                    done += take
+                return pld.bayes_security() >= target_bayes_security
+
+            with warnings.catch_warnings():  # the closed form is only the search's starting point here
+                warnings.simplefilter("ignore")
+                start = bs.noise_multiplier_for(
+                    target=target_bayes_security, sample_rate=sample_rate, steps=steps, relation=relation
+                )
+        else:
+            if not target_epsilon > 0:
+                raise ValueError(f"Expected argument `target_epsilon` to be > 0, but got {target_epsilon!r}.")
+
+            def ok(sigma: float) -> bool:
+                return _epsilon_of(accountant, [(sigma, sample_rate, steps)], delta) <= target_epsilon
+
+            start = 1.0
+        lo, hi = start, start
+        if ok(start):
+            while lo > 1e-3 and ok(lo / 2):
+                lo /= 2
+            lo, hi = lo / 2, lo
+        else:
+            while not ok(hi):
+                lo, hi = hi, hi * 2
+                if hi > 1e6:
+                    raise ValueError("No noise multiplier below 1e6 meets the target.")
+        while hi / lo > 1 + 1e-5:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        scale = 10**_SIGMA_DECIMALS
+        sigma = math.ceil(hi * scale) / scale
+        while not ok(sigma):  # guard against a non-monotone step of a discretised computation
+            sigma = round(sigma + 1.0 / scale, _SIGMA_DECIMALS)
+        return sigma
+
+    # --------------------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> Dict[str, Any]:
+        """Plain Python values (safe under ``torch.load(weights_only=True)``)."""
+        self._sync()
+        return {
+            "version": STATE_VERSION,
+            "accountant": self.mechanism,
+            "relation": self.relation,
+            "history": [[s, p, t] for s, p, t in self.history],
+            "chunks": [list(c) for c in self._pld.chunks],
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a saved ledger; the PLD is recomposed from the saved chunks in their order.
+
+        Raises:
+            RuntimeError: on a missing key, another version, accountant or relation, or chunks that do not add up
+                to the history (privacy state fails closed).
+        """
+        missing = {"version", "accountant", "history"} - set(state)
+        if missing:
+            raise RuntimeError(f"Privacy ledger state is missing {sorted(missing)}: refusing to restart accounting")
+        if state["version"] != STATE_VERSION:
+            raise RuntimeError(f"Privacy ledger state version {state['version']!r} is not {STATE_VERSION}")
+        if state["accountant"] != self.mechanism:
+            raise RuntimeError(
+                f"checkpoint accounted with {state['accountant']!r}, this ledger uses {self.mechanism!r}"
+            )
+        if state.get("relation", self.relation) != self.relation:
+            raise RuntimeError(f"checkpoint used relation {state['relation']!r}, this ledger {self.relation!r}")
+        self.accountant.history = [(float(s), float(p), int(t)) for s, p, t in state["history"]]
+        chunks = state.get("chunks")
+        if chunks is None:  # a checkpoint from before the ledger: one chunk per history segment
+            chunks = [[p, s, t, 1.0] for s, p, t in self.history]
+        from lightning_privacy.analysis.composition import ComposedPLD
+
+        self._pld_state = ComposedPLD.from_chunks(chunks, relation=self.relation)
+        self._composed = int(sum(c[2] for c in chunks))
+        self._allowed = {}
+        if self._composed > self.steps:
+            raise RuntimeError(f"ledger chunks hold {self._composed} steps but the history only {self.steps}")
