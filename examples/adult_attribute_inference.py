@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     dpsgd = DPSGD(target_bayes_security=args.target, epochs=args.plan_epochs, max_grad_norm=args.max_grad_norm)
     callbacks = [
         dpsgd,
-        BayesSecurityMonitor(exact="never"),
+        BayesSecurityMonitor(),
         AttributeInferenceMonitor(attribute=age, method="approximate"),
         AttributeInferenceMonitor(attribute=age, method="exact", key=AI_EXACT, publish=True),  # same run, 2nd monitor
         table,

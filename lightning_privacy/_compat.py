@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
@@ -33,22 +33,31 @@ __all__ = [
 # --- Lightning: the train-data source --------------------------------------------------------------------------------
 @dataclasses.dataclass
 class PoissonDataSource(_DataLoaderSource):
-    """A train-data source that hands out ``transform(original loader)``.
+    """A train-data source that hands out the original loader passed through named transforms, in their order.
 
     Lightning has no public hook to replace the train dataloader whichever way it is supplied (datamodule,
     ``LightningModule.train_dataloader`` or ``fit(train_dataloaders=...)``). All three end up in
     ``trainer.fit_loop._data_source``, which ``fit_loop.setup_data`` asks for the loader after ``on_fit_start``.
+    Transforms are ordered by their ``order`` (lower first): e.g. inserting canary rows (order 0) happens before
+    DPSGD's Poisson sampling (order 100), whichever callback is listed first.
     """
 
     original: _DataLoaderSource = None  # type: ignore[assignment]
-    transform: Callable[[Any], Any] = None  # type: ignore[assignment]
+    transforms: Dict[str, Tuple[int, Callable[[Any], Any]]] = dataclasses.field(default_factory=dict)
 
     def dataloader(self) -> Any:
-        return self.transform(self.original.dataloader())
+        loader = self.original.dataloader()
+        for _, transform in sorted(self.transforms.values(), key=lambda item: item[0]):
+            loader = transform(loader)
+        return loader
 
 
-def install_train_loader_transform(trainer: pl.Trainer, transform: Callable[[Any], Any]) -> None:
+def install_train_loader_transform(
+    trainer: pl.Trainer, transform: Callable[[Any], Any], *, key: str = "poisson", order: int = 100
+) -> None:
     """Make ``trainer`` train on ``transform(loader)`` for the loader it would have used.
+
+    Installing again under the same ``key`` (``fit`` called again) replaces that transform; other keys are kept.
 
     Raises:
         RuntimeError: if this Lightning version has no ``fit_loop._data_source`` of the known type.
@@ -60,17 +69,24 @@ def install_train_loader_transform(trainer: pl.Trainer, transform: Callable[[Any
             "lightning_privacy could not find Lightning's train-data source (trainer.fit_loop._data_source); "
             f"this Lightning version ({pl.__version__}) is not supported by DPSGD's Poisson sampling."
         )
-    if isinstance(source, PoissonDataSource):  # fit() called again with the same trainer
-        source = source.original
-    fit_loop._data_source = PoissonDataSource(
-        instance=source.instance, name=source.name, original=source, transform=transform
-    )
+    if not isinstance(source, PoissonDataSource):
+        source = PoissonDataSource(instance=source.instance, name=source.name, original=source)
+        fit_loop._data_source = source
+    source.transforms[key] = (order, transform)
 
 
-def original_train_loader(trainer: pl.Trainer) -> Any:
-    """The user's own train loader (before :func:`install_train_loader_transform`)."""
+def original_train_loader(trainer: pl.Trainer, *, before: Optional[str] = None) -> Any:
+    """The user's own train loader, passed through the installed transforms that come before ``before``."""
     source = trainer.fit_loop._data_source
-    return (source.original if isinstance(source, PoissonDataSource) else source).dataloader()
+    if not isinstance(source, PoissonDataSource):
+        return source.dataloader()
+    loader = source.original.dataloader()
+    limit = source.transforms[before][0] if before in source.transforms else None
+    for order, transform in sorted(source.transforms.values(), key=lambda item: item[0]):
+        if limit is not None and order >= limit:
+            break
+        loader = transform(loader)
+    return loader
 
 
 # --- Lightning: the trainer's sampler setting ------------------------------------------------------------------------

@@ -23,10 +23,12 @@ DP_CLIP_FRACTION = "dp/clip_fraction"  # share of per-sample gradients whose nor
 DP_GRAD_NORM_MEDIAN = "dp/grad_norm_median"
 DP_GRAD_NORMS = "dp/grad_norms"  # histogram of per-sample gradient norms
 
-# Closed-form Bayes security (per epoch)
-MIA_BAYES_SECURITY = "privacy/mia_bayes_security"
-MIA_BAYES_SECURITY_EXACT = "privacy/mia_bayes_security_exact"
+# Bayes security (per epoch)
+MIA_BAYES_SECURITY = "privacy/mia_bayes_security"  # safe: a certified lower bound (pessimistic PLD) every epoch
+MIA_BAYES_SECURITY_CLOSED_FORM = "privacy/mia_bayes_security_closed_form"  # the paper's approximation
+MIA_BAYES_SECURITY_EXACT = "privacy/mia_bayes_security_exact"  # the same safe value, in fit-end summaries
 MIA_ADVANTAGE = "privacy/mia_advantage"
+MIA_TPR_BOUND_FPR_0_001 = "privacy/mia_tpr_bound_fpr_0.001"  # tight: the composed mechanism's trade-off curve
 MIA_TPR_BOUND_FPR_0_01 = "privacy/mia_tpr_bound_fpr_0.01"
 MIA_TPR_BOUND_FPR_0_1 = "privacy/mia_tpr_bound_fpr_0.1"
 APPROXIMATION_ERROR = "privacy/approximation_error"

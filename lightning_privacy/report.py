@@ -76,27 +76,30 @@ def _bayes(cb: Any) -> List[tuple]:
         (
             "β*_MIA",
             f"{beta:.4f}",
-            f"any membership attacker's accuracy ≤ {100 * (1 - beta / 2):.1f}% at a uniform prior; TPR ≤ "
-            f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.2f} at FPR 0.01 (the lower of closed form and exact)",
-        ),
-        (
-            "β*_MIA exact (PLD)",
-            f"{final[names.MIA_BAYES_SECURITY_EXACT]:.4f}",
-            "exact: 1 − δ(ε=0) from a pessimistic PLD",
+            f"safe (pessimistic PLD, exact-or-lower): any membership attacker's accuracy ≤ {100 * (1 - beta / 2):.1f}% "
+            "at a uniform prior",
         ),
         (
             "β*_MIA closed form",
-            f"{cb.final_closed_form:.4f}",
-            "approximate (Cor. 7); can overstate security, most for σ < 1",
+            f"{final[names.MIA_BAYES_SECURITY_CLOSED_FORM]:.4f}",
+            "approximate (Cor. 7), for comparison; can overstate security",
         ),
         ("membership advantage", f"{final[names.MIA_ADVANTAGE]:.4f}", "1 − β*: bound on any attacker's TPR − FPR"),
-        (
-            "TPR bound at FPR 0.01",
-            f"{final[names.MIA_TPR_BOUND_FPR_0_01]:.4f}",
-            "share of members any attacker finds while flagging 1% of non-members",
-        ),
-        ("TPR bound at FPR 0.1", f"{final[names.MIA_TPR_BOUND_FPR_0_1]:.4f}", "the same at 10% of non-members flagged"),
     ]
+    for key, fpr in (
+        (names.MIA_TPR_BOUND_FPR_0_001, "0.001"),
+        (names.MIA_TPR_BOUND_FPR_0_01, "0.01"),
+        (names.MIA_TPR_BOUND_FPR_0_1, "0.1"),
+    ):
+        if key in final:
+            rows.append(
+                (
+                    f"TPR bound at FPR {fpr}",
+                    f"{final[key]:.4f}",
+                    f"largest share of members any attacker finds while flagging {float(fpr):.1%} of non-members "
+                    "(the mechanism's trade-off curve)",
+                )
+            )
     if names.APPROXIMATION_ERROR in final:
         rows.append(
             (
@@ -126,14 +129,28 @@ def _ai(cb: Any) -> List[tuple]:
 def _stopping(cb: Any) -> List[tuple]:
     threat = cb.threat.upper()
     stopped = "no" if cb.stopped_at_step is None else str(cb.stopped_at_step)
+    if cb.max_epsilon is not None:
+        delta = "the run's δ" if cb.delta is None else f"δ = {cb.delta:g}"
+        budget = (
+            f"budget ε ≤ (at {delta})",
+            f"{cb.max_epsilon:g}",
+            "training stops before the step that would break it",
+        )
+    else:
+        budget = (
+            f"budget β*_{threat} ≥",
+            f"{cb.min_bayes_security:g}",
+            "training stops before the step that would break it",
+        )
+    decision = (
+        "the run's accountant"
+        if cb.max_epsilon is not None
+        else ("safe β* (pessimistic PLD)" if cb.threat == "mia" else "worst case R = 2C for the next step")
+    )
     return [
-        (f"budget β*_{threat} ≥", f"{cb.min_bayes_security:g}", "training stops before the step that would break it"),
+        budget,
         ("stopped after step", stopped, 'step of the stop ("no": the budget was never reached)'),
-        (
-            "decision",
-            "exact PLD" if cb.exact and cb.threat == "mia" else "closed form / worst case",
-            "exact is safe; the closed form is approximate",
-        ),
+        ("decision", decision, "what the stop was decided on; never the approximate closed form"),
     ]
 
 

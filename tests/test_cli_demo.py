@@ -7,8 +7,8 @@ def test_demo_runs_and_prints_the_summary(tmp_path, capsys):
     for line in (
         "test accuracy",
         "β*_MIA closed form",
-        "β*_MIA exact",
-        "TPR bound at FPR 0.01 / 0.1",
+        "β*_MIA (exact, safe",
+        "TPR bound at FPR 0.001 / 0.01 / 0.1",
         "accountant ε at δ",
         "tensorboard --logdir",
     ):

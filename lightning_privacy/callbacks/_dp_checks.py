@@ -17,7 +17,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 __all__ = [
     "ClippingStats",
-    "check_clipping_and_noise",
+    "check_clipping",
+    "check_noise",
     "check_per_sample_gradients",
     "per_sample_norms",
 ]
@@ -62,23 +63,10 @@ def check_per_sample_gradients(params: Sequence[torch.Tensor], param_names: Dict
         )
 
 
-def check_clipping_and_noise(
-    params: Sequence[torch.Tensor],
-    param_names: Dict[int, str],
-    *,
-    max_grad_norm: float,
-    noise_multiplier: float,
-    scale: float,
-) -> None:
-    """The summed gradient is the sum of clipped per-sample gradients and the noise has std σ·C.
-
-    Runs in the optimizer's step hook, after Opacus' clip → noise → scale: ``p.summed_grad`` is the clipped sum,
-    ``p.grad · scale − p.summed_grad`` is the noise (``scale`` undoes the mean reduction).
-    """
+def check_clipping(params: Sequence[torch.Tensor], param_names: Dict[int, str], *, max_grad_norm: float) -> None:
+    """``p.summed_grad`` is the sum of the per-sample gradients clipped to ``max_grad_norm`` (before any noise)."""
     norms = per_sample_norms(params)
     factors = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-    bound = max_grad_norm * max(1, int(norms.numel()))
-    noise_sq, noise_count = 0.0, 0
     total_sq = 0.0
     for param in params:
         name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
@@ -92,14 +80,34 @@ def check_clipping_and_noise(
                 f"max_grad_norm={max_grad_norm:g}; clipping is not applied as configured."
             )
         total_sq += float(summed.pow(2).sum())
-        noise = param.grad.to(torch.float64).reshape(summed.shape) * scale - summed
-        noise_sq += float(noise.pow(2).sum())
-        noise_count += noise.numel()
+    bound = max_grad_norm * max(1, int(norms.numel()))
     if math.sqrt(total_sq) > bound * (1 + 1e-4):
         raise MisconfigurationException(
             f"DP-SGD self-check: the clipped gradient sum has norm {math.sqrt(total_sq):.4g} > batch size × "
             f"max_grad_norm = {bound:.4g}."
         )
+
+
+def check_noise(
+    params: Sequence[torch.Tensor],
+    summed_before_noise: Sequence[torch.Tensor],
+    *,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    scale: float,
+) -> None:
+    """The noise added has standard deviation σ·C: ``p.grad · scale − summed`` over all coordinates.
+
+    Runs in the optimizer's step hook, after Opacus' noise → scale; ``scale`` undoes the mean reduction and
+    ``summed_before_noise`` is what the noise was added to.
+    """
+    noise_sq, noise_count, total_sq = 0.0, 0, 0.0
+    for param, summed in zip(params, summed_before_noise):
+        summed = summed.to(torch.float64)
+        noise = param.grad.to(torch.float64).reshape(summed.shape) * scale - summed
+        noise_sq += float(noise.pow(2).sum())
+        noise_count += noise.numel()
+        total_sq += float(summed.pow(2).sum())
     expected_std = noise_multiplier * max_grad_norm
     std = math.sqrt(noise_sq / max(1, noise_count))
     slack = NOISE_TOLERANCE_SE / math.sqrt(2 * max(1, noise_count))

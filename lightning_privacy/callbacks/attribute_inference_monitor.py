@@ -115,6 +115,11 @@ class AttributeInferenceMonitor(Callback):
         SensitiveAttribute.numeric(name='age', column=0, |A|=2, values=(17, 90))
     """
 
+    #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
+    @property
+    def hparams_metric_keys(self) -> Tuple[str, ...]:
+        return (self.key,)
+
     def __init__(
         self,
         *,

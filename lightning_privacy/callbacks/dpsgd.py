@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -11,29 +10,49 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from opacus.accountants import create_accountant
 from opacus.grad_sample import GradSampleHooks
 from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
 from opacus.validators import ModuleValidator
 from typing_extensions import override
 
 from lightning_privacy import _compat, names
-from lightning_privacy.analysis.bayes_security import noise_multiplier_for_exact
+from lightning_privacy._validation import check_bool, check_choice, check_open_unit, check_positive
 from lightning_privacy.callbacks import _dp_checks
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
+from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
 
-STATE_VERSION = 1
-ACCOUNTANTS = ("rdp", "prv", "gdp")
+STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
 DEFAULT_DELTA = 1e-5
 SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping and noise
 
 
+class _BeforeNoiseHooks:
+    """Mixin for Opacus' DP optimizers: run DPSGD's check and the registered hooks on the clipped sum, then noise."""
+
+    before_noise_hooks: List[Callable[[DPOptimizer], None]]
+    check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None  # True: keep the sum for the noise check
+    summed_before_noise: Optional[List[torch.Tensor]] = None
+
+    def add_noise(self) -> None:
+        keep = self.check_before_noise(self) if self.check_before_noise is not None else False
+        for hook in self.before_noise_hooks:
+            hook(self)
+        self.summed_before_noise = [p.summed_grad.detach().clone() for p in self.params] if keep else None
+        super().add_noise()
+
+
+class _DPOptimizer(_BeforeNoiseHooks, DPOptimizer):
+    pass
+
+
+class _DistributedDPOptimizer(_BeforeNoiseHooks, DistributedDPOptimizer):
+    pass
+
+
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise MisconfigurationException(f"`{name}` must be a positive finite number, got {value!r}")
-    return float(value)
+    return check_positive(name, value, exc=MisconfigurationException)
 
 
 class DPSGD(Callback):
@@ -106,6 +125,7 @@ class DPSGD(Callback):
         noise_multiplier: Optional[float] = None,
         max_grad_norm: float = 1.0,
         target_bayes_security: Optional[float] = None,
+        target_epsilon: Optional[float] = None,
         epochs: Optional[int] = None,
         delta: float = DEFAULT_DELTA,
         accountant: str = "rdp",
@@ -113,46 +133,52 @@ class DPSGD(Callback):
         secure_mode: bool = False,
         log_clipping: bool = False,
     ) -> None:
-        if (noise_multiplier is None) == (target_bayes_security is None):
+        given = {
+            "noise_multiplier": noise_multiplier,
+            "target_bayes_security": target_bayes_security,
+            "target_epsilon": target_epsilon,
+        }
+        if sum(v is not None for v in given.values()) != 1:
             raise MisconfigurationException(
-                "Give exactly one of `noise_multiplier` or `target_bayes_security` (with `epochs`), got "
-                f"noise_multiplier={noise_multiplier!r}, target_bayes_security={target_bayes_security!r}"
+                "Give exactly one of `noise_multiplier`, `target_bayes_security` or `target_epsilon` (with `epochs`), "
+                f"got {', '.join(f'{k}={v!r}' for k, v in given.items())}"
             )
         if noise_multiplier is not None:
             _positive("noise_multiplier", noise_multiplier)
             if epochs is not None:
-                raise MisconfigurationException("`epochs` is only used with `target_bayes_security`; remove it")
-        else:
-            if not (isinstance(target_bayes_security, (int, float)) and 0 < target_bayes_security < 1):
                 raise MisconfigurationException(
-                    f"`target_bayes_security` must be in (0, 1), got {target_bayes_security!r}"
+                    "`epochs` is only used with `target_bayes_security` or `target_epsilon`; remove it"
                 )
+        else:
+            check_open_unit(
+                "target_bayes_security", target_bayes_security, exc=MisconfigurationException, optional=True
+            )
+            if target_epsilon is not None:
+                _positive("target_epsilon", target_epsilon)
             if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
                 raise MisconfigurationException(
-                    f"`epochs` must be a positive int when planning from `target_bayes_security`, got {epochs!r}"
+                    f"`epochs` must be a positive int when planning σ from a target, got {epochs!r}"
                 )
         self.max_grad_norm = _positive("max_grad_norm", max_grad_norm)
-        if not (isinstance(delta, float) and 0 < delta < 1):
-            raise MisconfigurationException(f"`delta` must be a float in (0, 1), got {delta!r}")
-        if accountant not in ACCOUNTANTS:
-            raise MisconfigurationException(f"`accountant` must be one of {ACCOUNTANTS}, got {accountant!r}")
-        if loss_reduction not in ("mean", "sum"):
-            raise MisconfigurationException(f"`loss_reduction` must be 'mean' or 'sum', got {loss_reduction!r}")
+        check_open_unit("delta", delta, exc=MisconfigurationException, float_only=True)
+        check_choice("accountant", accountant, ACCOUNTANTS, exc=MisconfigurationException)
+        check_choice("loss_reduction", loss_reduction, ("mean", "sum"), exc=MisconfigurationException)
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
+        self._planned = noise_multiplier is None
         self.target_bayes_security = target_bayes_security
+        self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
         self.epochs = epochs
         self.delta = delta
         self.accountant_mechanism = accountant
         self.loss_reduction = loss_reduction
         self.secure_mode = secure_mode
-        if not isinstance(log_clipping, bool):
-            raise MisconfigurationException(f"`log_clipping` must be True or False, got {log_clipping!r}")
-        self.log_clipping = log_clipping
+        self.log_clipping = check_bool("log_clipping", log_clipping, exc=MisconfigurationException)
         self._clipping = _dp_checks.ClippingStats()
+        self._before_noise_hooks: List[Callable[[DPOptimizer], None]] = []
         self._param_names: Dict[int, str] = {}
         self._checks_left = 0
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
-        self.accountant = create_accountant(mechanism=accountant)
+        self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
         self.sample_rate: Optional[float] = None
         self.steps_per_epoch: Optional[int] = None
         self._hooks: Optional[GradSampleHooks] = None
@@ -161,12 +187,15 @@ class DPSGD(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(
-            noise_multiplier=None if self.target_bayes_security is not None else self.noise_multiplier,
+        keys: Dict[str, Any] = dict(
+            noise_multiplier=None if self._planned else self.noise_multiplier,
             max_grad_norm=self.max_grad_norm,
             target_bayes_security=self.target_bayes_security,
             epochs=self.epochs,
         )
+        if self.target_epsilon is not None:  # added later: keys of older checkpoints stay the same
+            keys["target_epsilon"] = self.target_epsilon
+        return self._generate_state_key(**keys)
 
     # ----------------------------------------------------------------------------------- checks
     @override
@@ -216,26 +245,12 @@ class DPSGD(Callback):
             raise MisconfigurationException(
                 "The optimizer is already an Opacus DPOptimizer; remove DPSGD or make_private."
             )
-        loader = make_poisson_loader(trainer, self, _compat.original_train_loader(trainer))
+        loader = make_poisson_loader(trainer, self, _compat.original_train_loader(trainer, before="poisson"))
         self.steps_per_epoch = len(loader)
-        if self.target_bayes_security is not None:
-            planned = noise_multiplier_for_exact(
-                target=float(self.target_bayes_security),
-                sample_rate=self.sample_rate,
-                steps=self.epochs * self.steps_per_epoch,
-            )
-            self.noise_multiplier = planned
-            rank_zero_info(
-                f"DPSGD: planned noise_multiplier={planned:.4f} for β*_MIA ≥ {self.target_bayes_security} after "
-                f"{self.epochs} epochs ({self.epochs * self.steps_per_epoch} steps at sample_rate={self.sample_rate:.3g})."
-            )
-            if trainer.max_epochs is not None and trainer.max_epochs > self.epochs:
-                rank_zero_warn(
-                    f"Trainer(max_epochs={trainer.max_epochs}) exceeds the planned epochs={self.epochs}: "
-                    "β*_MIA will fall below the target unless PrivacyBudgetStopping stops the run."
-                )
+        if self._planned:
+            self._plan(trainer)
         self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction=self.loss_reduction)
-        cls = DistributedDPOptimizer if self._distributed else DPOptimizer
+        cls = _DistributedDPOptimizer if self._distributed else _DPOptimizer
         expected_batch_size = int(len(loader.dataset) * self.sample_rate)
         if self._distributed:
             expected_batch_size /= trainer.world_size
@@ -248,10 +263,36 @@ class DPSGD(Callback):
             secure_mode=self.secure_mode,
         )
         dp_optimizer.attach_step_hook(self._record_step)
+        dp_optimizer.before_noise_hooks = self._before_noise_hooks
+        dp_optimizer.check_before_noise = self._check_before_noise
         trainer.strategy.optimizers = [dp_optimizer]
         self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
         self._checks_left = SELF_CHECK_STEPS
         write_privacy_hparams(trainer, pl_module, self.privacy_settings())
+
+    def _plan(self, trainer: pl.Trainer) -> None:
+        """σ for the target after ``epochs`` epochs, from the ledger's one calibration routine."""
+        steps = self.epochs * self.steps_per_epoch
+        if self.target_bayes_security is not None:
+            target, what = dict(target_bayes_security=float(self.target_bayes_security)), "β*_MIA ≥"
+        else:
+            target, what = dict(target_epsilon=self.target_epsilon, delta=self.delta), f"ε(δ={self.delta:g}) ≤"
+        self.noise_multiplier = PrivacyLedger.calibrate(
+            sample_rate=self.sample_rate,
+            steps=steps,
+            accountant=self.accountant_mechanism,
+            steps_per_read=self.steps_per_epoch,
+            **target,
+        )
+        rank_zero_info(
+            f"DPSGD: planned noise_multiplier={self.noise_multiplier:.4f} for {what} {next(iter(target.values()))} "
+            f"after {self.epochs} epochs ({steps} steps at sample_rate={self.sample_rate:.3g})."
+        )
+        if trainer.max_epochs is not None and trainer.max_epochs > self.epochs:
+            rank_zero_warn(
+                f"Trainer(max_epochs={trainer.max_epochs}) exceeds the planned epochs={self.epochs}: the run will "
+                "exceed the privacy target unless PrivacyBudgetStopping stops it."
+            )
 
     def privacy_settings(self) -> Dict[str, Any]:
         """The run's privacy settings, as logged in TensorBoard's HPARAMS tab."""
@@ -264,6 +305,9 @@ class DPSGD(Callback):
         }
         if self.target_bayes_security is not None:
             settings[names.DP_TARGET_BAYES_SECURITY] = float(self.target_bayes_security)
+        if self.target_epsilon is not None:
+            settings[names.DP_TARGET_EPSILON] = self.target_epsilon
+        if self._planned:
             settings[names.DP_PLANNED_EPOCHS] = int(self.epochs)
         return settings
 
@@ -277,21 +321,39 @@ class DPSGD(Callback):
         if self._checks_left > 0 and isinstance(optimizer, DPOptimizer):
             _dp_checks.check_per_sample_gradients(optimizer.params, self._param_names)
 
+    def register_before_noise_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
+        """Call ``hook(optimizer)`` at every step after per-sample clipping and before the noise is added.
+
+        At that point each parameter's ``p.summed_grad`` holds the sum of the batch's clipped per-sample gradients;
+        a hook may add to it (e.g. the gradient canaries of :class:`~lightning_privacy.CanaryAudit`), and the
+        Gaussian noise is then added to the result. Under DDP the hook runs on every rank and the ranks' sums are
+        added up after the noise, so a hook that adds something once per step should do so on one rank only.
+        """
+        self._before_noise_hooks.append(hook)
+
+    def _check_before_noise(self, optimizer: DPOptimizer) -> bool:
+        if self._checks_left > 0 and not self._distributed:
+            _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)
+            return True
+        return False
+
     def _record_step(self, optimizer: DPOptimizer) -> None:
         if self._checks_left > 0:
             self._checks_left -= 1
-            if not self._distributed:  # DistributedDPOptimizer noises on rank 0 and all-reduces: not checked here
+            # DistributedDPOptimizer noises on rank 0 and all-reduces afterwards: only checked in one process
+            if not self._distributed and optimizer.summed_before_noise is not None:
                 scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
-                _dp_checks.check_clipping_and_noise(
+                _dp_checks.check_noise(
                     optimizer.params,
-                    self._param_names,
+                    optimizer.summed_before_noise,
                     max_grad_norm=self.max_grad_norm,
                     noise_multiplier=self.noise_multiplier,
                     scale=float(scale) if self.loss_reduction == "mean" else 1.0,
                 )
+            optimizer.summed_before_noise = None
         if self.log_clipping:
             self._clipping.update(optimizer.params)
-        self.accountant.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.sample_rate)
+        self.ledger.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.sample_rate)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -331,14 +393,17 @@ class DPSGD(Callback):
     # ----------------------------------------------------------------------------------- results
     @property
     def steps(self) -> int:
-        """Optimizer steps recorded by the accountant (including those before a resume)."""
-        return sum(int(t) for _, _, t in self.accountant.history)
+        """Optimizer steps recorded (including those before a resume)."""
+        return self.ledger.steps
+
+    @property
+    def accountant(self) -> Any:
+        """The Opacus accountant of this run (inside :attr:`ledger`)."""
+        return self.ledger.accountant
 
     def epsilon(self, delta: Optional[float] = None) -> float:
-        """The reference accountant's ε at ``delta`` (default: the callback's ``delta``)."""
-        if not self.accountant.history:
-            return 0.0
-        return float(self.accountant.get_epsilon(delta=self.delta if delta is None else delta))
+        """The run's accountant ε at ``delta`` (default: the callback's ``delta``)."""
+        return self.ledger.epsilon(delta)
 
     # ----------------------------------------------------------------------------------- state
     @override
@@ -346,7 +411,7 @@ class DPSGD(Callback):
         return {
             "version": STATE_VERSION,
             "accountant": self.accountant_mechanism,
-            "history": [[float(s), float(p), int(t)] for s, p, t in self.accountant.history],
+            "ledger": self.ledger.state_dict(),
             "noise_multiplier": self.noise_multiplier,
             "sample_rate": self.sample_rate,
             "max_grad_norm": self.max_grad_norm,
@@ -354,11 +419,13 @@ class DPSGD(Callback):
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        missing = {"version", "accountant", "history", "max_grad_norm"} - set(state_dict)
+        version = state_dict.get("version")
+        history_key = "ledger" if version == STATE_VERSION else "history"
+        missing = {"version", "accountant", history_key, "max_grad_norm"} - set(state_dict)
         if missing:
             raise RuntimeError(f"DPSGD state is missing {sorted(missing)}: refusing to restart privacy accounting at 0")
-        if state_dict["version"] != STATE_VERSION:
-            raise RuntimeError(f"DPSGD state version {state_dict['version']!r} is not {STATE_VERSION}")
+        if version not in (1, STATE_VERSION):
+            raise RuntimeError(f"DPSGD state version {version!r} is not {STATE_VERSION} (or 1)")
         if state_dict["accountant"] != self.accountant_mechanism:
             raise RuntimeError(
                 f"checkpoint accounted with {state_dict['accountant']!r}, this DPSGD uses {self.accountant_mechanism!r}"
@@ -367,7 +434,11 @@ class DPSGD(Callback):
             raise RuntimeError(
                 f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {self.max_grad_norm}"
             )
-        self.accountant.history = [(float(s), float(p), int(t)) for s, p, t in state_dict["history"]]
+        if version == 1:  # before the ledger: only the history; the PLD is recomposed from its segments
+            ledger = {"version": 1, "accountant": self.accountant_mechanism, "history": state_dict["history"]}
+        else:
+            ledger = state_dict["ledger"]
+        self.ledger.load_state_dict(ledger)
 
     @override
     def on_load_checkpoint(

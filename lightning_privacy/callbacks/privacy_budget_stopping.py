@@ -1,4 +1,4 @@
-"""Stop training before the step that would break a Bayes-security budget."""
+"""Stop training before the step that would break a privacy budget (β* or ε)."""
 
 from __future__ import annotations
 
@@ -11,46 +11,51 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.accountants import IAccountant
 from typing_extensions import override
 
-from lightning_privacy.analysis import bayes_security as bs
-from lightning_privacy.callbacks._opacus import accountant_history, next_step_mechanism
+from lightning_privacy._validation import check_choice, check_open_unit, check_positive
+from lightning_privacy.callbacks._opacus import find_accountant, find_dpsgd, next_step_mechanism
+from lightning_privacy.ledger import PrivacyLedger
 
 THREATS = ("mia", "ai")
 
 
 class PrivacyBudgetStopping(Callback):
-    r"""Stop training before the optimizer step that would take β* below ``min_bayes_security``.
+    r"""Stop training before the optimizer step that would break a privacy budget.
 
-    For membership inference (``threat="mia"``) the β* after the next step is known in advance: it
-    depends only on the noise multiplier, sample rate and step count. Before every step (at the start
-    of training and after each batch) this callback checks the history plus one more step and sets
-    ``trainer.should_stop`` when that would fall below the minimum, so the last model trained still
-    meets the budget. The closed form can overstate security (by up to ~0.01 for σ ≥ 1 and much more for
-    σ < 1; Cherubin et al. 2024, Fig. 4), so by default (``exact=True``) the decision uses the exact
-    PLD value: the largest admissible step count for the current (σ, p) is found once by bracketing and
-    bisection and re-used until σ or p change. ``exact=False`` decides on the closed form alone
-    (approximate, cheaper).
+    Budgets: ``min_bayes_security`` (β* must stay ≥ it) or ``max_epsilon`` (the accountant's ε at ``delta`` must
+    stay ≤ it). Before every step (at the start of training and after each batch) this callback asks the run's
+    :class:`~lightning_privacy.ledger.PrivacyLedger` whether one more step would break the budget, and sets
+    ``trainer.should_stop`` if so, so the last model trained still meets the budget.
 
-    For attribute inference (``threat="ai"``) the next step's sensitivity is not known in advance, so
-    it assumes the worst case R = 2C for that step (via the
-    :class:`~lightning_privacy.AttributeInferenceMonitor` in the same trainer), which keeps the stop on
-    the safe side.
+    For membership inference (``threat="mia"``) β* after the next step is known in advance: the ledger's safe
+    value (pessimistic PLD, exact-or-lower) for the history plus one more step. The largest admissible step count
+    for the current (σ, p) is found by bracketing and bisection, exact to one step, and re-used until the ledger
+    composes new steps; the prediction is composed exactly as the monitor's next read will compose it, so the
+    value the monitor logs after the stop equals the value the decision was made on. ε budgets use the run's own
+    accountant (Opacus RDP/PRV/GDP) the same way.
 
-    The decision is reduced across processes: if any rank stops, all stop. Lightning ignores
-    ``should_stop`` until ``min_epochs``/``min_steps`` are reached, so :meth:`setup` raises when those
-    would force training past the budget.
+    For attribute inference (``threat="ai"``, β* budgets only) the next step's sensitivity is not known in advance,
+    so it assumes the worst case R = 2C for that step (via the
+    :class:`~lightning_privacy.AttributeInferenceMonitor` in the same trainer), which keeps the stop on the safe side.
+
+    The decision is reduced across processes: if any rank stops, all stop. Lightning ignores ``should_stop`` until
+    ``min_epochs``/``min_steps`` are reached, so :meth:`setup` raises when those would force training past the budget.
 
     Args:
-        min_bayes_security: the budget, β* in (0, 1).
+        min_bayes_security: a β* budget in (0, 1).
+        max_epsilon: an ε budget > 0 (at ``delta``; MIA threat).
+        delta: δ of the ε budget; default: DPSGD's ``delta``.
         threat: ``"mia"`` or ``"ai"``.
-        relation: ``"replace"`` or ``"add_remove"`` (MIA only).
-        exact: decide MIA stops on the exact PLD value (safe) instead of the closed form (approximate).
+        relation: ``"replace"`` or ``"add_remove"`` (MIA β* only).
         accountant: an Opacus accountant to read instead of finding it through the trainer.
+        exact: deprecated; must be True (a closed-form decision could overstate security).
 
     Example::
 
         >>> from lightning_privacy import PrivacyBudgetStopping
         >>> PrivacyBudgetStopping(min_bayes_security=0.9).min_bayes_security
         0.9
+        >>> PrivacyBudgetStopping(max_epsilon=3.0, delta=1e-5).max_epsilon
+        3.0
         >>> PrivacyBudgetStopping(min_bayes_security=1.5)
         Traceback (most recent call last):
         ...
@@ -60,98 +65,83 @@ class PrivacyBudgetStopping(Callback):
     def __init__(
         self,
         *,
-        min_bayes_security: float,
+        min_bayes_security: Optional[float] = None,
+        max_epsilon: Optional[float] = None,
+        delta: Optional[float] = None,
         threat: str = "mia",
         relation: str = "replace",
-        exact: bool = True,
         accountant: Optional[IAccountant] = None,
+        exact: bool = True,
     ) -> None:
-        if (
-            isinstance(min_bayes_security, bool)
-            or not isinstance(min_bayes_security, (int, float))
-            or not (0 < min_bayes_security < 1)
-        ):
-            raise MisconfigurationException(f"`min_bayes_security` must be in (0, 1), got {min_bayes_security!r}")
-        if threat not in THREATS:
-            raise MisconfigurationException(f"`threat` must be one of {THREATS}, got {threat!r}")
-        if relation not in ("replace", "add_remove"):
-            raise MisconfigurationException(f"`relation` must be 'replace' or 'add_remove', got {relation!r}")
-        self.min_bayes_security = float(min_bayes_security)
+        if (min_bayes_security is None) == (max_epsilon is None):
+            raise MisconfigurationException(
+                "Give exactly one budget: `min_bayes_security` or `max_epsilon`, got "
+                f"min_bayes_security={min_bayes_security!r}, max_epsilon={max_epsilon!r}"
+            )
+        check_open_unit("min_bayes_security", min_bayes_security, exc=MisconfigurationException, optional=True)
+        check_positive("max_epsilon", max_epsilon, exc=MisconfigurationException, optional=True)
+        check_open_unit("delta", delta, exc=MisconfigurationException, optional=True, float_only=True)
+        check_choice("threat", threat, THREATS, exc=MisconfigurationException)
+        if threat == "ai" and max_epsilon is not None:
+            raise MisconfigurationException("`max_epsilon` budgets the accountant's ε; use threat='mia' with it")
+        check_choice("relation", relation, ("replace", "add_remove"), exc=MisconfigurationException)
+        if exact is not True:
+            raise MisconfigurationException(
+                f"`exact={exact!r}` is no longer supported: stops are decided on the safe (exact-or-lower) β*, "
+                "because the closed form can overstate security. Remove the argument."
+            )
+        self.min_bayes_security = None if min_bayes_security is None else float(min_bayes_security)
+        self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
+        self.delta = delta
         self.threat = threat
         self.relation = relation
         self.accountant = accountant
         self.stopped_at_step: Optional[int] = None
-        self.exact = exact
-        self._cache: Dict[Any, int] = {}
+        self._ledger: Optional[PrivacyLedger] = None
 
     @property
     @override
     def state_key(self) -> str:
+        if self.max_epsilon is not None:
+            return self._generate_state_key(max_epsilon=self.max_epsilon, delta=self.delta, threat=self.threat)
         return self._generate_state_key(min_bayes_security=self.min_bayes_security, threat=self.threat)
 
     # -------------------------------------------------------------------------------- decisions
+    def ledger(self, trainer: pl.Trainer) -> PrivacyLedger:
+        """The ledger the decisions are made on (DPSGD's, or one over the accountant of a user's make_private)."""
+        if self._ledger is None:
+            dpsgd = find_dpsgd(trainer)
+            accountant = find_accountant(trainer, self.accountant)
+            delta = self.delta or (dpsgd.delta if dpsgd is not None else 1e-5)
+            if (
+                dpsgd is not None
+                and dpsgd.accountant is accountant
+                and dpsgd.ledger.relation == self.relation
+                and dpsgd.ledger.delta == delta
+            ):
+                self._ledger = dpsgd.ledger
+            else:
+                self._ledger = PrivacyLedger(accountant=accountant, delta=delta, relation=self.relation)
+        return self._ledger
+
     def bayes_security_after_next_step(self, trainer: pl.Trainer) -> float:
-        """β*_MIA (closed form) or β*_AI (worst case R = 2C) if one more optimizer step were taken."""
+        """Safe β*_MIA, or β*_AI with the worst case R = 2C, if one more optimizer step were taken."""
         if self.threat == "ai":
             return self._ai_monitor(trainer).bayes_security_after_next_step(trainer)
-        history = accountant_history(trainer, self.accountant)
         sigma, rate = next_step_mechanism(trainer, self.accountant, who="PrivacyBudgetStopping")
-        return bs.mia_bayes_security(**bs.history_segments(history + [(sigma, rate, 1)]), relation=self.relation)
+        return self.ledger(trainer).bayes_security_after(1, noise_multiplier=sigma, sample_rate=rate)
 
     def next_step_breaks_budget(self, trainer: pl.Trainer) -> bool:
-        """Whether the next optimizer step would take β* below ``min_bayes_security``."""
-        if self.threat == "ai" or not self.exact:
+        """Whether the next optimizer step would break the budget."""
+        if self.threat == "ai":
             return self.bayes_security_after_next_step(trainer) < self.min_bayes_security
-        history = accountant_history(trainer, self.accountant)
         sigma, rate = next_step_mechanism(trainer, self.accountant, who="PrivacyBudgetStopping")
-        if history and history[-1][:2] == (sigma, rate):
-            prefix, done = history[:-1], history[-1][2]
-        else:
-            prefix, done = history, 0
-        return done + 1 > self._max_steps(prefix, sigma, rate)
-
-    def _max_steps(self, prefix: list, sigma: float, rate: float) -> int:
-        """A step count k with exact β*(prefix + k steps at (σ, p)) ≥ the budget, within 0.2% of the
-        largest such k and never above it (so stopping errs early); memoised per segment."""
-        key = (tuple(prefix), sigma, rate)
-        if key in self._cache:
-            return self._cache[key]
-
-        def beta(k: int, exact: bool) -> float:
-            segments = bs.history_segments(list(prefix) + [(sigma, rate, k)])
-            fn = bs.mia_bayes_security_exact if exact else bs.mia_bayes_security
-            return fn(**segments, relation=self.relation)
-
-        def largest(ok, lo: int, hi: int, tolerance: float) -> int:  # ok(lo) holds, ok(hi) fails
-            while hi - lo > max(1, tolerance * lo):
-                mid = (lo + hi) // 2
-                lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-            return lo
-
-        def ok_exact(k: int) -> bool:
-            return beta(k, True) >= self.min_bayes_security
-
-        def ok_closed(k: int) -> bool:
-            return beta(k, False) >= self.min_bayes_security
-
-        if not ok_exact(1):
-            result = 0
-        else:
-            hi = 2
-            while ok_closed(hi):
-                hi *= 2
-            guess = max(1, largest(ok_closed, hi // 2, hi, 0.0))  # closed-form answer: cheap, exact to 1 step
-            lo, hi = (guess, guess * 2) if ok_exact(guess) else (1, guess)
-            while ok_exact(hi):
-                lo, hi = hi, hi * 2
-            if lo == 1 and hi == guess:  # tighten the bracket from above before bisecting
-                probe = int(guess * 0.95)
-                while probe > 1 and not ok_exact(probe):
-                    hi, probe = probe, int(probe * 0.95)
-                lo = max(1, probe)
-            result = largest(ok_exact, lo, hi, 0.002)
-        self._cache = {key: result}
-        return result
+        budget = (
+            {"min_bayes_security": self.min_bayes_security}
+            if self.max_epsilon is None
+            else {"max_epsilon": self.max_epsilon}
+        )
+        return self.ledger(trainer).steps_within(noise_multiplier=sigma, sample_rate=rate, **budget) < 1
 
     def _ai_monitor(self, trainer: pl.Trainer) -> Any:
         from lightning_privacy.callbacks.attribute_inference_monitor import AttributeInferenceMonitor
@@ -168,9 +158,13 @@ class PrivacyBudgetStopping(Callback):
         if should_stop and not trainer.should_stop:
             trainer.should_stop = True
             self.stopped_at_step = trainer.global_step
+            broken = (
+                f"β*_{self.threat.upper()} below {self.min_bayes_security}"
+                if self.max_epsilon is None
+                else f"ε above {self.max_epsilon} at δ = {self.ledger(trainer).delta:g}"
+            )
             rank_zero_info(
-                f"PrivacyBudgetStopping: stopping after step {trainer.global_step}; one more step would take "
-                f"β*_{self.threat.upper()} below {self.min_bayes_security}."
+                f"PrivacyBudgetStopping: stopping after step {trainer.global_step}; one more step would take {broken}."
             )
 
     # -------------------------------------------------------------------------------- hooks
@@ -189,6 +183,7 @@ class PrivacyBudgetStopping(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ledger = None
         self._check(trainer)
 
     @override

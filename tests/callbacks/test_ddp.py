@@ -12,8 +12,8 @@ KEYS = (names.MIA_BAYES_SECURITY, names.DP_STEPS, names.DP_SAMPLE_RATE, names.DP
 def _run(tmp_path, **kwargs):
     callbacks = [
         DPSGD(noise_multiplier=1.5),
-        BayesSecurityMonitor(exact="never"),
-        PrivacyBudgetStopping(min_bayes_security=0.85, exact=False),
+        BayesSecurityMonitor(),
+        PrivacyBudgetStopping(min_bayes_security=0.85),
     ]
     model = tiny_module()
     before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])

@@ -67,6 +67,20 @@ def test_planned_noise_meets_target_exactly(tmp_path):
     assert (
         mia_bayes_security_exact(sample_rate=BATCH / N, noise_multiplier=dp.noise_multiplier * 0.99, steps=steps) < 0.95
     )
+    assert dp.ledger.bayes_security() >= 0.95  # the value the monitor logs meets the target too
+
+
+def test_planned_noise_meets_an_epsilon_target(tmp_path):
+    from opacus.accountants.utils import get_noise_multiplier
+
+    dp = DPSGD(target_epsilon=3.0, epochs=2, delta=1e-5)
+    trainer([dp], tmp_path).fit(tiny_module(), train_dataloaders=tiny_loader())
+    assert dp.steps == 2 * (N // BATCH)
+    assert dp.epsilon() <= 3.0
+    reference = get_noise_multiplier(
+        target_epsilon=3.0, target_delta=1e-5, sample_rate=BATCH / N, steps=dp.steps, accountant="rdp"
+    )
+    assert dp.noise_multiplier == pytest.approx(reference, rel=0.01)  # Opacus' own search, within its tolerance
 
 
 def test_resume_continues_the_history(tmp_path):
@@ -102,8 +116,13 @@ def test_state_dict_is_plain_and_strict():
     other = DPSGD(noise_multiplier=1.0)
     other.load_state_dict(state)
     assert other.steps == 5
+    assert other.ledger.bayes_security() == dp.ledger.bayes_security()
     with pytest.raises(RuntimeError, match="missing"):
-        other.load_state_dict({"version": 1})
+        other.load_state_dict({"version": 2})
+    # a checkpoint from before the ledger (version 1: the history only) still resumes
+    old = DPSGD(noise_multiplier=1.0)
+    old.load_state_dict({"version": 1, "accountant": "rdp", "history": [[1.0, 0.01, 5]], "max_grad_norm": 1.0})
+    assert old.steps == 5 and old.ledger.bayes_security() == pytest.approx(dp.ledger.bayes_security(), abs=1e-12)
     with pytest.raises(RuntimeError, match="max_grad_norm"):
         DPSGD(noise_multiplier=1.0, max_grad_norm=2.0).load_state_dict(state)
     assert (
@@ -116,6 +135,9 @@ def test_state_dict_is_plain_and_strict():
     ("kwargs", "match"),
     [
         ({}, "exactly one of `noise_multiplier`"),
+        ({"target_epsilon": 1.0, "target_bayes_security": 0.9, "epochs": 3}, "exactly one"),
+        ({"target_epsilon": -1.0, "epochs": 3}, "`target_epsilon` must be a positive"),
+        ({"target_epsilon": 1.0}, "`epochs` must be a positive int"),
         ({"noise_multiplier": 1.0, "target_bayes_security": 0.9, "epochs": 3}, "exactly one"),
         ({"noise_multiplier": -1.0}, "`noise_multiplier` must be a positive"),
         ({"noise_multiplier": float("nan")}, "`noise_multiplier` must be a positive"),

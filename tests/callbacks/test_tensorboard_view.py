@@ -1,6 +1,10 @@
 """What a user sees: the run's scalar series and HPARAMS row, read through TensorBoard's own server."""
 
+import shutil
+import subprocess
+
 import lightning.pytorch as pl
+import matplotlib.image
 import pytest
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -14,6 +18,17 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:AttributeInferenceMonitor.*Section 5.3", "ignore:The closed-form", "ignore:.*hparams.*"
 )
 EPOCHS = 4
+#: Chromium as root, with no network: the flags that keep it from reaching out (see the machine notes).
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +97,29 @@ def test_hparams_tab_shows_privacy_settings_beside_the_model_and_privacy_metrics
         trainer.callback_metrics[names.MIA_BAYES_SECURITY].item(), abs=1e-6
     )
     assert session["metrics"][names.DP_EPSILON] == pytest.approx(trainer.callbacks[0].epsilon(), rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed")
+def test_scalars_page_renders_in_chromium(run, tmp_path):
+    """The SCALARS page as a person opens it: headless Chromium renders the privacy section's charts."""
+    _, view = run
+    png = tmp_path / "scalars.png"
+    subprocess.run(
+        [
+            "chromium",
+            *CHROMIUM_FLAGS,
+            "--window-size=1400,1200",
+            "--virtual-time-budget=15000",
+            f"--screenshot={png}",
+            f"{view.url}/?tagFilter=privacy%2Fmia#scalars",
+        ],
+        capture_output=True,
+        timeout=180,
+        check=False,
+    )
+    image = matplotlib.image.imread(png)
+    assert image.shape[0] >= 1000 and image.shape[1] >= 1000
+    # TensorBoard's orange header and the charts' lines: far more than a blank or error page's few colours
+    colours = {tuple(px) for px in (image[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
+    assert len(colours) > 200
