@@ -9,6 +9,8 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | ``trainer._accelerator_connector.use_distributed_sampler`` | DDP needs ``use_distributed_sampler=False`` | ``tests/callbacks/test_dpsgd.py::test_ddp_needs_use_distributed_sampler_false`` |
 | the closure of ``DPOptimizer.step_hook`` | the accountant of a user's ``make_private`` | ``tests/callbacks/test_bayes_security_monitor.py::test_works_with_a_users_own_opacus_setup`` |
 | ``SummaryWriter._get_file_writer()`` | one HPARAMS session with the privacy settings | ``tests/callbacks/test_tensorboard_view.py`` |
+| ``nn.Module._forward_hooks`` and the other hook dicts | a hook-free copy of a model (PANORAMIA's helper) | ``tests/functional/test_panoramia_pipeline.py::test_fresh_copy_and_losses`` |
+| SDV's ``BaseSynthesizer._set_random_state`` | seeding the first ``sample()`` of an SDV synthesizer | ``tests/generators/test_sdv_adapter.py`` (same seed, same rows; skipped without the ``sdv`` extra) |
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ __all__ = [
     "accountant_from_step_hook",
     "install_train_loader_transform",
     "original_train_loader",
+    "remove_module_hooks",
+    "seed_sdv_synthesizer",
     "tensorboard_file_writer",
     "uses_distributed_sampler",
 ]
@@ -117,3 +121,30 @@ def tensorboard_file_writer(logger: Any) -> Optional[Any]:
     experiment = getattr(logger, "experiment", None)
     getter = getattr(experiment, "_get_file_writer", None)
     return getter() if callable(getter) else None
+
+
+# --- torch.nn.Module: hook dictionaries --------------------------------------------------------------------------------
+def remove_module_hooks(module: Any) -> None:
+    """Drop every forward/backward hook of ``module`` (not its children): torch has handles, no public "clear all".
+
+    Used on a deep copy, whose hooks (e.g. Opacus' per-sample gradient hooks) belong to the original's owner.
+    """
+    for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+        hooks = getattr(module, name, None)
+        if hooks is not None:
+            hooks.clear()
+    if getattr(module, "_full_backward_hooks", None) is not None:  # older torch: a list (or None)
+        module._full_backward_hooks = type(module._full_backward_hooks)()
+
+
+# --- SDV: the seed of a synthesizer's first sample -----------------------------------------------------------------------
+def seed_sdv_synthesizer(model: Any, seed: int) -> bool:
+    """Seed an SDV synthesizer's next ``sample()`` (SDV seeds it with a fixed constant; private in SDV 1.x–2.x).
+
+    Returns False when this SDV has no such hook (sampling is then SDV's own fixed-seed stream).
+    """
+    setter = getattr(model, "_set_random_state", None)
+    if not callable(setter):
+        return False
+    setter(seed)
+    return True

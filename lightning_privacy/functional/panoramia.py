@@ -37,6 +37,7 @@ from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_privacy._compat import remove_module_hooks
 from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, panoramia_bounds
 from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator, _data
 
@@ -154,12 +155,7 @@ def fresh_copy(model: nn.Module) -> nn.Module:
     """
     clone = copy.deepcopy(model)
     for module in clone.modules():
-        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
-            getattr(module, hooks, {}).clear()
-        if hasattr(module, "_full_backward_hooks"):
-            module._full_backward_hooks = (
-                None if module._full_backward_hooks is None else type(module._full_backward_hooks)()
-            )
+        remove_module_hooks(module)
         if callable(getattr(module, "reset_parameters", None)):
             module.reset_parameters()
     for p in clone.parameters():

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_privacy._compat import seed_sdv_synthesizer
 from lightning_privacy.generators import _data
 from lightning_privacy.generators.base import check_sample_size
 
@@ -115,8 +116,7 @@ class SDVGenerator:
         finally:
             np.random.set_state(np_state)
         # SDV seeds its first sample() with a fixed constant; use ours (a private hook in SDV 1.x-2.x).
-        if hasattr(model, "_set_random_state"):
-            model._set_random_state(self.seed)
+        seed_sdv_synthesizer(model, self.seed)
         self.model = model
         return self
 
