@@ -43,6 +43,8 @@ from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 import numpy as np
 from scipy import special
 
+from lightning_privacy._validation import expect_choice
+
 __all__ = [
     "RELATIONS",
     "DEFAULT_SENSITIVITY_LEVELS",
@@ -110,9 +112,7 @@ def _real_array(name: str, value: Any) -> np.ndarray:
 
 
 def _check_relation(relation: Any) -> str:
-    if relation not in RELATIONS:
-        raise ValueError(f"Expected argument `relation` to be one of {RELATIONS}, but got {relation!r}.")
-    return relation
+    return expect_choice("relation", relation, RELATIONS)
 
 
 def _check_probability(name: str, value: Any, *, low_open: bool, high_open: bool) -> float:

@@ -73,11 +73,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Any, Callable
 
 import numpy as np
 from scipy import optimize, special
+
+from lightning_privacy._validation import expect_choice, expect_count, expect_real
 
 __all__ = [
     "CanaryAuditResult",
@@ -101,40 +103,22 @@ _MU_MAX = 1e3  # far beyond any μ a finite number of canaries can reject
 # ---------------------------------------------------------------------------------------------------
 
 
-def _check_choice(name: str, value: Any, allowed: tuple) -> str:
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"Expected argument `{name}` to be one of {allowed}, but got {value!r}.")
-    return value
+_check_choice = expect_choice
 
 
 def _check_real(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"Expected argument `{name}` to be a real number, but got {value!r}.")
-    return float(value)
+    return expect_real(name, value)
 
 
 def _check_alpha(alpha: Any) -> float:
-    alpha = _check_real("alpha", alpha)
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"Expected argument `alpha` to be in (0, 1), but got {alpha!r}.")
-    return alpha
+    return expect_real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
 
 
 def _check_delta(delta: Any) -> float:
-    delta = _check_real("delta", delta)
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"Expected argument `delta` to be in [0, 1), but got {delta!r}.")
-    return delta
+    return expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"Expected argument `{name}` to be a non-negative integer, but got {value!r}.")
-    if not isinstance(value, Integral) and not (math.isfinite(value) and value == int(value)):
-        raise TypeError(f"Expected argument `{name}` to be a non-negative integer, but got {value!r}.")
-    if value < 0:
-        raise ValueError(f"Expected argument `{name}` to be a non-negative integer, but got {value!r}.")
-    return int(value)
+_check_count = expect_count
 
 
 def _check_game(num_canaries: Any, num_guesses: Any, num_correct: Any) -> tuple[int, int, int]:

@@ -55,13 +55,14 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from scipy import fft as sp_fft
 from scipy import optimize, special
+
+from lightning_privacy._validation import expect_choice, expect_real
 
 __all__ = ["ComposedPLD", "LOSS_CAP", "default_value_discretization_interval"]
 
@@ -129,21 +130,10 @@ def default_value_discretization_interval(*, sample_rate: float, noise_multiplie
 # validation
 # --------------------------------------------------------------------------------------------------
 def _check_relation(relation: Any) -> str:
-    if relation not in _RELATIONS:
-        raise ValueError(f"Expected argument `relation` to be one of {_RELATIONS}, but got {relation!r}.")
-    return relation
+    return expect_choice("relation", relation, _RELATIONS)
 
 
-def _scalar(name: str, value: Any, *, low: float, high: float, low_open: bool = False, high_open: bool = False):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
-        raise TypeError(f"Expected argument `{name}` to be a real number, but got {value!r}.")
-    x = float(value)
-    ok = math.isfinite(x) or (x == math.inf and not high_open and high == math.inf)
-    ok = ok and (x > low if low_open else x >= low) and (x < high if high_open else x <= high)
-    if not ok:
-        interval = ("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high_open else "]")
-        raise ValueError(f"Expected argument `{name}` to be in {interval}, but got {value!r}.")
-    return x
+_scalar = expect_real
 
 
 def _check_grid(value: Any) -> Optional[float]:

@@ -38,6 +38,8 @@ from typing import Any, Optional
 import numpy as np
 from scipy import optimize, stats
 
+from lightning_privacy._validation import expect_choice
+
 __all__ = [
     "EMPIRICAL_RATE_RANGE",
     "EpsilonStarDetails",
@@ -118,9 +120,7 @@ def _check_delta(delta: Any) -> float:
 
 
 def _check_method(method: Any) -> str:
-    if method not in METHODS:
-        raise ValueError(f"Expected argument `method` to be one of {METHODS}, but got {method!r}")
-    return method
+    return expect_choice("method", method, METHODS)
 
 
 def _check_losses(losses: Any, name: str) -> np.ndarray:

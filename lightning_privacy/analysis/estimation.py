@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 from scipy import optimize, special
+
+from lightning_privacy._validation import expect_choice, expect_count, expect_real
 
 __all__ = [
     "EpsilonLowerBound",
@@ -70,40 +71,18 @@ REGIONS = ("attack", "full")
 # ---------------------------------------------------------------------------------------------------
 
 
-def _check_choice(name: str, value: Any, allowed: tuple) -> str:
-    if value not in allowed:
-        raise ValueError(f"Expected argument `{name}` to be one of {allowed}, but got {value!r}.")
-    return value
+_check_choice = expect_choice
 
 
 def _check_delta(delta: Any) -> float:
-    if isinstance(delta, bool) or not isinstance(delta, Real):
-        raise TypeError(f"Expected argument `delta` to be a real number, but got {delta!r}.")
-    delta = float(delta)
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"Expected argument `delta` to be in [0, 1), but got {delta!r}.")
-    return delta
+    return expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
 
 
 def _check_alpha(alpha: Any) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, Real):
-        raise TypeError(f"Expected argument `alpha` to be a real number, but got {alpha!r}.")
-    alpha = float(alpha)
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"Expected argument `alpha` to be in (0, 1), but got {alpha!r}.")
-    return alpha
+    return expect_real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
-        raise TypeError(f"Expected argument `{name}` to be a non-negative integer, but got {value!r}.")
-    if isinstance(value, Real) and not isinstance(value, Integral):
-        if not math.isfinite(value) or value != int(value):
-            raise TypeError(f"Expected argument `{name}` to be a non-negative integer, but got {value!r}.")
-    value = int(value)
-    if value < 0:
-        raise ValueError(f"Expected argument `{name}` to be a non-negative integer, but got {value!r}.")
-    return value
+_check_count = expect_count
 
 
 def _check_counts(fn: Any, tp: Any, fp: Any, tn: Any) -> tuple[int, int, int, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 import lightning.pytorch as pl
+import numpy as np
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -26,6 +27,21 @@ TPR_KEYS = {
     0.01: names.MIA_TPR_BOUND_FPR_0_01,
     0.1: names.MIA_TPR_BOUND_FPR_0_1,
 }
+
+
+#: Bounds whose float32 logging rounds toward the safe side (β* down, the others up); the rest round to nearest.
+_BOUNDS = frozenset({names.MIA_BAYES_SECURITY, names.MIA_ADVANTAGE, names.DP_EPSILON, *TPR_KEYS.values()})
+
+
+def _float32_toward_safety(value: float, *, down: bool) -> float:
+    """``value`` as the nearest float32 on the safe side: loggers store float32, whose round-to-nearest could
+    lift a safe β* by half an ulp (6e-8 relative) above the computed bound."""
+    f = np.float32(value)
+    if down and float(f) > value:
+        f = np.nextafter(f, np.float32(-np.inf))
+    elif not down and float(f) < value:
+        f = np.nextafter(f, np.float32(np.inf))
+    return float(f)
 
 
 class BayesSecurityMonitor(Callback):
@@ -163,7 +179,7 @@ class BayesSecurityMonitor(Callback):
             lower_is_safe = key == names.MIA_BAYES_SECURITY
             pl_module.log(
                 key,
-                float(value),
+                _float32_toward_safety(value, down=lower_is_safe) if key in _BOUNDS else float(value),
                 prog_bar=key in (names.MIA_BAYES_SECURITY, names.DP_EPSILON),
                 on_epoch=True,
                 on_step=False,

@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_limits
 from torch import nn
 from torch.nn import functional as F
 
-from lightning_privacy._compat import remove_module_hooks
+from lightning_privacy._validation import check_int
 from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, panoramia_bounds
 from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator, _data
 
@@ -153,6 +153,8 @@ def fresh_copy(model: nn.Module) -> nn.Module:
         >>> b.weight.shape == a.weight.shape, bool(torch.equal(a.weight, b.weight))
         (True, False)
     """
+    from lightning_privacy._compat import remove_module_hooks  # lazily: _compat imports Lightning
+
     clone = copy.deepcopy(model)
     for module in clone.modules():
         remove_module_hooks(module)
@@ -319,9 +321,7 @@ def _threads(num_threads: Optional[int]):
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"`{name}` must be an int >= {minimum}, got {value!r}")
-    return int(value)
+    return check_int(name, value, minimum=minimum)
 
 
 def _default_encode(data: Any) -> tuple[torch.Tensor, torch.Tensor]:

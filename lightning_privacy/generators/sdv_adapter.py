@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from lightning_privacy._compat import seed_sdv_synthesizer
 from lightning_privacy.generators import _data
 from lightning_privacy.generators.base import check_sample_size
 
@@ -116,6 +115,8 @@ class SDVGenerator:
         finally:
             np.random.set_state(np_state)
         # SDV seeds its first sample() with a fixed constant; use ours (a private hook in SDV 1.x-2.x).
+        from lightning_privacy._compat import seed_sdv_synthesizer  # lazily: _compat imports Lightning
+
         seed_sdv_synthesizer(model, self.seed)
         self.model = model
         return self

@@ -181,4 +181,5 @@ def test_every_logged_value_is_safe_at_a_large_sample_rate(tmp_path):
     upper = dp_accounting_betas([(1.0, 0.05, 20)] * 20, pessimistic=False)
     for record, bound in zip(monitor.epochs, upper):
         assert record["safe"] <= bound < record["closed"]
-    assert float(t.callback_metrics[names.MIA_BAYES_SECURITY]) == monitor.epochs[-1]["safe"]
+    logged = float(t.callback_metrics[names.MIA_BAYES_SECURITY])  # float32: rounded down, never up
+    assert monitor.epochs[-1]["safe"] - 1e-7 <= logged <= monitor.epochs[-1]["safe"]
