@@ -44,6 +44,27 @@ def test_logs_every_key_each_epoch_matching_the_analysis(tmp_path):
     assert monitor.final[names.MIA_BAYES_SECURITY] == monitor.ledger.bayes_security()
 
 
+def test_the_ledger_is_what_is_logged_at_every_epoch_end(tmp_path):
+    """Issue "One home per concern": dpsgd.ledger.bayes_security() equals the logged value at each epoch end."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Reader(Callback):  # after the monitor in the callback list: sees what it logged this epoch
+        def __init__(self):
+            self.pairs = []
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            logged = float(trainer.callback_metrics[names.MIA_BAYES_SECURITY])
+            self.pairs.append((logged, dpsgd.ledger.bayes_security(), dpsgd.ledger.steps))
+
+    dpsgd, reader = DPSGD(noise_multiplier=1.2), Reader()
+    trainer([dpsgd, BayesSecurityMonitor(), reader], tmp_path, max_epochs=3).fit(
+        tiny_module(), datamodule=TinyDataModule()
+    )
+    assert [steps for *_, steps in reader.pairs] == [STEPS_PER_EPOCH * (e + 1) for e in range(3)]
+    for logged, ledger, _ in reader.pairs:  # float32 in the logger, rounded down
+        assert ledger - 1e-7 <= logged <= ledger
+
+
 def test_closed_form_overstating_is_flagged_and_never_logged_as_the_value(tmp_path):
     # small p (1/64), σ < 1: the closed form overstates security (at large p it can understate it)
     monitor = BayesSecurityMonitor()
