@@ -13,7 +13,9 @@ One module per audit; each function returns a result with the same four views �
   attack's ε lower bound (:mod:`lightning_privacy.audits.epsilon_star`);
 - :func:`audit_panoramia` — PANORAMIA with generated non-members (:mod:`lightning_privacy.audits.panoramia`);
 - :func:`audit_privacy_profile` — the privacy profile of a logistic-regression head
-  (:mod:`lightning_privacy.audits.privacy_profile`).
+  (:mod:`lightning_privacy.audits.privacy_profile`);
+- :func:`audit_canaries` — the one-run canary audit's ε lower bounds from canary scores
+  (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
 
 The callbacks (:class:`~lightning_privacy.EpsilonStarAudit`, :class:`~lightning_privacy.PanoramiaAudit`,
 :class:`~lightning_privacy.PrivacyProfileAudit`) pick the data from the Trainer, call these functions
@@ -27,6 +29,8 @@ from typing import Any
 
 _EXPORTS = {
     "AuditResult": "lightning_privacy.audits._common",
+    "CanaryResult": "lightning_privacy.audits.canary",
+    "audit_canaries": "lightning_privacy.audits.canary",
     "EpsilonStarResult": "lightning_privacy.audits.epsilon_star",
     "audit_epsilon_star": "lightning_privacy.audits.epsilon_star",
     "audit_epsilon_star_from_losses": "lightning_privacy.audits.epsilon_star",

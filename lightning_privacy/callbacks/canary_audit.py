@@ -7,6 +7,7 @@ bound on ε (:mod:`lightning_privacy.analysis.canary`). The accountant gives the
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
@@ -20,14 +21,13 @@ from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset
 from typing_extensions import override
 
 from lightning_privacy import _compat, names
-from lightning_privacy.analysis.canary import canary_audit_from_scores, guess_grid, max_epsilon_lower
+from lightning_privacy.audits.canary import CORRECTIONS, CanaryResult, audit_canaries
 from lightning_privacy.callbacks import _audit_utils as audit
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 
 __all__ = ["CanaryAudit", "theory_vs_practice_figure"]
 
 KINDS = ("gradient", "input")
-CORRECTIONS = ("bonferroni", "split")
 SCORES = ("released_minus_batch", "released")
 DEFAULT_DELTA = 1e-5
 STATE_VERSION = 1
@@ -35,22 +35,6 @@ SCORE_BATCH_SIZE = 256
 _DRAW, _SAMPLE = 0, 1  # seed streams: the canary set and inclusion; the per-step Poisson sampling
 _BLOCK = 64  # steps whose canary sampling is drawn at once
 _NUMPY_DTYPES = (torch.float32, torch.float64)
-_KEYS = {  # method -> (bound, guesses, correct, optimistic, ceiling)
-    "binomial": (
-        names.CANARY_EPSILON_LOWER,
-        names.CANARY_GUESSES,
-        names.CANARY_CORRECT,
-        names.CANARY_EPSILON_OPTIMISTIC,
-        names.CANARY_EPSILON_LOWER_MAX,
-    ),
-    "gdp": (
-        names.CANARY_EPSILON_LOWER_GDP,
-        names.CANARY_GUESSES_GDP,
-        names.CANARY_CORRECT_GDP,
-        names.CANARY_EPSILON_OPTIMISTIC_GDP,
-        names.CANARY_EPSILON_LOWER_MAX_GDP,
-    ),
-}
 
 
 def _bad(name: str, expected: str, value: Any) -> MisconfigurationException:
@@ -188,6 +172,7 @@ class CanaryAudit(Callback):
         self._included: Optional[np.ndarray] = None
         self._scores = np.zeros(self.num_canaries)  # running Σ_t g̃_t[j] (gradient)
         self._steps = 0  # optimizer steps with canaries (seeds each step's sampling)
+        self.result: Optional[CanaryResult] = None  # the last audit (lightning_privacy.audits.canary)
         self.results: Dict[str, float] = {}
         self.details: Dict[str, Any] = {}
         self.accountant_epsilon: Optional[float] = None
@@ -415,25 +400,18 @@ class CanaryAudit(Callback):
             self._scores = -self._input_losses(pl_module)
         delta = self.delta or (self._dpsgd.delta if self._dpsgd is not None else DEFAULT_DELTA)
         self.accountant_epsilon = float(self._dpsgd.epsilon(delta)) if self._dpsgd is not None else None
-        tested = self.num_canaries - self.num_canaries // 2 if self.correction == "split" else self.num_canaries
-        per_test = self.alpha / len(guess_grid(self.num_canaries)) if self.correction == "bonferroni" else self.alpha
-        results: Dict[str, float] = {}
-        for method, (bound, guesses, correct, optimistic, ceiling) in _KEYS.items():
-            res = canary_audit_from_scores(
-                scores=self._scores,
-                included=self._included,
-                delta=delta,
-                alpha=self.alpha,
-                method=method,
-                correction=self.correction,
-                seed=self.seed,
-            )
-            self.details[method] = res
-            results[bound], results[guesses], results[correct] = res.epsilon_lower, res.num_guesses, res.num_correct
-            results[ceiling] = max_epsilon_lower(num_canaries=tested, alpha=per_test, delta=delta, method=method)
-            results[optimistic] = res.optimistic
-        self.results = results
-        audit.log_scalars(trainer, {k: v for k, v in results.items() if k not in _OPTIMISTIC})
+        self.result = audit_canaries(
+            self._scores,
+            self._included,
+            delta=delta,
+            alpha=self.alpha,
+            correction=self.correction,
+            seed=self.seed,
+            kind=self.kind,
+            accountant_epsilon=self.accountant_epsilon,
+        )
+        self.results, self.details = dict(self.result.values), dict(self.result.details)
+        audit.log_scalars(trainer, self.result.metrics())
         text = self.summary()
         audit.log_text(trainer, names.CANARY_SUMMARY, text)
         rank_zero_info(text.splitlines()[0])
@@ -453,29 +431,10 @@ class CanaryAudit(Callback):
             audit.log_figure(trainer, names.CANARY_FIGURE, theory_vs_practice_figure(self, _other_audits(trainer)))
 
     def summary(self) -> str:
-        """A Markdown table of the last audit."""
-        m, kind = self.num_canaries, self.kind
-        eps = self.accountant_epsilon
-        lines = [
-            f"Canary audit ({kind}, m = {m}): ε ≥ {self.results[names.CANARY_EPSILON_LOWER]:.3f} (binomial), "
-            f"≥ {self.results[names.CANARY_EPSILON_LOWER_GDP]:.3f} (Gaussian f-DP); accountant ε "
-            + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
-            "",
-            "| method | ε lower (valid) | guesses / correct | (k₊, k₋) | ceiling for m | uncorrected best |",
-            "|---|---|---|---|---|---|",
-        ]
-        for method, (bound, guesses, correct, optimistic, ceiling) in _KEYS.items():
-            d = self.details[method]
-            lines.append(
-                f"| {method} | {self.results[bound]:.4f} | {int(self.results[guesses])} / {int(self.results[correct])} "
-                f"| ({d.k_plus}, {d.k_minus}) | {self.results[ceiling]:.4f} | {self.results[optimistic]:.4f} |"
-            )
-        lines.append(
-            f"\nα = {self.alpha:g} ({self.correction}), δ = {self.details['binomial'].delta:.3g}, "
-            f"{int(self._included.sum())} of {m} canaries included. The uncorrected best is the usual paper number; "
-            "it is not a valid level-α bound."
-        )
-        return "\n".join(lines)
+        """A Markdown table of the last audit (:meth:`lightning_privacy.audits.canary.CanaryResult.summary`)."""
+        if self.result is None:
+            raise RuntimeError("CanaryAudit.summary(): no audit has run yet (it runs at the end of fit)")
+        return self.result.summary()
 
     # ------------------------------------------------------------------------------ state
     @override
@@ -519,9 +478,6 @@ class CanaryAudit(Callback):
         self._scores = np.asarray(state_dict["scores"], dtype=float)
         self._steps = int(state_dict.get("steps", 0))
         self.results = {str(k): float(v) for k, v in state_dict.get("results", {}).items()}
-
-
-_OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_GDP)
 
 
 class _CanaryRows(Dataset):
@@ -571,34 +527,4 @@ def _other_audits(trainer: pl.Trainer) -> Dict[str, float]:
 
 def theory_vs_practice_figure(canary: CanaryAudit, others: Dict[str, float]) -> Figure:
     """The accountant's ε (upper bound) beside the canary lower bounds, ε* and PANORAMIA ε̃, on one axis."""
-    r = canary.results
-    bars = []
-    if canary.accountant_epsilon is not None:
-        bars.append(("accountant ε (upper bound)", canary.accountant_epsilon, "C3"))
-    bars += [
-        ("canary ε lower bound (binomial)", r[names.CANARY_EPSILON_LOWER], "C0"),
-        ("canary ε lower bound (Gaussian f-DP)", r[names.CANARY_EPSILON_LOWER_GDP], "C2"),
-    ]
-    if names.EPSILON_STAR in others:
-        bars.append(("ε* (Epsilon*, not a DP bound)", others[names.EPSILON_STAR], "C4"))
-    if names.PANORAMIA_EPSILON in others:
-        bars.append(("PANORAMIA ε̃ (not a DP bound)", others[names.PANORAMIA_EPSILON], "C5"))
-    fig = Figure(figsize=(8, 0.6 * len(bars) + 1.8), layout="constrained")
-    ax = fig.subplots()
-    y = np.arange(len(bars))[::-1]
-    values = [max(v, 0.0) for _, v, _ in bars]
-    ax.barh(y, values, color=[c for _, _, c in bars])
-    ax.set_yticks(y, [label for label, _, _ in bars])
-    for yi, v in zip(y, values):
-        ax.annotate(f"{v:.3g}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
-    ceiling = r[names.CANARY_EPSILON_LOWER_MAX]
-    ax.axvline(
-        ceiling, color="grey", linestyle="--", label=f"largest binomial bound m = {canary.num_canaries} can give"
-    )
-    if canary.accountant_epsilon is not None and canary.accountant_epsilon > 10 * max(values[1:] + [ceiling]):
-        ax.set_xscale("symlog", linthresh=1.0)  # a weak guarantee (large ε) would flatten the lower bounds
-    ax.set_xlabel("ε (at the audit's δ)")
-    ax.set_title(f"Theory vs practice: {canary.kind} canaries, α = {canary.alpha:g}")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(axis="x", alpha=0.3)
-    return fig
+    return dataclasses.replace(canary.result, others=dict(others)).figure()

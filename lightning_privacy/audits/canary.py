@@ -1,0 +1,228 @@
+"""One-run canary audit from canary scores: both ε lower bounds, their ceilings, a summary and a figure.
+
+Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023): m canaries, each included
+with probability 1/2, scored after (or during) training; the guesses become a statistically valid lower bound on ε.
+The bounds themselves are :mod:`lightning_privacy.analysis.canary`; this module turns scores into the result every
+audit returns (``metrics``/``summary``/``figure``/``to_dict``). :class:`~lightning_privacy.CanaryAudit` inserts the
+canaries during training and calls :func:`audit_canaries`; a user with scores from elsewhere calls it directly.
+
+Example::
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> included = rng.random(1000) < 0.5
+    >>> scores = rng.normal(size=1000) + 2.0 * included  # a leaky mechanism: included canaries score higher
+    >>> result = audit_canaries(scores, included, delta=1e-5, accountant_epsilon=8.0)
+    >>> sorted(result.metrics())[:2]
+    ['audit/canary_correct', 'audit/canary_correct_gdp']
+    >>> 0 < result.epsilon_lower < result.ceiling < 8.0
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+
+from lightning_privacy import names
+from lightning_privacy._validation import expect_choice, expect_real
+from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
+from lightning_privacy.audits._common import AuditResult, jsonable
+
+__all__ = ["CanaryResult", "audit_canaries"]
+
+CORRECTIONS = ("bonferroni", "split")
+
+#: method -> (bound, guesses, correct, optimistic, ceiling) keys
+KEYS = {
+    "binomial": (
+        names.CANARY_EPSILON_LOWER,
+        names.CANARY_GUESSES,
+        names.CANARY_CORRECT,
+        names.CANARY_EPSILON_OPTIMISTIC,
+        names.CANARY_EPSILON_LOWER_MAX,
+    ),
+    "gdp": (
+        names.CANARY_EPSILON_LOWER_GDP,
+        names.CANARY_GUESSES_GDP,
+        names.CANARY_CORRECT_GDP,
+        names.CANARY_EPSILON_OPTIMISTIC_GDP,
+        names.CANARY_EPSILON_LOWER_MAX_GDP,
+    ),
+}
+#: uncorrected values: kept in ``values`` and the summary, never logged as if they were bounds
+OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_GDP)
+
+
+@dataclass
+class CanaryResult(AuditResult):
+    """A one-run canary audit: both bounds (binomial, Gaussian f-DP), their ceilings for m, the optimistic values.
+
+    Attributes:
+        values: every number under its ``names.CANARY_*`` key (the optimistic ones included).
+        details: the per-method :class:`~lightning_privacy.analysis.canary.CanaryAuditResult`.
+        kind: what the canaries were (``"gradient"``, ``"input"`` or ``"scores"``).
+        num_canaries, num_included, alpha, correction: the game.
+        accountant_epsilon: the run's accountant ε at the same δ (upper bound), if known.
+        others: other audits' ε values to draw beside (``names.EPSILON_STAR``, ``names.PANORAMIA_EPSILON``).
+    """
+
+    values: Dict[str, float]
+    details: Dict[str, CanaryAuditResult]
+    kind: str
+    num_canaries: int
+    num_included: int
+    alpha: float
+    correction: str
+    accountant_epsilon: Optional[float] = None
+    others: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def epsilon_lower(self) -> float:
+        """The binomial (Steinke et al.) lower bound, valid at level α."""
+        return self.values[names.CANARY_EPSILON_LOWER]
+
+    @property
+    def ceiling(self) -> float:
+        """The largest binomial bound m canaries can give (all guesses right)."""
+        return self.values[names.CANARY_EPSILON_LOWER_MAX]
+
+    def metrics(self) -> Dict[str, float]:
+        """The logged scalars (valid bounds, counts and ceilings; not the optimistic values)."""
+        return {k: v for k, v in self.values.items() if k not in OPTIMISTIC}
+
+    def summary(self) -> str:
+        eps = self.accountant_epsilon
+        lines = [
+            f"Canary audit ({self.kind}, m = {self.num_canaries}): ε ≥ {self.values[names.CANARY_EPSILON_LOWER]:.3f} "
+            f"(binomial), ≥ {self.values[names.CANARY_EPSILON_LOWER_GDP]:.3f} (Gaussian f-DP); accountant ε "
+            + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
+            "",
+            "| method | ε lower (valid) | guesses / correct | (k₊, k₋) | ceiling for m | uncorrected best |",
+            "|---|---|---|---|---|---|",
+        ]
+        for method, (bound, guesses, correct, optimistic, ceiling) in KEYS.items():
+            d, v = self.details[method], self.values
+            lines.append(
+                f"| {method} | {v[bound]:.4f} | {int(v[guesses])} / {int(v[correct])} "
+                f"| ({d.k_plus}, {d.k_minus}) | {v[ceiling]:.4f} | {v[optimistic]:.4f} |"
+            )
+        lines.append(
+            f"\nα = {self.alpha:g} ({self.correction}), δ = {self.details['binomial'].delta:.3g}, "
+            f"{self.num_included} of {self.num_canaries} canaries included. The uncorrected best is the usual paper "
+            "number; it is not a valid level-α bound."
+        )
+        return "\n".join(lines)
+
+    def figure(self) -> Any:
+        """Theory vs practice: the accountant's ε (upper bound) beside the canary bounds, ε* and PANORAMIA ε̃."""
+        from matplotlib.figure import Figure
+
+        v = self.values
+        bars = []
+        if self.accountant_epsilon is not None:
+            bars.append(("accountant ε (upper bound)", self.accountant_epsilon, "C3"))
+        bars += [
+            ("canary ε lower bound (binomial)", v[names.CANARY_EPSILON_LOWER], "C0"),
+            ("canary ε lower bound (Gaussian f-DP)", v[names.CANARY_EPSILON_LOWER_GDP], "C2"),
+        ]
+        if names.EPSILON_STAR in self.others:
+            bars.append(("ε* (Epsilon*, not a DP bound)", self.others[names.EPSILON_STAR], "C4"))
+        if names.PANORAMIA_EPSILON in self.others:
+            bars.append(("PANORAMIA ε̃ (not a DP bound)", self.others[names.PANORAMIA_EPSILON], "C5"))
+        fig = Figure(figsize=(8, 0.6 * len(bars) + 1.8), layout="constrained")
+        ax = fig.subplots()
+        y = np.arange(len(bars))[::-1]
+        heights = [max(value, 0.0) for _, value, _ in bars]
+        ax.barh(y, heights, color=[c for _, _, c in bars])
+        ax.set_yticks(y, [label for label, _, _ in bars])
+        for yi, value in zip(y, heights):
+            ax.annotate(f"{value:.3g}", (value, yi), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ceiling = self.ceiling
+        ax.axvline(
+            ceiling, color="grey", linestyle="--", label=f"largest binomial bound m = {self.num_canaries} can give"
+        )
+        if self.accountant_epsilon is not None and self.accountant_epsilon > 10 * max(heights[1:] + [ceiling]):
+            ax.set_xscale("symlog", linthresh=1.0)  # a weak guarantee (large ε) would flatten the lower bounds
+        ax.set_xlabel("ε (at the audit's δ)")
+        ax.set_title(f"Theory vs practice: {self.kind} canaries, α = {self.alpha:g}")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(axis="x", alpha=0.3)
+        return fig
+
+    def to_dict(self) -> Dict[str, Any]:
+        return jsonable(
+            {
+                "kind": self.kind,
+                "num_canaries": self.num_canaries,
+                "num_included": self.num_included,
+                "alpha": self.alpha,
+                "correction": self.correction,
+                "accountant_epsilon": self.accountant_epsilon,
+                "values": self.values,
+                "details": {method: d.to_dict() for method, d in self.details.items()},
+                "others": self.others,
+            }
+        )
+
+
+def audit_canaries(
+    scores: Any,
+    included: Any,
+    *,
+    delta: float,
+    alpha: float = 0.05,
+    correction: str = "bonferroni",
+    seed: int = 0,
+    kind: str = "scores",
+    accountant_epsilon: Optional[float] = None,
+    others: Optional[Mapping[str, float]] = None,
+) -> CanaryResult:
+    """Both one-run ε lower bounds from canary scores (higher score = "this canary was included").
+
+    Args:
+        scores: one score per canary (1-D, finite).
+        included: whether each canary was included (1-D bools, same length).
+        delta: δ of the (ε, δ) claim being audited, in [0, 1).
+        alpha: significance of the bound, in (0, 1).
+        correction: ``"bonferroni"`` over the (k₊, k₋) grid fixed by m, or ``"split"`` (choose on half, test on the
+            other); the uncorrected best is kept as ``…_optimistic``.
+        seed: seed of the split (``correction="split"``).
+        kind: a label for the summary and the figure.
+        accountant_epsilon: the run's ε upper bound at ``delta``, drawn beside the bounds.
+        others: other audits' values to draw (``names.EPSILON_STAR``, ``names.PANORAMIA_EPSILON``).
+
+    Raises:
+        TypeError, ValueError: on bad arguments (named), from here or from
+            :func:`~lightning_privacy.analysis.canary.canary_audit_from_scores`.
+    """
+    expect_choice("correction", correction, CORRECTIONS)
+    delta = expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
+    alpha = expect_real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
+    included_arr = np.asarray(included, dtype=bool)
+    m = int(included_arr.size)
+    tested = m - m // 2 if correction == "split" else m
+    per_test = alpha / len(guess_grid(m)) if correction == "bonferroni" else alpha
+    values: Dict[str, float] = {}
+    details: Dict[str, CanaryAuditResult] = {}
+    for method, (bound, guesses, correct, optimistic, ceiling) in KEYS.items():
+        res = canary_audit_from_scores(
+            scores=scores, included=included, delta=delta, alpha=alpha, method=method, correction=correction, seed=seed
+        )
+        details[method] = res
+        values[bound], values[guesses], values[correct] = res.epsilon_lower, res.num_guesses, res.num_correct
+        values[ceiling] = max_epsilon_lower(num_canaries=tested, alpha=per_test, delta=delta, method=method)
+        values[optimistic] = res.optimistic
+    return CanaryResult(
+        values={k: float(v) for k, v in values.items()},
+        details=details,
+        kind=kind,
+        num_canaries=m,
+        num_included=int(included_arr.sum()),
+        alpha=alpha,
+        correction=correction,
+        accountant_epsilon=None if accountant_epsilon is None else float(accountant_epsilon),
+        others={str(k): float(v) for k, v in (others or {}).items()},
+    )
