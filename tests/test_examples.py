@@ -57,3 +57,18 @@ def test_audit_checkpoint(tmp_path):
         cwd=tmp_path,
     )
     assert "trained" not in again and "audit/epsilon_star " in again
+
+
+@pytest.mark.slow
+def test_adult_canary_audit(tmp_path):
+    logdir = tmp_path / "logs"
+    args = ("--epsilon", "8", "--epochs", "2", "--canaries", "200", "--logdir", str(logdir))
+    out = _run("adult_canary_audit.py", *args, cwd=tmp_path)
+    values = {}
+    for line in out.splitlines():
+        for key in ("accountant ε (upper bound", "canary ε lower bound, binomial", "Epsilon* (estimate"):
+            if line.startswith(key):
+                values[key] = float(line.split()[-1] if "budget" not in line else line.split("(budget")[0].split()[-1])
+    assert 0 < values["accountant ε (upper bound"] <= 8.0  # the ε budget held
+    assert 0 <= values["canary ε lower bound, binomial"] <= values["accountant ε (upper bound"]
+    assert list(logdir.rglob("privacy_report.md"))
