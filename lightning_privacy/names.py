@@ -33,7 +33,8 @@ MIA_TPR_BOUND_FPR_0_01 = "privacy/mia_tpr_bound_fpr_0.01"
 MIA_TPR_BOUND_FPR_0_1 = "privacy/mia_tpr_bound_fpr_0.1"
 APPROXIMATION_ERROR = "privacy/approximation_error"
 BAYES_SECURITY_FIGURE = "privacy/bayes_security"  # figure: β* per epoch and the TPR-FPR region
-AI_BAYES_SECURITY = "privacy/ai_bayes_security"
+AI_BAYES_SECURITY = "privacy/ai_bayes_security"  # safe: composed PLD over the measured R_t, every epoch
+AI_BAYES_SECURITY_CLOSED_FORM = "privacy/ai_bayes_security_closed_form"  # the paper's Cor. 10 (approximation)
 AI_SENSITIVITY = "privacy/ai_sensitivity"  # per step; only when publishing is allowed
 
 # Post-training audits

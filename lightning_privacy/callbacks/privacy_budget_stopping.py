@@ -33,9 +33,10 @@ class PrivacyBudgetStopping(Callback):
     value the monitor logs after the stop equals the value the decision was made on. ε budgets use the run's own
     accountant (Opacus RDP/PRV/GDP) the same way.
 
-    For attribute inference (``threat="ai"``, β* budgets only) the next step's sensitivity is not known in advance,
-    so it assumes the worst case R = 2C for that step (via the
-    :class:`~lightning_privacy.AttributeInferenceMonitor` in the same trainer), which keeps the stop on the safe side.
+    For attribute inference (``threat="ai"``, β* budgets only) the decision is made on the monitor's safe β*_AI
+    (the :class:`~lightning_privacy.AttributeInferenceMonitor` in the same trainer: pessimistic PLD over the measured
+    R_t, never above the exact value; not the closed form, which can overstate). The next step's sensitivity is not
+    known in advance, so it counts at the worst case R = 2C, which keeps the stop on the safe side.
 
     The decision is reduced across processes: if any rank stops, all stop. Lightning ignores ``should_stop`` until
     ``min_epochs``/``min_steps`` are reached, so :meth:`setup` raises when those would force training past the budget.

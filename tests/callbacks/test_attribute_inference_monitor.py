@@ -1,7 +1,6 @@
 """AttributeInferenceMonitor: R_t per real step at the step's weights, β*_AI per epoch, resume, budget."""
 
 import copy
-import math
 import pickle
 
 import pytest
@@ -42,6 +41,28 @@ class StepRecorder(Callback):
         )
 
 
+class EpochLog(Callback):
+    """The values the monitor logged, read at each epoch end (runs after the monitor)."""
+
+    def __init__(self, *keys):
+        self.keys, self.rows = keys, []
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.rows.append({k: float(trainer.callback_metrics[k]) for k in self.keys})
+
+
+def _ledger_reads(epochs, *, sigma, rate):
+    """A fresh AttributeLedger fed with recorded R_t and read at each epoch end (what a straight run reads)."""
+    from lightning_privacy.attribute_ledger import AttributeLedger
+
+    ledger, out = AttributeLedger(max_grad_norm=1.0), []
+    for rs in epochs:
+        for r in rs:
+            ledger.record(noise_multiplier=sigma, sample_rate=rate, sensitivity=r)
+        out.append(ledger.bayes_security())
+    return out
+
+
 def _fit(callbacks, tmp_path, **kwargs):
     t = trainer(callbacks, tmp_path, **kwargs)
     t.fit(tiny_module(), datamodule=TinyDataModule())
@@ -62,13 +83,40 @@ def test_tracks_every_step_at_the_weights_the_step_uses(tmp_path):
         assert r == pytest.approx(again, rel=1e-5)
     rs = torch.tensor([r for _, _, r in recorder.steps], dtype=torch.float64)
     assert 0 < float(rs.max()) <= 2 * dp.max_grad_norm and monitor.max_sensitivity == pytest.approx(float(rs.max()))
-    expected = bs.ai_bayes_security(
-        sample_rate=dp.sample_rate, noise_multiplier=SIGMA, max_grad_norm=1.0, sensitivities=rs.numpy()
-    )
-    ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
-    assert ai == pytest.approx(expected, rel=1e-5) and monitor.bayes_security() == pytest.approx(expected, rel=1e-9)
+    kw = dict(sample_rate=dp.sample_rate, noise_multiplier=SIGMA, max_grad_norm=1.0, sensitivities=rs.numpy())
+    closed, exact = bs.ai_bayes_security(**kw), bs.ai_bayes_security_exact(**kw)
+    metrics = t.callback_metrics
+    ai, mia = float(metrics[names.AI_BAYES_SECURITY]), float(metrics[names.MIA_BAYES_SECURITY])
+    assert exact - 1e-3 <= monitor.bayes_security() <= exact + 1e-9  # the safe value, from the recorded R_t
+    assert monitor.bayes_security() - 1e-6 <= ai <= monitor.bayes_security()  # logged as float32, rounded down
+    assert float(metrics[names.AI_BAYES_SECURITY_CLOSED_FORM]) == pytest.approx(closed, rel=1e-6)
+    assert monitor.bayes_security_closed_form() == pytest.approx(closed, rel=1e-12)
     assert ai >= mia  # R_t <= 2C
-    assert names.AI_SENSITIVITY in t.callback_metrics  # published per step on request
+    assert names.AI_SENSITIVITY in metrics  # published per step on request
+
+
+def test_logged_safe_value_every_epoch_against_independent_computations(tmp_path):
+    """Each epoch the logged β*_AI is within 1e-3 of ai_bayes_security_exact on the R_t recorded so far and never
+    above it; at the end it also agrees with dp_accounting composing the same levels; the closed form sits beside."""
+    from tests.analysis.test_composition import _dp_accounting_beta
+
+    dp = DPSGD(noise_multiplier=SIGMA)
+    monitor = AttributeInferenceMonitor(attribute=ATTR)
+    recorder = StepRecorder(monitor)
+    log = EpochLog(names.AI_BAYES_SECURITY, names.AI_BAYES_SECURITY_CLOSED_FORM)
+    _fit([dp, monitor, recorder, log], tmp_path, max_epochs=4)
+    rs = [r for _, _, r in recorder.steps]
+    kw = dict(sample_rate=dp.sample_rate, noise_multiplier=SIGMA, max_grad_norm=1.0)
+    for epoch, row in enumerate(log.rows, start=1):
+        so_far = rs[: epoch * STEPS_PER_EPOCH]
+        exact = bs.ai_bayes_security_exact(**kw, sensitivities=so_far)
+        assert exact - 1e-3 <= row[names.AI_BAYES_SECURITY] <= exact + 1e-9
+        closed = bs.ai_bayes_security(**kw, sensitivities=so_far)
+        assert row[names.AI_BAYES_SECURITY_CLOSED_FORM] == pytest.approx(closed, rel=1e-6)
+    levels, counts = bs.sensitivity_levels(rs, max_grad_norm=1.0)
+    reference = _dp_accounting_beta([(dp.sample_rate, SIGMA, n, s) for s, n in zip(levels, counts)], grid=1e-3)
+    assert monitor.bayes_security() == pytest.approx(reference, abs=1e-3)
+    assert len({round(float(s), 6) for s in levels}) > 1  # the R_t really spread over several levels
 
 
 def test_approximate_is_below_exact_on_the_same_run(tmp_path):
@@ -93,12 +141,20 @@ def test_dropout_model_works(tmp_path):
 
 
 def test_resume_continues_the_state(tmp_path):
+    """A resumed run logs what a straight run with the same R_t logs, to the last digit."""
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     first = AttributeInferenceMonitor(attribute=ATTR)
-    _fit([DPSGD(noise_multiplier=SIGMA), first, ckpt], tmp_path, max_epochs=1, enable_checkpointing=True)
+    first_steps = StepRecorder(first)
+    dp = DPSGD(noise_multiplier=SIGMA)
+    _fit([dp, first, first_steps, ckpt], tmp_path, max_epochs=1, enable_checkpointing=True)
     resumed = AttributeInferenceMonitor(attribute=ATTR)
-    t = trainer([DPSGD(noise_multiplier=SIGMA), resumed], tmp_path, max_epochs=2)
+    resumed_steps = StepRecorder(resumed)
+    t = trainer([DPSGD(noise_multiplier=SIGMA), resumed, resumed_steps], tmp_path, max_epochs=2)
     t.fit(tiny_module(), datamodule=TinyDataModule(), ckpt_path=str(tmp_path / "last.ckpt"))
+    epochs = [[r for _, _, r in rec.steps] for rec in (first_steps, resumed_steps)]
+    straight = _ledger_reads(epochs, sigma=SIGMA, rate=dp.sample_rate)
+    assert first.bayes_security() == straight[0] and resumed.bayes_security() == straight[1]
+    assert float(t.callback_metrics[names.AI_BAYES_SECURITY]) == pytest.approx(straight[1], abs=1e-7)
     assert resumed.steps == 2 * STEPS_PER_EPOCH
     assert resumed.segments[0]["sum_sq"] > first.segments[0]["sum_sq"]  # continued, not restarted
     assert all(s["measured"] for s in resumed.segments)
@@ -116,30 +172,35 @@ def test_steps_the_monitor_did_not_see_count_as_worst_case(tmp_path):
     unseen, seen = late.segments
     assert (unseen["measured"], unseen["steps"]) == (False, STEPS_PER_EPOCH) and seen["steps"] == STEPS_PER_EPOCH
     assert unseen["sum_sq"] == pytest.approx(STEPS_PER_EPOCH * 4.0)  # R = 2C per unseen step
-    assert late.bayes_security() > bs.mia_bayes_security(
-        sample_rate=dp.sample_rate, noise_multiplier=SIGMA, steps=2 * STEPS_PER_EPOCH
-    )
+    kw = dict(sample_rate=dp.sample_rate, noise_multiplier=SIGMA)
+    assert late.bayes_security_closed_form() > bs.mia_bayes_security(**kw, steps=2 * STEPS_PER_EPOCH)
+    # the unseen epoch alone is the membership value; the seen one (R_t < 2C) leaks less
+    assert bs.mia_bayes_security_exact(**kw, steps=2 * STEPS_PER_EPOCH) - 1e-9 < late.bayes_security()
+    assert late.bayes_security() <= bs.mia_bayes_security_exact(**kw, steps=STEPS_PER_EPOCH) + 1e-9
 
 
-def test_state_dict_round_trip_is_plain_and_strict():
+def test_state_dict_round_trip_is_plain_and_strict(tmp_path):
     monitor = AttributeInferenceMonitor(attribute=ATTR)
-    monitor.max_grad_norm = 1.0
-    monitor._add(1.5, 0.125, 10, 2.5, measured=True)
+    monitor.ledger.set_max_grad_norm(1.0)
+    rs = [0.5, 1.25, 0.75, 2.0]
+    for r in rs:
+        monitor.ledger.record(noise_multiplier=1.5, sample_rate=0.125, sensitivity=r)
+    monitor.bayes_security()  # composed ...
+    monitor.ledger.record(noise_multiplier=1.5, sample_rate=0.125, sensitivity=1.0)  # ... and one step waiting
     state = monitor.state_dict()
-    torch.save(state, "/dev/null")
+    torch.save(state, tmp_path / "state.pt")
+    assert torch.load(tmp_path / "state.pt", weights_only=True) == state  # plain values
     other = AttributeInferenceMonitor(attribute=ATTR)
     other.load_state_dict(pickle.loads(pickle.dumps(state)))
-    assert (
-        other.bayes_security()
-        == monitor.bayes_security()
-        == pytest.approx(
-            bs.ai_bayes_security(
-                sample_rate=0.125, noise_multiplier=1.5, max_grad_norm=1.0, sensitivities=[math.sqrt(2.5)], steps=[10]
-            )
-        )
-    )
+    kw = dict(sample_rate=0.125, noise_multiplier=1.5, max_grad_norm=1.0, sensitivities=rs + [1.0])
+    assert other.bayes_security() == monitor.bayes_security() <= bs.ai_bayes_security_exact(**kw) + 1e-9
+    assert other.bayes_security_closed_form() == pytest.approx(bs.ai_bayes_security(**kw), rel=1e-12)
     with pytest.raises(RuntimeError, match="missing"):
         other.load_state_dict({"version": 1})
+    with pytest.raises(RuntimeError, match="missing"):
+        other.load_state_dict({"version": 2})
+    with pytest.raises(RuntimeError, match="version None"):
+        other.load_state_dict({})
     with pytest.raises(RuntimeError, match="max_grad_norm changed"):
         other._set_max_grad_norm(2.0)
     assert monitor.state_key == (
@@ -150,24 +211,24 @@ def test_state_dict_round_trip_is_plain_and_strict():
 
 
 def test_next_step_bound_assumes_the_worst_case_and_budget_stopping_uses_it(tmp_path):
+    """The stop is decided on the safe β*_AI: the kept model meets the budget by the exact value of its recorded
+    R_t, and one more step at R = 2C would break it."""
     monitor = AttributeInferenceMonitor(attribute=ATTR)
-    dp = DPSGD(noise_multiplier=1.0)  # one worst-case step alone leaves β* = 0.9005 at p = 1/8
+    recorder = StepRecorder(monitor)
+    dp = DPSGD(noise_multiplier=1.0)  # one worst-case step alone leaves β* ≈ 0.90 at p = 1/8
     budget = 0.9
     stopper = PrivacyBudgetStopping(min_bayes_security=budget, threat="ai")
-    t = _fit([dp, monitor, stopper], tmp_path, max_epochs=20)
+    t = _fit([dp, monitor, recorder, stopper], tmp_path, max_epochs=20)
     assert 0 < dp.steps < 20 * STEPS_PER_EPOCH and stopper.stopped_at_step == dp.steps
-    assert monitor.bayes_security() >= budget  # the model we keep meets the budget
+    rs = [r for _, _, r in recorder.steps]
+    kw = dict(sample_rate=dp.sample_rate, noise_multiplier=1.0, max_grad_norm=1.0)
+    assert bs.ai_bayes_security_exact(**kw, sensitivities=rs) >= monitor.bayes_security() >= budget  # kept model
     worst = monitor.bayes_security(extra_worst_case_step=(1.0, dp.sample_rate))
-    assert monitor.bayes_security_after_next_step(t) == pytest.approx(worst) and worst < budget
-    rows = [(s["noise_multiplier"], s["sample_rate"], s["steps"], s["sum_sq"]) for s in monitor.segments]
-    manual = bs.ai_bayes_security(
-        sample_rate=[r[1] for r in rows] + [dp.sample_rate],
-        noise_multiplier=[r[0] for r in rows] + [1.0],
-        max_grad_norm=1.0,
-        sensitivities=[math.sqrt(r[3]) for r in rows] + [2.0],
-        steps=[r[2] for r in rows] + [1],
+    assert monitor.bayes_security_after_next_step(t) == worst < budget
+    assert worst <= bs.ai_bayes_security_exact(**kw, sensitivities=rs + [2.0]) + 1e-9
+    assert monitor.bayes_security_closed_form(extra_worst_case_step=(1.0, dp.sample_rate)) == pytest.approx(
+        bs.ai_bayes_security(**kw, sensitivities=rs + [2.0]), rel=1e-12
     )
-    assert worst == pytest.approx(manual)
 
 
 def test_non_private_training_is_rejected(tmp_path):
@@ -234,6 +295,7 @@ def test_two_process_ddp_training_tracks_r_t(tmp_path):
     t.fit(tiny_module(), datamodule=TinyDataModule())
     ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
     assert mia < ai < 1.0
+    assert mia < float(t.callback_metrics[names.AI_BAYES_SECURITY_CLOSED_FORM]) < 1.0
 
 
 # ------------------------------------------------------------------------------ attribute by name, candidate check

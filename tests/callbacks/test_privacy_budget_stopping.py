@@ -111,6 +111,33 @@ def test_attribute_threat_needs_its_monitor(tmp_path):
         ).fit(tiny_module(), train_dataloaders=_loader())
 
 
+@pytest.mark.filterwarnings("ignore:AttributeInferenceMonitor.*Section 5.3")
+def test_attribute_threat_stops_on_the_safe_value(tmp_path):
+    """threat="ai" at p = 1/32, σ = 0.9, where Cor. 10's closed form overstates β*_AI: the stop is decided on the
+    monitor's safe value (pessimistic PLD over the recorded R_t), with the next step at the worst case R = 2C."""
+    from lightning_privacy import AttributeInferenceMonitor
+    from lightning_privacy.functional.attributes import SensitiveAttribute
+    from tests.callbacks.test_attribute_inference_monitor import StepRecorder
+
+    sigma, budget = 0.9, 0.75
+    dp = DPSGD(noise_multiplier=sigma)
+    monitor = AttributeInferenceMonitor(attribute=SensitiveAttribute.numeric(column=0, values=[-2.0, 0.0, 2.0]))
+    recorder = StepRecorder(monitor)
+    stopper = PrivacyBudgetStopping(min_bayes_security=budget, threat="ai")
+    t = trainer([dp, monitor, recorder, stopper], tmp_path, max_epochs=100)
+    t.fit(tiny_module(), train_dataloaders=_loader())
+    assert stopper.stopped_at_step == dp.steps == t.global_step > 0
+    rs = [r for _, _, r in recorder.steps]
+    kw = dict(sample_rate=P, noise_multiplier=sigma, max_grad_norm=dp.max_grad_norm)
+    # the kept model meets the budget by the exact value of its recorded R_t, and by the safe value below it ...
+    assert bs.ai_bayes_security_exact(**kw, sensitivities=rs) >= monitor.bayes_security() >= budget
+    # ... one more worst-case step would break it (decided on the safe value: never above the exact one) ...
+    safe_next = stopper.bayes_security_after_next_step(t)
+    assert safe_next < budget and safe_next <= bs.ai_bayes_security_exact(**kw, sensitivities=rs + [2.0]) + 1e-9
+    # ... and the closed form, which the decision does not use, reads higher here
+    assert monitor.bayes_security_closed_form(extra_worst_case_step=(sigma, P)) > safe_next
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
