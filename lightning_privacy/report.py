@@ -118,8 +118,13 @@ def _ai(cb: Any) -> List[tuple]:
         (
             f"β*_AI (`{cb.key}`)",
             f"{cb.bayes_security():.4f}",
-            f"attribute `{cb.attribute.name}`: any attacker's error ≥ β* × the "
-            "error of guessing from the prior alone; data-dependent, may leak membership",
+            f"safe (pessimistic PLD over the measured R_t, pair ±R_t/2; exact-or-lower): attribute `{cb.attribute.name}`: any "
+            "attacker's error ≥ β* × the error of guessing from the prior alone; data-dependent, may leak membership",
+        ),
+        (
+            f"β*_AI closed form (`{cb.closed_form_key}`)",
+            f"{cb.bayes_security_closed_form():.4f}",
+            "approximate (Cor. 10), for comparison; can overstate security",
         ),
         ("steps accounted", str(cb.steps), "unmeasured steps count at the worst case R = 2C"),
         ("largest sensitivity R_t", f"{cb.max_sensitivity:.4g}", f"worst case would be 2C = {2 * cb.max_grad_norm:g}"),
