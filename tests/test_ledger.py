@@ -178,3 +178,18 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="`steps`"):
         PrivacyLedger.calibrate(sample_rate=0.1, steps=0, target_epsilon=1.0)
     assert math.isfinite(PrivacyLedger().bayes_security())
+
+
+@pytest.mark.parametrize(
+    "history", [[(1.0, 0.01, 1)], [(1.7, 1 / 107, 535)], [(0.8, 0.05, 20), (1.2, 0.02, 300), (0.8, 0.05, 7)]]
+)
+def test_rdp_epsilon_is_opacus_get_epsilon_exactly(history):
+    """The cached per-step RDP curves give the very number Opacus' RDPAccountant computes from scratch."""
+    ledger = PrivacyLedger(accountant="rdp")
+    reference = RDPAccountant()
+    for sigma, rate, steps in history:
+        for _ in range(steps):
+            ledger.step(noise_multiplier=sigma, sample_rate=rate)
+        reference.history.append((sigma, rate, steps))
+        for delta in (1e-5, 1e-3):
+            assert ledger.epsilon(delta) == reference.get_epsilon(delta=delta)
