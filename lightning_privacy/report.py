@@ -2,8 +2,12 @@
 
 :func:`privacy_report` returns Markdown, one section per privacy callback present in
 ``trainer.callbacks``, each value with a one-line plain-language meaning; approximate values (closed
-forms, estimates) are marked as such. :func:`log_privacy_report` also writes it to TensorBoard as text
-(``privacy/report``) and, optionally, to a ``.md`` file.
+forms, estimates) are marked as such. :func:`privacy_report_html` returns the same sections as one
+self-contained HTML page with the figures embedded (base64 PNG): β* per epoch with the budget and the
+TPR–FPR region, the Epsilon* histograms and fits, the PANORAMIA curves, the privacy profile with its most
+exposed rows, the canary audit's theory-vs-practice chart. :func:`log_privacy_report` writes the Markdown
+to TensorBoard as text (``privacy/report``) and, optionally, to a file: ``.html``/``.htm`` gets the page,
+any other suffix (``.md``) the Markdown.
 
 The audit sections render the audits' results (:mod:`lightning_privacy.audits`): :func:`audit_report`
 gives the same section for a result of a direct call such as ``audit_epsilon_star(model, ...)``.
@@ -11,14 +15,20 @@ gives the same section for a result of a direct call such as ``audit_epsilon_sta
 
 from __future__ import annotations
 
+import base64
+import datetime
+import html
+import io
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Union
+from typing import Any, Callable, List, Mapping, Optional, Tuple, Union
 
 import lightning.pytorch as pl
 
-from lightning_privacy import _CALLBACKS, names
+from lightning_privacy import _CALLBACKS, __version__, names
 
-__all__ = ["REPORT_TAG", "audit_report", "log_privacy_report", "privacy_report"]
+__all__ = ["REPORT_TAG", "audit_report", "figure_png", "log_privacy_report", "privacy_report", "privacy_report_html"]
 
 REPORT_TAG = names.PRIVACY_REPORT
 _REPORTED = (
@@ -29,7 +39,9 @@ _REPORTED = (
     "EpsilonStarAudit",
     "PanoramiaAudit",
     "PrivacyProfileAudit",
+    "CanaryAudit",
 )
+HTML_SUFFIXES = (".html", ".htm")
 
 
 def _of(trainer: pl.Trainer, name: str) -> List[Any]:
@@ -213,6 +225,53 @@ def _profile_rows(values: Mapping[str, float]) -> List[tuple]:
     ]
 
 
+def _canary_rows(values: Mapping[str, float], accountant_epsilon: Optional[float], alpha: float) -> List[tuple]:
+    if not values:
+        return [("canary audit", "—", "not run (it runs at the end of fit)")]
+    level = f"{100 * (1 - alpha):g}%"
+    rows = []
+    if accountant_epsilon is not None:
+        rows.append(
+            ("accountant ε", f"{accountant_epsilon:.4g}", "upper bound the run claims at the audit's δ (theory)")
+        )
+    rows += [
+        (
+            f"`{names.CANARY_EPSILON_LOWER}`",
+            f"{values[names.CANARY_EPSILON_LOWER]:.4g}",
+            f"lower bound on ε with {level} confidence (Steinke et al., binomial): the run is not (ε', δ)-DP for any "
+            "smaller ε' (practice)",
+        ),
+        (
+            f"`{names.CANARY_EPSILON_LOWER_GDP}`",
+            f"{values[names.CANARY_EPSILON_LOWER_GDP]:.4g}",
+            f"the same from the Gaussian f-DP test (Mahloujifar et al.), {level} confidence",
+        ),
+        (
+            "guesses / correct (binomial)",
+            f"{int(values[names.CANARY_GUESSES])} / {int(values[names.CANARY_CORRECT])}",
+            "canaries the auditor guessed (in or out) and how many of those guesses were right",
+        ),
+        (
+            f"`{names.CANARY_EPSILON_LOWER_MAX}`",
+            f"{values[names.CANARY_EPSILON_LOWER_MAX]:.4g}",
+            "ceiling: the largest bound this many canaries can give (every guess right), whatever the true ε",
+        ),
+    ]
+    if names.CANARY_EPSILON_OPTIMISTIC in values:
+        rows.append(
+            (
+                "uncorrected best (binomial)",
+                f"{values[names.CANARY_EPSILON_OPTIMISTIC]:.4g}",
+                "the best of many tests without correction, as papers report it: NOT a valid bound",
+            )
+        )
+    return rows
+
+
+def _canary(cb: Any) -> List[tuple]:
+    return _canary_rows(getattr(cb, "results", {}), getattr(cb, "accountant_epsilon", None), cb.alpha)
+
+
 def _epsilon_star(cb: Any) -> List[tuple]:
     return _epsilon_star_rows(cb.results)
 
@@ -264,7 +323,139 @@ _SECTIONS = {
     "EpsilonStarAudit": ("Epsilon* audit", _epsilon_star),
     "PanoramiaAudit": ("PANORAMIA audit", _panoramia),
     "PrivacyProfileAudit": ("Privacy profile audit", _profile),
+    "CanaryAudit": ("One-run canary audit", _canary),
 }
+
+
+# --- beyond the value rows: extra tables and figures ---------------------------------------------
+@dataclass
+class _Extra:
+    """A table beside a section's value rows: a caption (Markdown inline), column names, cells."""
+
+    caption: str
+    header: List[str]
+    cells: List[List[str]]
+
+
+@dataclass
+class _Section:
+    """One callback's part of the report; ``figures`` are drawn only for the HTML page."""
+
+    title: str
+    rows: List[tuple]
+    extras: List[_Extra] = field(default_factory=list)
+    figures: List[Tuple[Callable[[], Any], str]] = field(default_factory=list)  # (draw, caption)
+
+
+def _mia_budget(trainer: pl.Trainer) -> Optional[float]:
+    """A ``min_bayes_security`` budget against membership inference, as the monitor's figure draws it."""
+    return next(
+        (
+            cb.min_bayes_security
+            for cb in trainer.callbacks
+            if getattr(cb, "threat", None) == "mia" and getattr(cb, "min_bayes_security", None) is not None
+        ),
+        None,
+    )
+
+
+def _profile_top_rows(result: Any) -> List[_Extra]:
+    top = result.top_rows
+    if not top:
+        return []
+    columns = [k for k in top[0] if k not in ("row", "loss")]
+    unit = "|l(x, y_i, M)|" if result.epsilon is not None else "|l(x, y_i, M)|/β (no ε given)"
+    cells = [
+        [str(rank), str(row["row"]), f"{row['loss']:.4g}", *(f"{row[c]:.4g}" for c in columns)]
+        for rank, row in enumerate(top, 1)
+    ]
+    return [
+        _Extra(
+            f"Most exposed training rows (loss = {unit}), most exposed first", ["rank", "row", "loss", *columns], cells
+        )
+    ]
+
+
+def _extras_and_figures(name: str, cb: Any, trainer: pl.Trainer, section: _Section) -> None:
+    """Fill ``section``'s extra tables and (lazy) figures for callback ``cb`` of class ``name``."""
+    if name == "BayesSecurityMonitor" and getattr(cb, "final", None):
+        from lightning_privacy.callbacks._plots import bayes_security_figure
+
+        budget = _mia_budget(trainer)
+        section.figures.append(
+            (
+                lambda: bayes_security_figure(cb.epochs, cb.final, ledger=cb.ledger, budget=budget),
+                "Left: β*_MIA after each epoch (safe value and the approximate closed form"
+                + ("" if budget is None else f"; dotted: the budget β* ≥ {budget:g}")
+                + "). Right: the TPR–FPR region every membership attack's ROC curve lies in.",
+            )
+        )
+    result = getattr(cb, "result", None)
+    if result is None:
+        return
+    if name == "EpsilonStarAudit":
+        section.figures.append(
+            (
+                result.figure,
+                "Epsilon*: histograms of the transformed losses φ of members (training) and non-members with their "
+                "Normal fits; the dashed line is the threshold that maximises the ratio.",
+            )
+        )
+    elif name == "PanoramiaAudit":
+        section.figures.append(
+            (
+                result.figure,
+                "PANORAMIA: precision–recall of the baseline (generated vs real) and of the membership attack, and "
+                "both lower bounds c_lb and {c+ε}_lb over recall.",
+            )
+        )
+    elif name == "PrivacyProfileAudit":
+        section.extras.extend(_profile_top_rows(result))
+        section.figures.append(
+            (
+                result.figure,
+                "Privacy profile: the typical profile of row losses by rank for several ε, and per rank across ε "
+                "with the ε range worth trying.",
+            )
+        )
+    elif name == "CanaryAudit":
+        from lightning_privacy.callbacks.canary_audit import _other_audits, theory_vs_practice_figure
+
+        section.figures.append(
+            (
+                lambda: theory_vs_practice_figure(cb, _other_audits(trainer)),
+                "Theory vs practice: the accountant's ε (an upper bound) beside the canary audit's lower bounds"
+                " (and ε*, PANORAMIA ε̃ when those audits ran; they are not DP bounds).",
+            )
+        )
+
+
+def _sections(trainer: pl.Trainer) -> List[_Section]:
+    sections = []
+    for name in _REPORTED:
+        title, rows = _SECTIONS[name]
+        for cb in _of(trainer, name):
+            section = _Section(title, rows(cb))
+            _extras_and_figures(name, cb, trainer, section)
+            sections.append(section)
+    if not sections:
+        raise ValueError(
+            f"No privacy callback in trainer.callbacks: add one of {', '.join(_REPORTED)} to get a report."
+        )
+    return sections
+
+
+def _header(trainer: pl.Trainer) -> str:
+    return f"After {trainer.current_epoch} epoch(s), global step {trainer.global_step}."
+
+
+def _markdown(section: _Section) -> str:
+    parts = [_table(section.title, section.rows)]
+    for extra in section.extras:
+        lines = [f"**{extra.caption}**", "", "| " + " | ".join(extra.header) + " |", "|---" * len(extra.header) + "|"]
+        lines += ["| " + " | ".join(cells) + " |" for cells in extra.cells]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def privacy_report(trainer: pl.Trainer) -> str:
@@ -281,26 +472,167 @@ def privacy_report(trainer: pl.Trainer) -> str:
         ...
         ValueError: No privacy callback in trainer.callbacks: add one of DPSGD, BayesSecurityMonitor, ...
     """
-    parts = []
-    for name in _REPORTED:
-        title, rows = _SECTIONS[name]
-        for cb in _of(trainer, name):
-            parts.append(_table(title, rows(cb)))
-    if not parts:
-        raise ValueError(
-            f"No privacy callback in trainer.callbacks: add one of {', '.join(_REPORTED)} to get a report."
+    parts = [_markdown(section) for section in _sections(trainer)]
+    return "\n\n".join([f"# Privacy report\n\n{_header(trainer)}", *parts]) + "\n"
+
+
+# --- HTML ----------------------------------------------------------------------------------------
+_CSS = """
+body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; color: #1d2330;
+       background: #f6f7f9; margin: 0; }
+main { max-width: 1120px; margin: 0 auto; padding: 24px 32px 48px; background: #fff; }
+h1 { margin: 0 0 4px; font-size: 28px; }
+h2 { margin: 32px 0 10px; padding-bottom: 4px; border-bottom: 2px solid #e3e6ec; font-size: 20px; }
+p.meta, footer { color: #5b6474; margin: 0 0 12px; }
+nav ol { margin: 6px 0 0; padding-left: 22px; columns: 2; }
+table { border-collapse: collapse; width: 100%; margin: 8px 0 14px; }
+th, td { border: 1px solid #dde1e8; padding: 6px 10px; text-align: left; vertical-align: top; }
+th { background: #eef1f6; font-weight: 600; }
+td.value { font-variant-numeric: tabular-nums; white-space: nowrap; font-weight: 600; }
+td.meaning { color: #3c4454; }
+caption { caption-side: top; text-align: left; font-weight: 600; padding: 6px 0; }
+code { font: 13px ui-monospace, "DejaVu Sans Mono", monospace; background: #f1f3f6; padding: 1px 4px;
+       border-radius: 3px; }
+figure { margin: 10px 0 18px; }
+figure img { max-width: 100%; height: auto; border: 1px solid #e3e6ec; }
+figcaption { color: #5b6474; font-size: 13px; margin-top: 4px; }
+footer { margin-top: 36px; font-size: 13px; }
+"""
+
+
+def _inline(text: str) -> str:
+    """Markdown-ish cell text as HTML: escaped, with `code` spans kept as ``<code>``."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(str(text)))
+
+
+def _slug(title: str, used: set) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "section"
+    slug, n = base, 1
+    while slug in used:
+        n += 1
+        slug = f"{base}-{n}"
+    used.add(slug)
+    return slug
+
+
+def figure_png(figure: Any, *, dpi: int = 110) -> bytes:
+    """A ``matplotlib.figure.Figure`` as PNG bytes (no pyplot: the user's backend is left alone).
+
+    Example::
+
+        >>> from matplotlib.figure import Figure
+        >>> figure_png(Figure(figsize=(1, 1)))[:8]
+        b'\\x89PNG\\r\\n\\x1a\\n'
+    """
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def _html_figure(draw: Callable[[], Any], caption: str) -> str:
+    try:
+        png = figure_png(draw())
+    except (ValueError, RuntimeError) as err:  # e.g. no parametric fit to draw
+        return f'<p class="meta">Figure not drawn: {html.escape(str(err))}</p>'
+    data = base64.b64encode(png).decode("ascii")
+    alt = html.escape(caption, quote=True)
+    return (
+        f'<figure><img src="data:image/png;base64,{data}" alt="{alt}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _html_table(header: List[str], rows: List[List[str]], caption: str = "", classes: Tuple[str, ...] = ()) -> str:
+    head = "".join(f"<th>{_inline(h)}</th>" for h in header)
+    body = []
+    for cells in rows:
+        tds = "".join(
+            f'<td class="{classes[i]}">{_inline(c)}</td>'
+            if i < len(classes) and classes[i]
+            else f"<td>{_inline(c)}</td>"
+            for i, c in enumerate(cells)
         )
-    header = f"# Privacy report\n\nAfter {trainer.current_epoch} epoch(s), global step {trainer.global_step}."
-    return "\n\n".join([header, *parts]) + "\n"
+        body.append(f"<tr>{tds}</tr>")
+    cap = f"<caption>{_inline(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def privacy_report_html(trainer: pl.Trainer) -> str:
+    """The report as one self-contained HTML page: every section's table, extra tables and figures (base64 PNG).
+
+    The page needs nothing else (no script, no stylesheet, no network); open it in any browser or attach it to
+    a review. Text is escaped with :func:`html.escape`.
+
+    Raises:
+        ValueError: if the trainer has none of the privacy callbacks.
+
+    Example::
+
+        >>> import lightning.pytorch as pl
+        >>> privacy_report_html(pl.Trainer(logger=False, enable_progress_bar=False))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: No privacy callback in trainer.callbacks: add one of DPSGD, BayesSecurityMonitor, ...
+    """
+    sections = _sections(trainer)
+    used: set = set()
+    slugs = [_slug(s.title, used) for s in sections]
+    toc = "".join(f'<li><a href="#{slug}">{html.escape(s.title)}</a></li>' for s, slug in zip(sections, slugs))
+    body = []
+    for section, slug in zip(sections, slugs):
+        parts = [f'<section id="{slug}"><h2>{html.escape(section.title)}</h2>']
+        parts.append(
+            _html_table(
+                ["quantity", "value", "meaning"], [list(r) for r in section.rows], classes=("", "value", "meaning")
+            )
+        )
+        for extra in section.extras:
+            parts.append(_html_table(extra.header, extra.cells, caption=extra.caption))
+        parts += [_html_figure(draw, caption) for draw, caption in section.figures]
+        parts.append("</section>")
+        body.append("\n".join(parts))
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            "<title>Privacy report</title>",
+            f"<style>{_CSS}</style>",
+            "</head>",
+            "<body>",
+            "<main>",
+            "<h1>Privacy report</h1>",
+            f'<p class="meta">{html.escape(_header(trainer))}</p>',
+            f"<nav><strong>Sections</strong><ol>{toc}</ol></nav>",
+            *body,
+            f"<footer>Written by lightning-privacy {html.escape(__version__)} on {when}. Values marked approximate "
+            "or estimate are not bounds; lower and upper bounds say so in their meaning.</footer>",
+            "</main>",
+            "</body>",
+            "</html>",
+        ]
+    )
 
 
 def log_privacy_report(trainer: pl.Trainer, path: Optional[Union[str, Path]] = None) -> str:
-    """:func:`privacy_report`, written as TensorBoard text ``privacy/report`` (rank 0) and to ``path`` if given."""
+    """:func:`privacy_report` as TensorBoard text ``privacy/report`` (rank 0), and to ``path`` if given.
+
+    The suffix of ``path`` picks the format: ``.html``/``.htm`` writes :func:`privacy_report_html` (one
+    self-contained page with the figures), anything else (``.md``) the Markdown. Only global rank 0 writes.
+
+    Returns:
+        The Markdown report (what TensorBoard gets), on every rank.
+    """
     from lightning_privacy.callbacks._audit_utils import log_text
 
     text = privacy_report(trainer)
     log_text(trainer, REPORT_TAG, text)
     if path is not None and trainer.is_global_zero:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text, encoding="utf-8")
+        path = Path(path)
+        page = privacy_report_html(trainer) if path.suffix.lower() in HTML_SUFFIXES else text
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(page, encoding="utf-8")
     return text

@@ -19,6 +19,11 @@ def test_demo_runs_and_prints_the_summary(tmp_path, capsys):
     report = tmp_path / "demo" / "version_0" / "privacy_report.md"
     assert f"Privacy report:   {report}" in out
     assert report.read_text(encoding="utf-8").startswith("# Privacy report")
+    page = report.with_suffix(".html")
+    assert f"... as one page:  {page}" in out
+    text = page.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>") and "<h2>Bayes security against membership inference</h2>" in text
+    assert text.count('<img src="data:image/png;base64,') == 1  # β* per epoch with the budget, the TPR-FPR region
 
 
 def test_demo_rejects_bad_arguments(capsys):

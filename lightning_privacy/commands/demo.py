@@ -5,7 +5,9 @@ An MLP (104-64-32-2) is trained on the bundled UCI Adult data with three callbac
 ``BayesSecurityMonitor`` logs β*_MIA every epoch, and ``PrivacyBudgetStopping`` stops before the step
 that would break the budget (the trainer is allowed one epoch more than planned to show it). Runs in
 about a minute on a 2-core CPU; TensorBoard logs go to ``--logdir``, the privacy report
-(:mod:`lightning_privacy.report`) to ``privacy_report.md`` in the run's log folder.
+(:mod:`lightning_privacy.report`) to ``privacy_report.md`` in the run's log folder, and beside it
+``privacy_report.html``: one self-contained page with the figures (β* per epoch with the budget, the
+TPR–FPR region), to open in a browser or attach to a review.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from lightning_privacy import DPSGD, BayesSecurityMonitor, PrivacyBudgetStopping, names
     from lightning_privacy.data import AdultDataModule
     from lightning_privacy.models import TabularMLP
-    from lightning_privacy.report import log_privacy_report
+    from lightning_privacy.report import log_privacy_report, privacy_report_html
 
     # The MLP is tiny: one thread is as fast, and avoids OpenMP oversubscription on a busy machine.
     torch.set_num_threads(1)
@@ -103,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     print("-" * (width + 22))
     report_path = Path(logger.log_dir) / "privacy_report.md"
     log_privacy_report(trainer, report_path)
+    page_path = report_path.with_suffix(".html")  # the same report as one page (TensorBoard has the text once)
+    page_path.write_text(privacy_report_html(trainer), encoding="utf-8")
     print(f"Privacy report:   {report_path}")
+    print(f"... as one page:  {page_path}  (figures embedded; open it in a browser)")
     print(f"TensorBoard logs: {logger.log_dir}")
     print(f"Open them with:   tensorboard --logdir {args.logdir}")
     return 0
