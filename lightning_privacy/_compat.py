@@ -11,6 +11,7 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | ``SummaryWriter._get_file_writer()`` | one HPARAMS session with the privacy settings | ``tests/callbacks/test_tensorboard_view.py`` |
 | ``nn.Module._forward_hooks`` and the other hook dicts | a hook-free copy of a model (PANORAMIA's helper) | ``tests/functional/test_panoramia_pipeline.py::test_fresh_copy_and_losses`` |
 | SDV's ``BaseSynthesizer._set_random_state`` | seeding the first ``sample()`` of an SDV synthesizer | ``tests/generators/test_sdv_adapter.py`` (same seed, same rows; skipped without the ``sdv`` extra) |
+| ``param._norm_sample`` (Opacus fast gradient clipping) | ghost clipping's per-parameter norms: reset before and checked after every first backward pass | ``tests/callbacks/test_dpsgd_ghost.py::test_norm_sample_attribute_fails_loudly_if_opacus_renames_it`` |
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSourc
 __all__ = [
     "PoissonDataSource",
     "accountant_from_step_hook",
+    "clear_norm_sample",
     "install_train_loader_transform",
+    "norm_sample",
     "original_train_loader",
     "remove_module_hooks",
     "seed_sdv_synthesizer",
@@ -113,6 +116,23 @@ def accountant_from_step_hook(optimizer: Any) -> Optional[Any]:
         return None
     candidate = inspect.getclosurevars(hook).nonlocals.get("self")
     return candidate if isinstance(candidate, IAccountant) else None
+
+
+# --- Opacus: ghost clipping's per-parameter norms ----------------------------------------------------------------------
+def norm_sample(param: Any) -> Optional[Any]:
+    """The per-example gradient norms of ``param`` that Opacus' fast/ghost clipping hooks left, or ``None``.
+
+    ``GradSampleHooksFastGradientClipping`` stores them on the parameter as ``_norm_sample`` (shape ``[batch]``) and
+    combines them over ``trainable_parameters`` in ``get_norm_sample``; Opacus never resets them, so a parameter the
+    last backward did not reach would keep the previous batch's norms.
+    """
+    return getattr(param, "_norm_sample", None)
+
+
+def clear_norm_sample(param: Any) -> None:
+    """Forget ``param``'s norms from an earlier batch (see :func:`norm_sample`)."""
+    if hasattr(param, "_norm_sample"):
+        del param._norm_sample
 
 
 # --- torch.utils.tensorboard: the writer of hparams summaries --------------------------------------------------------

@@ -15,7 +15,7 @@ LAYERS = ["analysis", "functional", "metrics", "audits", "callbacks", "commands"
 PRIVATE = re.compile(
     r"_accelerator_connector|\._data_source|_DataLoaderSource|getclosurevars|_get_file_writer|"
     r"\._forward_hooks|\._forward_pre_hooks|\._backward_hooks|\._backward_pre_hooks|_full_backward_hooks|"
-    r"_set_random_state"
+    r"_set_random_state|\._norm_sample"
 )
 
 

@@ -2,8 +2,10 @@
 
 Self-checks (``check_*``) re-derive, from what Opacus left on the parameters, that privacy is really applied:
 every trainable parameter has per-sample gradients; the summed gradient is the sum of per-sample gradients clipped
-to the callback's C; the noise added has standard deviation σ·C. They raise ``MisconfigurationException`` naming
-the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
+to the callback's C; the noise added has standard deviation σ·C. Ghost clipping never materialises per-sample
+gradients, so there the checks are: the norm it clipped the largest example by is that example's gradient norm
+recomputed by autograd (:func:`check_ghost_norm`), and the clipped sum is within batch size × C
+(:func:`check_clipped_sum_bound`). They raise ``MisconfigurationException`` naming the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
 covered by the DP guarantee.
 """
 
@@ -17,7 +19,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 __all__ = [
     "ClippingStats",
+    "check_clipped_sum_bound",
     "check_clipping",
+    "check_ghost_norm",
     "check_noise",
     "check_per_sample_gradients",
     "per_sample_norms",
@@ -68,7 +72,6 @@ def check_clipping(params: Sequence[torch.Tensor], param_names: Dict[int, str], 
     """``p.summed_grad`` is the sum of the per-sample gradients clipped to ``max_grad_norm`` (before any noise)."""
     norms = per_sample_norms(params)
     factors = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
-    total_sq = 0.0
     for param in params:
         name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
         summed = param.summed_grad.to(torch.float64)
@@ -80,12 +83,37 @@ def check_clipping(params: Sequence[torch.Tensor], param_names: Dict[int, str], 
                 f"DP-SGD self-check: the gradient of `{name}` is not the sum of its per-sample gradients clipped to "
                 f"max_grad_norm={max_grad_norm:g}; clipping is not applied as configured."
             )
-        total_sq += float(summed.pow(2).sum())
-    bound = max_grad_norm * max(1, int(norms.numel()))
-    if math.sqrt(total_sq) > bound * (1 + 1e-4):
+    check_clipped_sum_bound(params, max_grad_norm=max_grad_norm, batch_size=int(norms.numel()))
+
+
+def check_clipped_sum_bound(params: Sequence[torch.Tensor], *, max_grad_norm: float, batch_size: int) -> None:
+    """``‖Σᵢ clipped gᵢ‖ ≤ batch_size · max_grad_norm`` over all ``params``' ``summed_grad`` (before any noise)."""
+    total = math.sqrt(sum(float(p.summed_grad.to(torch.float64).pow(2).sum()) for p in params))
+    bound = max_grad_norm * max(1, batch_size)
+    if total > bound * (1 + 1e-4):
         raise MisconfigurationException(
-            f"DP-SGD self-check: the clipped gradient sum has norm {math.sqrt(total_sq):.4g} > batch size × "
+            f"DP-SGD self-check: the clipped gradient sum has norm {total:.4g} > batch size × "
             f"max_grad_norm = {bound:.4g}."
+        )
+
+
+def check_ghost_norm(losses: torch.Tensor, params: Sequence[torch.Tensor], norms: torch.Tensor, *, rtol: float) -> None:
+    """Ghost clipping's norm for the batch's largest example equals ``‖∇ℓᵢ‖`` recomputed by autograd.
+
+    ``losses`` are the per-example losses (graph retained, Opacus' hooks off), ``norms`` the per-example gradient
+    norms ghost clipping computes its clipping coefficients from.
+    """
+    if losses.numel() == 0:
+        return
+    index = int(norms.argmax())
+    grads = torch.autograd.grad(losses[index], list(params), retain_graph=True, allow_unused=True)
+    direct = math.sqrt(sum(float(g.to(torch.float64).pow(2).sum()) for g in grads if g is not None))
+    ghost = float(norms[index])
+    if abs(direct - ghost) > rtol * max(direct, ghost) + 1e-12:
+        raise MisconfigurationException(
+            f"DP-SGD self-check (ghost clipping): example {index} has gradient norm {direct:.6g}, but ghost clipping "
+            f"clipped it as if it were {ghost:.6g}; the per-example norms are wrong (a layer Opacus' ghost norm does "
+            "not handle correctly, or examples that interact in the forward pass)."
         )
 
 
@@ -132,7 +160,11 @@ class ClippingStats:
         self.norms: List[torch.Tensor] = []
 
     def update(self, params: Sequence[torch.Tensor]) -> None:
-        self.norms.append(per_sample_norms(params).detach().cpu())
+        self.add(per_sample_norms(params))
+
+    def add(self, norms: torch.Tensor) -> None:
+        """Record per-sample norms computed elsewhere (ghost clipping's)."""
+        self.norms.append(norms.detach().to(device="cpu", dtype=torch.float64))
 
     def reset(self) -> None:
         self.norms = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
@@ -10,8 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from opacus.grad_sample import GradSampleHooks
-from opacus.optimizers import DistributedDPOptimizer, DPOptimizer
+from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
+from opacus.optimizers import DistributedDPOptimizer, DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.validators import ModuleValidator
 from typing_extensions import override
 
@@ -19,6 +20,8 @@ from lightning_privacy import _compat, names
 from lightning_privacy._validation import check_bool, check_choice, check_open_unit, check_positive
 from lightning_privacy.callbacks import _dp_checks
 from lightning_privacy.callbacks._audit_utils import log_histogram
+from lightning_privacy.callbacks._backward import PerExampleBackward, is_empty_batch
+from lightning_privacy.callbacks._fix_modules import fix_modules_in_place
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
@@ -26,6 +29,7 @@ from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
 DEFAULT_DELTA = 1e-5
 SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping and noise
+GRAD_SAMPLE_MODES = ("hooks", "ghost")
 
 
 class _BeforeNoiseHooks:
@@ -51,6 +55,10 @@ class _DistributedDPOptimizer(_BeforeNoiseHooks, DistributedDPOptimizer):
     pass
 
 
+class _GhostDPOptimizer(_BeforeNoiseHooks, DPOptimizerFastGradientClipping):
+    pass
+
+
 def _positive(name: str, value: Any) -> float:
     return check_positive(name, value, exc=MisconfigurationException)
 
@@ -71,6 +79,27 @@ class DPSGD(Callback):
     that the exact PLD Bayes security after ``epochs`` epochs also meets the target
     (:func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for_exact`).
 
+    Per-sample gradients (``grad_sample_mode``): ``"hooks"`` (default) stores every example's gradient (Opacus'
+    hooks; memory grows with batch size × parameters); ``"ghost"`` uses Opacus' fast gradient clipping with ghost
+    norms, which computes each example's gradient norm layer by layer without storing per-example gradients and
+    then backpropagates the clipped sum in a second pass (see ``benchmarks/dpsgd_memory.py``). Both clip every
+    example's gradient to C and add the same noise, so the privacy accounting is the same; with the same data and
+    noise seed they give the same update up to floating-point rounding. Ghost clipping is single-process for now
+    and under 16-bit precision bounds each example's contribution only up to the rounding of two 16-bit backward
+    passes (DPSGD warns); hooks clip exactly what is summed.
+
+    The loss ``training_step`` returns: the usual loss reduced over the batch as ``loss_reduction`` says, or one
+    loss per example — a tensor of shape ``[batch_size]`` such as ``F.cross_entropy(logits, y, reduction="none")``,
+    returned as is or as the ``"loss"`` of a dict — which DPSGD reduces with ``loss_reduction``. Ghost clipping
+    needs the per-example losses (it weights each by its clipping coefficient) and refuses a reduced loss, naming
+    what was returned; ``self.log`` takes a scalar, so log ``losses.mean()``. DPSGD performs the backward through
+    the module's ``backward`` hook, which ghost mode does not allow to be overridden.
+
+    Layers DP-SGD cannot train (BatchNorm, ``nn.MultiheadAttention``, ``nn.LSTM``, …) are an error naming
+    ``ModuleValidator.fix``; with ``fix_modules=True`` DPSGD applies Opacus' fixers to them in ``setup``, before the
+    optimizer exists (BatchNorm → GroupNorm, attention and RNNs → Opacus' DP layers with the same weights), and
+    warns with the list of replaced modules.
+
     An Opacus accountant (``accountant``, default RDP) records every optimizer step that happens; its
     ε at ``delta`` (default ``1e-5``) is a reference value only — the Bayes-security bounds of
     :class:`~lightning_privacy.BayesSecurityMonitor` use the same history. The history is saved in
@@ -83,7 +112,11 @@ class DPSGD(Callback):
         epochs: training length the plan is for (required with ``target_bayes_security``).
         delta: δ for the reference accountant's ε.
         accountant: ``"rdp"``, ``"prv"`` or ``"gdp"`` (Opacus accountants).
-        loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch.
+        loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch (or how DPSGD
+            reduces the per-example losses it returns).
+        grad_sample_mode: ``"hooks"`` (per-sample gradients) or ``"ghost"`` (ghost clipping; per-example losses).
+        fix_modules: replace DP-incompatible layers with Opacus' fixers in ``setup`` (warns with the list)
+            instead of raising.
         secure_mode: Opacus' secure noise generation (slower).
         log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C)
             and ``dp/grad_norm_median``, and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and to
@@ -106,8 +139,9 @@ class DPSGD(Callback):
 
     Raises:
         MisconfigurationException: for inconsistent arguments, gradient accumulation, several
-            optimizers, BatchNorm or other Opacus-incompatible layers, and DDP without
-            ``use_distributed_sampler=False``.
+            optimizers, BatchNorm or other Opacus-incompatible layers (unless ``fix_modules=True``), DDP without
+            ``use_distributed_sampler=False``, ghost clipping under DDP, and in ghost mode a reduced loss from
+            ``training_step`` or an overridden ``backward``.
 
     Example::
 
@@ -116,6 +150,8 @@ class DPSGD(Callback):
         1.1
         >>> DPSGD(target_bayes_security=0.9, epochs=20).noise_multiplier is None  # planned at fit start
         True
+        >>> DPSGD(noise_multiplier=1.1, grad_sample_mode="ghost").grad_sample_mode  # training_step: losses of shape [B]
+        'ghost'
         >>> # trainer = Trainer(callbacks=[DPSGD(noise_multiplier=1.1)]); trainer.fit(model, datamodule)
     """
 
@@ -132,6 +168,8 @@ class DPSGD(Callback):
         loss_reduction: str = "mean",
         secure_mode: bool = False,
         log_clipping: bool = False,
+        grad_sample_mode: str = "hooks",
+        fix_modules: bool = False,
     ) -> None:
         given = {
             "noise_multiplier": noise_multiplier,
@@ -163,6 +201,9 @@ class DPSGD(Callback):
         check_open_unit("delta", delta, exc=MisconfigurationException, float_only=True)
         check_choice("accountant", accountant, ACCOUNTANTS, exc=MisconfigurationException)
         check_choice("loss_reduction", loss_reduction, ("mean", "sum"), exc=MisconfigurationException)
+        check_choice("grad_sample_mode", grad_sample_mode, GRAD_SAMPLE_MODES, exc=MisconfigurationException)
+        self.grad_sample_mode = grad_sample_mode
+        self.fix_modules = check_bool("fix_modules", fix_modules, exc=MisconfigurationException)
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
         self._planned = noise_multiplier is None
         self.target_bayes_security = target_bayes_security
@@ -182,6 +223,7 @@ class DPSGD(Callback):
         self.sample_rate: Optional[float] = None
         self.steps_per_epoch: Optional[int] = None
         self._hooks: Optional[GradSampleHooks] = None
+        self._backward: Optional[PerExampleBackward] = None
         self._distributed = False
 
     @property
@@ -208,14 +250,36 @@ class DPSGD(Callback):
                 f"{trainer.accumulate_grad_batches})): Opacus rejects it with Poisson sampling. Use "
                 "accumulate_grad_batches=1 and a larger batch size instead."
             )
+        if self.fix_modules:
+            replaced = fix_modules_in_place(pl_module)
+            if replaced:
+                caveats = "".join(f" Caveat: {r.caveat}." for r in replaced if r.caveat)
+                rank_zero_warn(
+                    f"DPSGD(fix_modules=True) replaced {len(replaced)} module(s) DP-SGD cannot train: "
+                    f"{', '.join(map(str, replaced))}. Layers without a weight-preserving replacement (BatchNorm → "
+                    f"GroupNorm) start from fresh weights.{caveats}"
+                )
         errors = ModuleValidator.validate(pl_module, strict=False)
         if errors:
             listed = "; ".join(str(e) for e in errors[:5])
             raise MisconfigurationException(
                 f"{type(pl_module).__name__} has layers DP-SGD cannot train ({listed}). Replace them, e.g. "
-                "BatchNorm by GroupNorm with `model = opacus.validators.ModuleValidator.fix(model)`."
+                "BatchNorm by GroupNorm with `model = opacus.validators.ModuleValidator.fix(model)`, or pass "
+                "`DPSGD(fix_modules=True)`."
             )
         self._distributed = trainer.world_size > 1
+        if self.grad_sample_mode == "ghost":
+            if self._distributed:
+                raise MisconfigurationException(
+                    "DPSGD(grad_sample_mode='ghost') supports single-process training only (its two backward passes "
+                    "would each be all-reduced by DDP); use grad_sample_mode='hooks' under DDP."
+                )
+            if "16" in str(trainer.precision):
+                rank_zero_warn(
+                    f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
+                    "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
+                    "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
+                )
         if self._distributed:
             if not isinstance(trainer.strategy, DDPStrategy):
                 raise MisconfigurationException(
@@ -249,8 +313,24 @@ class DPSGD(Callback):
         self.steps_per_epoch = len(loader)
         if self._planned:
             self._plan(trainer)
-        self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction=self.loss_reduction)
-        cls = _DistributedDPOptimizer if self._distributed else _DPOptimizer
+        self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
+        if self.grad_sample_mode == "ghost":
+            self._hooks = GradSampleHooksFastGradientClipping(
+                pl_module, batch_first=True, loss_reduction=self.loss_reduction, max_grad_norm=self.max_grad_norm
+            )
+            cls = _GhostDPOptimizer
+        else:
+            self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction=self.loss_reduction)
+            cls = _DistributedDPOptimizer if self._distributed else _DPOptimizer
+        self._backward = PerExampleBackward(
+            pl_module,
+            mode=self.grad_sample_mode,
+            loss_reduction=self.loss_reduction,
+            hooks=self._hooks,
+            param_names=self._param_names,
+            check=functools.partial(_dp_checks.check_ghost_norm, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
+            should_check=lambda: self._checks_left > 0,
+        )
         expected_batch_size = int(len(loader.dataset) * self.sample_rate)
         if self._distributed:
             expected_batch_size /= trainer.world_size
@@ -266,7 +346,6 @@ class DPSGD(Callback):
         dp_optimizer.before_noise_hooks = self._before_noise_hooks
         dp_optimizer.check_before_noise = self._check_before_noise
         trainer.strategy.optimizers = [dp_optimizer]
-        self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
         self._checks_left = SELF_CHECK_STEPS
         write_privacy_hparams(trainer, pl_module, self.privacy_settings())
 
@@ -317,8 +396,15 @@ class DPSGD(Callback):
         self._clipping.reset()
 
     @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._backward is not None:
+            self._backward.start_batch(empty=self.grad_sample_mode == "ghost" and is_empty_batch(batch))
+
+    @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self._checks_left > 0 and isinstance(optimizer, DPOptimizer):
+        if self._checks_left > 0 and isinstance(optimizer, DPOptimizer) and self.grad_sample_mode == "hooks":
             _dp_checks.check_per_sample_gradients(optimizer.params, self._param_names)
 
     def register_before_noise_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
@@ -333,7 +419,11 @@ class DPSGD(Callback):
 
     def _check_before_noise(self, optimizer: DPOptimizer) -> bool:
         if self._checks_left > 0 and not self._distributed:
-            _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)
+            if self.grad_sample_mode == "ghost":  # no per-sample gradients: the norms were checked in the backward
+                batch = self._backward.last_norms.numel() if self._backward.last_norms is not None else 0
+                _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
+            else:
+                _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)
             return True
         return False
 
@@ -352,7 +442,10 @@ class DPSGD(Callback):
                 )
             optimizer.summed_before_noise = None
         if self.log_clipping:
-            self._clipping.update(optimizer.params)
+            if self.grad_sample_mode == "ghost":
+                self._clipping.add(self._backward.last_norms)
+            else:
+                self._clipping.update(optimizer.params)
         self.ledger.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=self.sample_rate)
 
     @override
@@ -386,6 +479,9 @@ class DPSGD(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and self._backward is not None:
+            self._backward.remove()
+            self._backward = None
         if stage == "fit" and self._hooks is not None:
             self._hooks.cleanup()
             self._hooks = None

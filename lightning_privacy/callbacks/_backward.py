@@ -1,0 +1,200 @@
+"""DPSGD's backward: per-example losses from ``training_step``, and ghost clipping's two backward passes.
+
+The contract (documented on :class:`~lightning_privacy.DPSGD`):
+
+- ``grad_sample_mode="hooks"`` (default): ``training_step`` returns the usual reduced loss, or the per-example losses
+  (shape ``[batch_size]``), which DPSGD reduces with ``loss_reduction``. Per-example gradients come from Opacus'
+  hooks and are clipped by the ``DPOptimizer``.
+- ``grad_sample_mode="ghost"``: ``training_step`` must return the per-example losses (shape ``[batch_size]``, e.g.
+  ``F.cross_entropy(logits, y, reduction="none")``), as a tensor or as the ``"loss"`` of a dict. A reduced loss
+  has lost what ghost clipping needs and is refused, naming what was returned.
+
+Ghost clipping (Li et al. 2022; Bu et al. 2023) as in Opacus' ``DPTensorFastGradientClipping.backward``: a first
+backward pass of the reduced loss lets Opacus' fast-gradient-clipping hooks compute each example's gradient norm
+``‖∇ℓᵢ‖`` layer by layer, without storing per-example gradients (Linear and Embedding by the ghost-norm identity;
+other layers materialise their own per-example gradients one layer at a time); the coefficients
+``cᵢ = min(1, C / (‖∇ℓᵢ‖ + 1e-6))`` then weight a second pass, with the hooks off, of ``Σᵢ cᵢ·ℓᵢ`` whose gradient is
+the clipped sum that the ``DPOptimizerFastGradientClipping`` noises. ``LightningModule.backward`` is the documented
+hook for "perform backward on the loss returned in training_step"; DPSGD replaces it on the instance for one fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
+from lightning_privacy import _compat
+
+__all__ = ["PerExampleBackward", "is_empty_batch"]
+
+EXAMPLE = "e.g. `F.cross_entropy(logits, y, reduction='none')`"
+
+
+def _describe(loss: Any) -> str:
+    if not isinstance(loss, torch.Tensor):
+        return f"a {type(loss).__name__}"
+    if loss.ndim == 0:
+        return "a reduced loss (a tensor of shape [])"
+    return f"a tensor of shape {list(loss.shape)}"
+
+
+def is_empty_batch(batch: Any) -> bool:
+    """True when every tensor in ``batch`` (nested tuples, lists, dicts) has no rows: an empty Poisson batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.ndim > 0 and batch.shape[0] == 0
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        found = [is_empty_batch(item) for item in batch if isinstance(item, (torch.Tensor, tuple, list, dict))]
+        return bool(found) and all(found)
+    return False
+
+
+def _reduce(loss: torch.Tensor, loss_reduction: str) -> torch.Tensor:
+    return loss.mean() if loss_reduction == "mean" else loss.sum()
+
+
+class PerExampleBackward:
+    """Stands in for ``pl_module.backward`` while DPSGD trains (see the module docstring).
+
+    Args:
+        pl_module: the module whose ``backward`` is replaced until :meth:`remove`.
+        mode: ``"hooks"`` or ``"ghost"``.
+        loss_reduction: ``"mean"`` or ``"sum"``, how per-example losses are reduced.
+        hooks: Opacus' ``GradSampleHooksFastGradientClipping`` (``mode="ghost"`` only).
+        param_names: parameter names by ``id``, for messages.
+        check: ``check(losses, params, norms)``, called after the first ghost pass with the hooks off while
+            ``should_check()`` is true (DPSGD's self-check of the norms).
+
+    Empty Poisson batches: Opacus' ghost norm samplers cannot take a batch of zero examples, so DPSGD calls
+    :meth:`start_batch` with ``empty=True`` for such a batch (hooks off for its forward); its backward then only gives every
+    parameter a zero gradient, which the optimizer noises as any other step.
+
+    Attributes:
+        last_norms: the per-example gradient norms of the last ghost step (``None`` in hooks mode).
+
+    Raises:
+        MisconfigurationException: ghost mode on a module that overrides ``backward``.
+    """
+
+    def __init__(
+        self,
+        pl_module: pl.LightningModule,
+        *,
+        mode: str,
+        loss_reduction: str,
+        hooks: Any = None,
+        param_names: Optional[Dict[int, str]] = None,
+        check: Optional[Callable[[torch.Tensor, List[torch.Tensor], torch.Tensor], None]] = None,
+        should_check: Callable[[], bool] = lambda: False,
+    ) -> None:
+        if mode == "ghost" and is_overridden("backward", pl_module, parent=pl.LightningModule):
+            raise MisconfigurationException(
+                f"{type(pl_module).__name__} overrides `backward`, but DPSGD(grad_sample_mode='ghost') runs its own "
+                "two backward passes (norms, then the clipped sum). Remove the override or use grad_sample_mode='hooks'."
+            )
+        self.pl_module = pl_module
+        self.mode = mode
+        self.loss_reduction = loss_reduction
+        self.hooks = hooks
+        self.param_names = param_names or {}
+        self.check = check
+        self.should_check = should_check
+        self.last_norms: Optional[torch.Tensor] = None
+        self._skipping = False
+        self._original = pl_module.backward
+        self._had_own = "backward" in vars(pl_module)
+        pl_module.backward = self
+
+    def start_batch(self, *, empty: bool) -> None:
+        """Called at every batch start: an empty batch runs without hooks (ghost mode; see the class docstring)."""
+        if self.mode != "ghost":
+            return
+        if self._skipping:  # the last empty batch had no backward (training_step returned None)
+            self.hooks.enable_hooks()
+        self._skipping = empty
+        if empty:
+            self.hooks.disable_hooks()
+
+    def remove(self) -> None:
+        """Give the module its own ``backward`` back."""
+        if self._had_own:
+            self.pl_module.backward = self._original
+        elif "backward" in vars(self.pl_module):
+            del self.pl_module.backward
+
+    def __call__(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        if self.mode == "hooks":
+            if isinstance(loss, torch.Tensor) and loss.ndim == 1:
+                loss = _reduce(loss, self.loss_reduction)
+            elif not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
+                raise MisconfigurationException(
+                    "DPSGD expects `training_step` to return a reduced loss or one loss per example (shape "
+                    f"[batch_size]); it returned {_describe(loss)}."
+                )
+            self._original(loss, *args, **kwargs)
+            return
+        self._ghost(loss, *args, **kwargs)
+
+    def _name(self, param: torch.Tensor) -> str:
+        return self.param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
+
+    def _ghost(self, losses: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
+            raise MisconfigurationException(
+                "DPSGD(grad_sample_mode='ghost') clips each example's gradient through that example's own loss, so "
+                f"`training_step` must return one loss per example, a tensor of shape [batch_size] ({EXAMPLE}; "
+                f"or a dict whose 'loss' is one); it returned {_describe(losses)}. DPSGD reduces them with "
+                f"loss_reduction={self.loss_reduction!r}; log their mean yourself."
+            )
+        params = self.hooks.trainable_parameters
+        if self._skipping:
+            self._skipping = False
+            try:
+                self._empty(losses, params, *args, **kwargs)
+            finally:
+                self.hooks.enable_hooks()
+            return
+        for param in params:  # Opacus never resets them: a stale norm would clip this batch with the last one's
+            _compat.clear_norm_sample(param)
+        self._original(_reduce(losses, self.loss_reduction), *args, retain_graph=True, **kwargs)
+        missing = [self._name(p) for p in params if _compat.norm_sample(p) is None]
+        if missing:
+            raise MisconfigurationException(
+                f"DP-SGD (ghost clipping): trainable parameter(s) {', '.join(f'`{n}`' for n in missing[:5])} got no "
+                "per-example gradient norm in this step: unused in the forward pass, or in a layer Opacus cannot "
+                "handle. Freeze them (requires_grad=False) or replace the layer."
+            )
+        for param in params:
+            param.grad = None
+        coefficients = self.hooks.get_clipping_coef()
+        self.last_norms = self.hooks.per_sample_gradient_norms.detach()
+        if coefficients.shape != losses.shape:
+            raise MisconfigurationException(
+                f"DPSGD(grad_sample_mode='ghost'): `training_step` returned {losses.shape[0]} per-example losses but "
+                f"the model's layers saw {coefficients.shape[0]} examples; return one loss per example of the batch."
+            )
+        self.hooks.disable_hooks()
+        try:
+            if self.check is not None and self.should_check():
+                self.check(losses, params, self.last_norms)
+            self._original((coefficients.to(device=losses.device) * losses).sum(), *args, **kwargs)
+        finally:
+            self.hooks.enable_hooks()
+
+    def _empty(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
+        if losses.numel():
+            raise MisconfigurationException(
+                f"DPSGD(grad_sample_mode='ghost'): the batch looked empty but `training_step` returned "
+                f"{losses.numel()} per-example losses."
+            )
+        if losses.requires_grad:
+            self._original(losses.sum(), *args, **kwargs)
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        self.last_norms = losses.detach().new_zeros(0)

@@ -1,0 +1,107 @@
+"""DPSGD(fix_modules=True): Opacus' fixers applied in setup, in place, with a warning listing them."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.layers import DPLSTM, DPMultiheadAttention
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+
+from lightning_privacy import DPSGD
+from lightning_privacy.callbacks._fix_modules import attention_fix_changes_outputs, fix_modules_in_place
+from tests.callbacks._architectures import VOCAB, token_datasets
+from tests.callbacks._tiny import trainer
+
+
+class Unfixed(pl.LightningModule):
+    """BatchNorm, nn.MultiheadAttention and nn.LSTM: three layers DP-SGD cannot train as they are."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, width)
+        self.attention = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.lstm = nn.LSTM(width, width, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(width, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, 2))
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = h + self.attention(h, h, h, need_weights=False)[0]
+        out, _ = self.lstm(h)
+        return self.head(out[:, -1])
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.2)
+
+
+def test_fix_modules_trains_batchnorm_attention_and_lstm():
+    torch.manual_seed(0)
+    model = Unfixed()
+    embed, lstm_state = model.embed, {k: v.clone() for k, v in model.lstm.state_dict().items()}
+    dp = DPSGD(noise_multiplier=1.0, fix_modules=True)
+    t = trainer([dp], max_epochs=2)
+    with pytest.warns(UserWarning, match="replaced 3 module") as record:
+        t.fit(model, train_dataloaders=DataLoader(token_datasets()[0], batch_size=32))
+    message = next(str(w.message) for w in record if "replaced 3 module" in str(w.message))
+    assert "opacus#825" in message  # batch-first attention with 2 heads: opacus 1.6.0's replacement differs
+    for listed in (
+        "attention (MultiheadAttention → DPMultiheadAttention)",
+        "lstm (LSTM → DPLSTM)",
+        "head.1 (BatchNorm1d → GroupNorm)",
+    ):
+        assert listed in message
+    assert isinstance(model.attention, DPMultiheadAttention) and isinstance(model.lstm, DPLSTM)
+    assert isinstance(model.head[1], nn.GroupNorm)
+    assert model.embed is embed  # untouched modules keep their identity
+    assert t.global_step > 0 and dp.steps == t.global_step
+    # the optimizer trained the replacements: the DPLSTM started from the LSTM's weights and moved
+    assert not torch.equal(model.lstm.state_dict()["weight_ih_l0"], lstm_state["weight_ih_l0"])
+
+
+def test_without_fix_modules_the_same_model_is_a_clear_error():
+    with pytest.raises(MisconfigurationException, match=r"DPSGD\(fix_modules=True\)"):
+        trainer([DPSGD(noise_multiplier=1.0)], max_epochs=1).fit(
+            Unfixed(), train_dataloaders=DataLoader(token_datasets()[0], batch_size=32)
+        )
+
+
+def test_fixed_lstm_and_attention_keep_weights_dtype_and_outputs():
+    torch.manual_seed(0)
+    model = nn.ModuleDict(
+        {"attention": nn.MultiheadAttention(8, 2, batch_first=False), "lstm": nn.LSTM(8, 8, batch_first=True)}
+    ).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    before = (model["attention"](x, x, x)[0], model["lstm"](x)[0])
+    replaced = fix_modules_in_place(model)
+    assert [r.name for r in replaced] == ["attention", "lstm"] and not any(r.caveat for r in replaced)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    torch.testing.assert_close(model["attention"](x, x, x)[0], before[0])
+    torch.testing.assert_close(model["lstm"](x)[0], before[1])
+
+
+def test_batch_first_attention_caveat_follows_what_opacus_computes():
+    """The caveat is probed, not pinned to a version: it is there exactly when the outputs differ."""
+    torch.manual_seed(0)
+    layer = nn.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(3, 5, 8)
+    before = layer(x, x, x)[0]
+    holder = nn.ModuleDict({"attention": layer})
+    (replaced,) = fix_modules_in_place(holder)
+    differs = not torch.allclose(holder["attention"](x, x, x)[0], before, atol=1e-5)
+    assert bool(replaced.caveat) == differs == attention_fix_changes_outputs()
+    state = torch.random.get_rng_state()
+    attention_fix_changes_outputs.cache_clear()
+    attention_fix_changes_outputs()
+    assert torch.equal(torch.random.get_rng_state(), state)  # the probe leaves the user's seed alone
+
+
+def test_frozen_layers_are_left_alone_and_the_flag_is_checked():
+    frozen = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    frozen[1].requires_grad_(False)
+    assert fix_modules_in_place(frozen) == [] and isinstance(frozen[1], nn.BatchNorm1d)
+    with pytest.raises(MisconfigurationException, match="`fix_modules` must be True or False, got 1"):
+        DPSGD(noise_multiplier=1.0, fix_modules=1)

@@ -1,0 +1,232 @@
+"""DPSGD(grad_sample_mode="ghost"): the same clipped and noised updates as hooks, the per-example-loss contract, checks."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.grad_sample import GradSampleHooksFastGradientClipping
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_privacy import DPSGD, _compat, names
+from tests.callbacks._architectures import (
+    ImageCNN,
+    PerExampleLoss,
+    TokenLSTM,
+    TokenTransformer,
+    digit_datasets,
+    token_datasets,
+)
+from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
+
+SIGMA, C = 1.0, 0.5
+
+
+class MLP(PerExampleLoss):
+    def __init__(self, lr=0.5):
+        super().__init__(lr)
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class Reduced(MLP):
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0]), batch[1])
+
+
+class Recorder(Callback):
+    """Records each step's clipped sum (before noise) and noised gradient (after the optimizer step)."""
+
+    def __init__(self, dpsgd):
+        self.clipped, self.noised = [], []
+        dpsgd.register_before_noise_hook(lambda opt: self.clipped.append([p.summed_grad.clone() for p in opt.params]))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.noised.append([p.grad.clone() for p in pl_module.parameters() if p.requires_grad])
+
+
+def _run(make, data, mode, *, dtype=torch.float64, epochs=1, extra=(), **dpsgd):
+    torch.manual_seed(0)
+    model = make().to(dtype)
+    dp = DPSGD(noise_multiplier=SIGMA, max_grad_norm=C, grad_sample_mode=mode, **dpsgd)
+    recorder = Recorder(dp)
+    pl.seed_everything(1, verbose=False)  # same Poisson batches and same noise draws in both modes
+    t = trainer([dp, recorder, *extra], max_epochs=epochs)
+    t.fit(model, train_dataloaders=DataLoader(data, batch_size=32))
+    return t, dp, recorder, model
+
+
+def tabular64():
+    """The tiny tabular data in float64."""
+    return TensorDataset(*(t.double() if t.is_floating_point() else t for t in tiny_loader().dataset.tensors))
+
+
+ARCHITECTURES = {
+    "mlp": (MLP, tabular64),
+    "cnn_groupnorm": (ImageCNN, lambda: digit_datasets(dtype=torch.float64)[0]),
+    "embedding_attention": (TokenTransformer, lambda: token_datasets()[0]),
+    "dplstm": (TokenLSTM, lambda: token_datasets()[0]),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_ghost_and_hooks_give_identical_clipped_and_noised_updates(arch):
+    make, data = ARCHITECTURES[arch]
+    hooks = _run(make, data(), "hooks")
+    ghost = _run(make, data(), "ghost")
+    assert hooks[0].global_step == ghost[0].global_step == len(hooks[2].noised) > 0
+    for name in ("clipped", "noised"):
+        for step_h, step_g in zip(getattr(hooks[2], name), getattr(ghost[2], name)):
+            for a, b in zip(step_h, step_g):
+                assert a.dtype == b.dtype == torch.float64
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert hooks[1].ledger.history == ghost[1].ledger.history  # same accounting
+    assert hooks[1].epsilon() == ghost[1].epsilon()
+    for model in (hooks[3], ghost[3]):
+        assert "backward" not in vars(model)  # the module's own backward is back after fit
+
+
+def test_clipping_telemetry_is_the_same_in_both_modes(tmp_path):
+    results = []
+    for mode in ("hooks", "ghost"):
+        t, *_ = _run(MLP, tabular64(), mode, log_clipping=True)
+        results.append(
+            (t.callback_metrics[names.DP_CLIP_FRACTION].item(), t.callback_metrics[names.DP_GRAD_NORM_MEDIAN].item())
+        )
+    assert results[0] == pytest.approx(results[1], rel=1e-9)
+
+
+def test_a_reduced_loss_is_refused_naming_what_was_returned():
+    with pytest.raises(
+        MisconfigurationException,
+        match=r"must return one loss per example.*returned a reduced loss \(a tensor of shape \[\]\)",
+    ):
+        _run(Reduced, tabular64(), "ghost")
+
+
+def test_losses_of_another_shape_are_refused():
+    class Column(MLP):
+        def training_step(self, batch, batch_idx):
+            return {"loss": F.cross_entropy(self(batch[0]), batch[1], reduction="none")[:, None]}
+
+    with pytest.raises(MisconfigurationException, match=r"returned a tensor of shape \[\d+, 1\]"):
+        _run(Column, tabular64(), "ghost")
+
+    class TooFew(MLP):
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self(batch[0]), batch[1], reduction="none")[:1]
+
+    with pytest.raises(
+        MisconfigurationException, match=r"returned 1 per-example losses but the model's layers saw \d+"
+    ):
+        _run(TooFew, tabular64(), "ghost")
+
+
+def test_hooks_mode_takes_a_reduced_loss_or_per_example_losses_and_refuses_others():
+    _run(Reduced, tabular64(), "hooks")  # the usual reduced loss, as before
+
+    class Matrix(MLP):
+        def training_step(self, batch, batch_idx):
+            return self(batch[0])
+
+    with pytest.raises(MisconfigurationException, match=r"reduced loss or one loss per example.*shape \[\d+, 2\]"):
+        _run(Matrix, tabular64(), "hooks")
+
+
+def test_an_overridden_backward_is_refused_in_ghost_mode():
+    class OwnBackward(MLP):
+        def backward(self, loss, *args, **kwargs):
+            loss.sum().backward()
+
+    with pytest.raises(MisconfigurationException, match="overrides `backward`"):
+        _run(OwnBackward, tabular64(), "ghost")
+
+
+def test_an_unused_trainable_parameter_is_named():
+    class Unused(MLP):
+        def __init__(self):
+            super().__init__()
+            self.spare = nn.Linear(8, 2)
+
+    with pytest.raises(
+        MisconfigurationException, match=r"`spare\.weight`, `spare\.bias` got no per-example gradient norm"
+    ):
+        _run(Unused, tabular64(), "ghost")
+
+
+def test_wrong_ghost_norms_are_caught_by_the_self_check(monkeypatch):
+    real = GradSampleHooksFastGradientClipping.NORM_SAMPLERS[nn.Linear]
+
+    def halved(layer, activations, backprops):
+        return {p: n / 2 for p, n in real(layer, activations, backprops).items()}
+
+    monkeypatch.setitem(GradSampleHooksFastGradientClipping.NORM_SAMPLERS, nn.Linear, halved)
+    with pytest.raises(MisconfigurationException, match=r"ghost clipping clipped it as if it were"):
+        _run(MLP, tabular64(), "ghost")
+
+
+class Bag(PerExampleLoss):
+    """Embedding (whose opacus 1.6.0 ghost norm fails on zero rows) + Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(12, 4), nn.Linear(4 * 6, 2)
+
+    def forward(self, tokens):
+        return self.head(self.embed(tokens).flatten(1))
+
+
+def test_empty_poisson_batches_are_noised_and_accounted():
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randint(0, 12, (8, 6), generator=g), torch.randint(0, 2, (8,), generator=g))
+    torch.manual_seed(0)
+    dp = DPSGD(noise_multiplier=SIGMA, grad_sample_mode="ghost")
+    sizes, updates = [], []
+
+    class Watch(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            sizes.append(batch[0].shape[0])
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            updates.append(float(pl_module.head.weight.grad.norm()))
+
+    t = trainer([dp, Watch()], max_epochs=4)
+    t.fit(Bag(), train_dataloaders=DataLoader(data, batch_size=1))
+    assert 0 in sizes and max(sizes) > 0
+    assert dp.steps == t.global_step == len(sizes)
+    assert all(u > 0 for u in updates)  # empty batches too: the noise is still added
+
+
+def test_ghost_is_refused_under_ddp_and_warns_under_16_bit(tmp_path):
+    t = trainer([], tmp_path, strategy="ddp", devices=2, use_distributed_sampler=False)
+    with pytest.raises(MisconfigurationException, match="single-process training only"):
+        DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")
+    t = trainer([], tmp_path, precision="bf16-mixed")
+    with pytest.warns(UserWarning, match="only up to 16-bit rounding"):
+        DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")
+
+
+def test_bad_grad_sample_mode():
+    with pytest.raises(MisconfigurationException, match="`grad_sample_mode` must be one of"):
+        DPSGD(noise_multiplier=1.0, grad_sample_mode="functorch")
+
+
+def test_norm_sample_attribute_fails_loudly_if_opacus_renames_it():
+    """_compat reads Opacus' private ``param._norm_sample``: a ghost backward must leave it, of batch size."""
+    layer = nn.Linear(3, 2)
+    hooks = GradSampleHooksFastGradientClipping(layer, max_grad_norm=1.0, loss_reduction="sum")
+    x = torch.randn(5, 3)
+    F.cross_entropy(layer(x), torch.zeros(5, dtype=torch.long), reduction="sum").backward()
+    for p in layer.parameters():
+        assert _compat.norm_sample(p) is not None and _compat.norm_sample(p).shape == (5,)
+    torch.testing.assert_close(
+        hooks.get_norm_sample(), torch.stack([_compat.norm_sample(p) for p in layer.parameters()]).norm(dim=0)
+    )
+    for p in layer.parameters():
+        _compat.clear_norm_sample(p)
+        assert _compat.norm_sample(p) is None
+    hooks.cleanup()
