@@ -56,13 +56,17 @@ def train(root: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--logdir", type=Path, default=None, help="screenshot this run instead of training one")
     args = parser.parse_args()
     chromium = shutil.which("chromium")
     if chromium is None:
         raise SystemExit("needs Debian's chromium: apt-get install -y chromium")
     torch.set_num_threads(1)
-    root = Path(tempfile.mkdtemp())
-    train(root)
+    root = args.logdir
+    if root is None:
+        root = Path(tempfile.mkdtemp())
+        train(root)
+        print(f"run in {root}")
     from tensorboard import program
 
     with socket.socket() as s:
@@ -74,14 +78,18 @@ def main() -> None:
     time.sleep(5)
     urllib.request.urlopen(url, timeout=30).read()
     args.out.mkdir(parents=True, exist_ok=True)
-    pages = {"scalars": "?tagFilter=privacy%7Cdp%2F#scalars", "hparams": "#hparams"}
-    for name, suffix in pages.items():
+    # (fragment, window): the SCALARS page filtered to the privacy keys; HPARAMS wide enough for the metric columns
+    pages = {
+        "scalars": ("#scalars&tagFilter=privacy%2F&_smoothingWeight=0", "1500,1150"),
+        "hparams": ("#hparams", "2600,600"),
+    }
+    for name, (suffix, window) in pages.items():
         png = args.out / f"tensorboard_{name}.png"
         subprocess.run(
             [
                 chromium,
                 *CHROMIUM_FLAGS,
-                "--window-size=1500,1100",
+                f"--window-size={window}",
                 "--virtual-time-budget=20000",
                 f"--screenshot={png}",
                 f"{url}/{suffix}",
