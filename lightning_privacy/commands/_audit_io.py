@@ -8,22 +8,44 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
 ADULT_DATAMODULE = "lightning_privacy.data.datamodule:AdultDataModule"
 
 
+def _import(module_name: str) -> Any:
+    """``importlib.import_module``, also finding a module in the current folder, as ``python -m`` would.
+
+    A console script's ``sys.path`` starts at its own ``bin`` folder, so ``my_project:Net`` next to the
+    user would not be found; the current folder is added (last, so it never shadows an installed package)
+    only when the top-level module is missing.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if err.name != module_name.split(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module_name)
+
+
 def load_class(spec: str, option: str = "--model") -> Any:
-    """The object named ``package.module:Name`` (``package.module.Name`` is accepted too)."""
+    """The object named ``package.module:Name`` (``package.module.Name`` is accepted too).
+
+    The module is imported from ``sys.path`` or, failing that, from the current folder.
+    """
     module_name, sep, name = spec.partition(":")
     if not sep and "." in spec:  # the older dotted form, e.g. --model-class pkg.mod.Class
         module_name, _, name = spec.rpartition(".")
     if not module_name or not name:
         raise ValueError(f"`{option}` must look like 'package.module:Class', got {spec!r}")
     try:
-        return getattr(importlib.import_module(module_name), name)
+        return getattr(_import(module_name), name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"`{option}` {spec!r} cannot be imported: {err}") from err
 
