@@ -13,16 +13,21 @@ sensitivity R_t (or as unmeasured, which counts at the worst case R_t = 2C). The
   them onto the stored PLD as one chunk (each level self-composed by its count, the levels composed with each
   other, then one convolution onto the stored distribution), so a read costs what the new steps cost, not a
   recomposition of the history. This is :func:`~lightning_privacy.analysis.bayes_security.ai_bayes_security_exact`
-  computed incrementally;
+  computed incrementally, with its model: step t's two gradients at ±R_t/2 (issue 14, Cor. 10); for R_t < 2C other
+  placements at distance R_t can leak more (see that function);
 - the paper's closed form beside it (Cor. 10: 1 − erf(√Σ(p_t R_t/σ_t)² / (2√2·C)), an approximation that can
   overstate security), from run-length segments holding Σ R_t²;
 - the prediction for the budget stopper: the safe β*_AI after one more step at the worst case R = 2C.
 
-Cost, measured on the Adult reproduction (``examples/adult_attribute_inference.py``: p = 1/107, σ = 3.44, 107 steps
-per epoch, R_t spread over ≈ 40 levels per epoch): a read at epoch end takes ≈ 10-30 ms once each level's one-step
-distribution is cached (≈ 5-10 ms per new level, paid the first time a level appears) — well under 1 % of an epoch
-whose R_t measurements take ≈ 80 ms per step. Read after every step (as ``PrivacyBudgetStopping(threat="ai")``
-does) a read is one convolution, ≈ 1 ms.
+Grid and cost. 128 levels per factor of two move β*_AI by 1.9e-4 against unrounded levels (every R_t its own
+level) at the Adult reproduction's p = 1/107, σ = 3.44 over 3,210 steps with R_t spread over [0.9, 1.4]·C (64 per
+octave: 3.8e-4; 256: 9.6e-5), at ≈ 60 distinct levels per epoch (``benchmarks/ai_bayes_security_levels.py``). In the
+Adult run itself (``examples/adult_attribute_inference.py``: 30 epochs of 107 steps, ≈ 17 s each) a read at epoch
+end took a median 11 ms with the approximate diameter (23 levels per epoch) and 6 ms with the exact one (8 levels),
+0.28 s at most (the first epoch, while the one-step distributions are computed and cached): 1.3 s over the whole
+run for both monitors, 0.25 % of its time. Finer grids outgrow the one-step cache (128 entries; 256 levels per
+octave cost ≈ 160 ms per epoch). Read after every step (as ``PrivacyBudgetStopping(threat="ai")`` does) a read is
+one small convolution, ≈ 1 ms.
 
 The state is plain Python (the composed chunks in their order plus the waiting counts); a restored ledger
 recomposes the same chunks in the same order and so reads the same value to the last digit.
