@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_privacy.functional.attributes import SensitiveAttribute, check_candidates, observed_values
+from lightning_privacy.attributes import SensitiveAttribute, check_candidates, observed_values
 
 __all__ = ["CandidateCheck", "look_up_attribute"]
 

@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.attribute_ledger import AttributeLedger
+from lightning_privacy.attributes import SensitiveAttribute
 from lightning_privacy.callbacks._attribute_checks import CandidateCheck, look_up_attribute
 from lightning_privacy.callbacks._opacus import (
     accountant_history,
@@ -31,7 +32,6 @@ from lightning_privacy.functional.attribute_sensitivity import (
     hook_free_twin,
     sync_training_mode,
 )
-from lightning_privacy.functional.attributes import SensitiveAttribute
 
 STATE_VERSION = 2  # 1: flat Σ R_t² per segment (loaded with a safe bound, see AttributeLedger.load_state_dict)
 

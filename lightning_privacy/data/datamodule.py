@@ -127,7 +127,7 @@ class AdultDataModule(pl.LightningDataModule):
         return self._loader(self.train_dataset, shuffle=False)
 
     def sensitive_attribute(self, name: str, values=None):
-        """A ready-made :class:`~lightning_privacy.functional.attributes.SensitiveAttribute` for attribute inference.
+        """A ready-made :class:`~lightning_privacy.attributes.SensitiveAttribute` for attribute inference.
 
         ``"age"`` (or another numeric column) is a numeric attribute whose candidates are raw values,
         written into the input with the encoder's standardisation; for ``"age"`` the default candidates
@@ -148,7 +148,7 @@ class AdultDataModule(pl.LightningDataModule):
             >>> dm.sensitive_attribute("sex").columns == dm.encoder.one_hot_groups["sex"].columns
             True
         """
-        from lightning_privacy.functional.attributes import SensitiveAttribute
+        from lightning_privacy.attributes import SensitiveAttribute
 
         if self.encoder is None:
             raise RuntimeError("call setup() before sensitive_attribute()")

@@ -41,7 +41,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
-from lightning_privacy.functional.attributes import _tree_map
+from lightning_privacy.attributes import _tree_map
 
 try:  # Opacus' DP building blocks (a dependency of the package); kept optional for this module
     from opacus.layers.dp_multihead_attention import DPMultiheadAttention, SequenceBias

@@ -77,8 +77,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
+from lightning_privacy.attributes import SensitiveAttribute, ValuesSpec, _tree_map, tree_batch_size
 from lightning_privacy.functional import _gram
-from lightning_privacy.functional.attributes import SensitiveAttribute, ValuesSpec, _tree_map, tree_batch_size
 
 __all__ = [
     "METHODS",

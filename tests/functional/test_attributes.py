@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_privacy.data.datamodule import AdultDataModule
-from lightning_privacy.functional.attributes import (
+from lightning_privacy.attributes import (
     CHECK_MIN_VALUES,
     SensitiveAttribute,
     check_candidates,
     observed_values,
 )
+from lightning_privacy.data.datamodule import AdultDataModule
 
 
 @pytest.fixture(scope="module")
