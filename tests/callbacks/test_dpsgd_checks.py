@@ -115,3 +115,39 @@ def test_importing_the_package_leaves_the_matplotlib_backend_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "svg"
+
+
+def test_sampled_clipping_telemetry_records_k_examples_of_each_batch(tmp_path):
+    """clipping_sample_size=k: k distinct examples' norms per step, each equal to that example's direct norm."""
+
+    class Recorder(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            model = tiny_module()
+            model.load_state_dict(pl_module.state_dict())
+            self.batches.append([])
+            for x, y in zip(*batch):
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[None]), y[None]).backward()
+                self.batches[-1].append(torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item())
+
+    torch.manual_seed(0)
+    recorder = Recorder()
+    recorder.batches = []
+    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=0.5, log_clipping=True, clipping_sample_size=3)
+    sampled = []
+    add = dp._clipping.add
+    dp._clipping.add = lambda norms: (sampled.append(norms.clone()), add(norms))
+    trainer([dp, recorder], tmp_path, max_epochs=1).fit(tiny_module(), train_dataloaders=tiny_loader())
+    assert len(sampled) == len(recorder.batches) > 0
+    for norms, direct in zip(sampled, recorder.batches):
+        assert len(norms) == min(3, len(direct))
+        matches = [min(range(len(direct)), key=lambda i: abs(direct[i] - n)) for n in norms.tolist()]
+        assert len(set(matches)) == len(matches)  # distinct examples
+        for n, i in zip(norms.tolist(), matches):
+            assert n == pytest.approx(direct[i], rel=1e-4)
+
+
+def test_clipping_sample_size_must_be_a_positive_int_or_none():
+    assert DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_sample_size=None).clipping_sample_size is None
+    with pytest.raises(MisconfigurationException, match="`clipping_sample_size` must be an int >= 1, got 0"):
+        DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_sample_size=0)
