@@ -1,6 +1,6 @@
 """Closed-form Bayes security of DP-SGD against membership and attribute inference.
 
-Pure math (numpy/scipy; dp_accounting is imported lazily by the exact function only), after
+Pure math (numpy/scipy; the exact values compose a pessimistic PLD with :mod:`lightning_privacy.analysis.composition`), after
 Cherubin, Köpf, Paverd, Tople, Wutschitz, Zanella-Béguelin, *Closed-Form Bounds for DP-SGD against
 Record-level Inference* (USENIX Security 2024).
 
