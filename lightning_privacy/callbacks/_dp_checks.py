@@ -44,7 +44,7 @@ def per_sample_norms(params: Sequence[torch.Tensor], rows: Optional[torch.Tensor
     for every example or only for the batch positions ``rows``."""
     samples = [_grad_sample(p) for p in params]
     if not samples or samples[0].shape[0] == 0:
-        return torch.zeros(0)
+        return torch.zeros(0, dtype=torch.float64, device=samples[0].device if samples else None)
     if rows is not None:
         samples = [g.index_select(0, rows.to(g.device)) for g in samples]
     # in the gradients' own dtype, as Opacus clips (a float64 copy of every per-sample gradient cost 25% of a step)

@@ -47,11 +47,31 @@ class _BeforeNoiseHooks:
         super().add_noise()
 
 
-class _DPOptimizer(_BeforeNoiseHooks, DPOptimizer):
+class _ClipInParameterPrecision:
+    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype.
+
+    Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
+    their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
+    Upcast first: clipping is then exact for the per-sample gradients as computed, and sum and noise are full width.
+    """
+
+    params: List[torch.Tensor]
+
+    def clip_and_accumulate(self) -> None:
+        for p in self.params:
+            sample = getattr(p, "grad_sample", None)
+            if isinstance(sample, torch.Tensor) and sample.dtype != p.dtype:
+                p.grad_sample = sample.to(p.dtype)
+            elif isinstance(sample, list):
+                p.grad_sample = [g.to(p.dtype) for g in sample]
+        super().clip_and_accumulate()
+
+
+class _DPOptimizer(_BeforeNoiseHooks, _ClipInParameterPrecision, DPOptimizer):
     pass
 
 
-class _DistributedDPOptimizer(_BeforeNoiseHooks, DistributedDPOptimizer):
+class _DistributedDPOptimizer(_BeforeNoiseHooks, _ClipInParameterPrecision, DistributedDPOptimizer):
     pass
 
 
