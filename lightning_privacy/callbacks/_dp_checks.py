@@ -169,12 +169,17 @@ class ClippingStats:
     def __init__(self, sample_size: Optional[int] = None, seed: int = 0) -> None:
         self.sample_size = sample_size
         self.norms: List[torch.Tensor] = []
-        self._generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        # made at the first draw: a torch.Generator in the callback breaks ddp_spawn, which pickles the callbacks
+        # into the new processes (torch's shared-memory reduction cannot rebuild the generator's state tensor)
+        self._generator: Optional[torch.Generator] = None
 
     def update(self, params: Sequence[torch.Tensor]) -> None:
         batch = _grad_sample(params[0]).shape[0] if params else 0
         rows = None
         if self.sample_size is not None and batch > self.sample_size:
+            if self._generator is None:
+                self._generator = torch.Generator().manual_seed(self.seed)
             rows = torch.randperm(batch, generator=self._generator)[: self.sample_size]
         self.add(per_sample_norms(params, rows))
 
