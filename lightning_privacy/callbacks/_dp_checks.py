@@ -192,3 +192,27 @@ class ClippingStats:
 
     def values(self) -> torch.Tensor:
         return torch.cat(self.norms) if self.norms else torch.zeros(0, dtype=torch.float64)
+
+
+#: Layers that normalise with statistics of the whole batch in training mode (LazyBatchNorm becomes one of them).
+_BATCH_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def batch_statistics_layers(module: torch.nn.Module) -> List[tuple]:
+    """``(name, layer)`` of every BatchNorm in ``module``, trainable or frozen (Opacus' validator sees only the
+    trainable ones; a frozen one in training mode mixes examples all the same)."""
+    return [(name, m) for name, m in module.named_modules() if isinstance(m, _BATCH_STATISTICS)]
+
+
+def check_no_batch_statistics(layers: Sequence[tuple]) -> None:
+    """No BatchNorm normalises with batch statistics (training mode, or no running statistics to use instead)."""
+    for name, layer in layers:
+        if layer.training or layer.running_mean is None:
+            raise MisconfigurationException(
+                f"DP-SGD self-check: `{name}` ({type(layer).__name__}) normalises with the statistics of the whole "
+                "batch, so every example's gradient depends on the other examples and per-example clipping no longer "
+                "bounds one example's influence (the privacy accounting would be wrong). Frozen layers pass Opacus' "
+                "validator, and Lightning puts the whole model in training mode each epoch: keep it in eval mode "
+                "(e.g. `def on_train_epoch_start(self): self.backbone.eval()` with running statistics), or replace it "
+                "(GroupNorm)."
+            )

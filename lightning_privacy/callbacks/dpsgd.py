@@ -253,6 +253,7 @@ class DPSGD(Callback):
         self._hooks: Optional[GradSampleHooks] = None
         self._backward: Optional[PerExampleBackward] = None
         self._distributed = False
+        self._batch_statistics: List[tuple] = []
 
     @property
     @override
@@ -342,6 +343,7 @@ class DPSGD(Callback):
         if self._planned:
             self._plan(trainer)
         self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
+        self._batch_statistics = _dp_checks.batch_statistics_layers(pl_module)
         if self.grad_sample_mode == "ghost":
             self._hooks = GradSampleHooksFastGradientClipping(
                 pl_module, batch_first=True, loss_reduction=self.loss_reduction, max_grad_norm=self.max_grad_norm
@@ -409,6 +411,7 @@ class DPSGD(Callback):
             names.DP_SAMPLE_RATE: self.sample_rate,
             names.DP_DELTA: self.delta,
             names.DP_ACCOUNTANT: self.accountant_mechanism,
+            names.DP_GRAD_SAMPLE_MODE: self.grad_sample_mode,
         }
         if self.target_bayes_security is not None:
             settings[names.DP_TARGET_BAYES_SECURITY] = float(self.target_bayes_security)
@@ -427,6 +430,8 @@ class DPSGD(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._batch_statistics:  # every step: a module may switch modes at any time (Lightning does, per epoch)
+            _dp_checks.check_no_batch_statistics(self._batch_statistics)
         if self._backward is not None:
             self._backward.start_batch(empty=self.grad_sample_mode == "ghost" and is_empty_batch(batch))
 

@@ -151,3 +151,41 @@ def test_clipping_sample_size_must_be_a_positive_int_or_none():
     assert DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_sample_size=None).clipping_sample_size is None
     with pytest.raises(MisconfigurationException, match="`clipping_sample_size` must be an int >= 1, got 0"):
         DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_sample_size=0)
+
+
+def _frozen_batchnorm_module(keep_eval: bool):
+    """A frozen backbone with BatchNorm (passes Opacus' validator, which checks trainable layers) and a trainable head."""
+    import lightning.pytorch as pl
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU())
+            self.backbone.requires_grad_(False)
+            self.head = torch.nn.Linear(16, 2)
+
+        def on_train_epoch_start(self):
+            if keep_eval:
+                self.backbone.eval()  # running statistics: examples stay independent
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.head(self.backbone(x)), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.head.parameters(), lr=0.1)
+
+    return Module()
+
+
+def test_a_frozen_batchnorm_in_training_mode_is_caught(tmp_path):
+    module = _frozen_batchnorm_module(keep_eval=False)
+    with pytest.raises(MisconfigurationException, match=r"`backbone.1` \(BatchNorm1d\) normalises with the statistics"):
+        trainer([DPSGD(noise_multiplier=1.0)], tmp_path, max_epochs=1).fit(module, train_dataloaders=tiny_loader())
+
+
+def test_a_frozen_batchnorm_kept_in_eval_mode_trains(tmp_path):
+    module = _frozen_batchnorm_module(keep_eval=True)
+    dp = DPSGD(noise_multiplier=1.0)
+    trainer([dp], tmp_path, max_epochs=2).fit(module, train_dataloaders=tiny_loader())
+    assert dp.steps > 0
