@@ -12,7 +12,7 @@ covered by the DP guarantee.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -39,14 +39,11 @@ def _grad_sample(param: torch.Tensor) -> torch.Tensor:
     return sample
 
 
-def per_sample_norms(params: Sequence[torch.Tensor], rows: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Per-sample gradient norms over all ``params`` (as Opacus' ``DPOptimizer.clip_and_accumulate`` computes them),
-    for every example or only for the batch positions ``rows``."""
+def per_sample_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-sample gradient norms over all ``params`` (as Opacus' ``DPOptimizer.clip_and_accumulate`` computes them)."""
     samples = [_grad_sample(p) for p in params]
     if not samples or samples[0].shape[0] == 0:
         return torch.zeros(0, dtype=torch.float64, device=samples[0].device if samples else None)
-    if rows is not None:
-        samples = [g.index_select(0, rows.to(g.device)) for g in samples]
     # in the gradients' own dtype, as Opacus clips (a float64 copy of every per-sample gradient cost 25% of a step)
     per_param = [g.reshape(len(g), -1).norm(2, dim=-1).to(torch.float64) for g in samples]
     return torch.stack(per_param, dim=1).norm(2, dim=1)
@@ -157,31 +154,13 @@ def check_noise(
 
 
 class ClippingStats:
-    """Per-sample gradient norms of one epoch (opt-in telemetry; data-dependent, not covered by DP).
+    """Per-sample gradient norms of one epoch (opt-in telemetry; data-dependent, not covered by DP)."""
 
-    With ``sample_size`` k, each step records the norms of k batch positions drawn uniformly without replacement
-    (from a generator of its own, so training's random streams are untouched): one more pass over all per-sample
-    gradients costs ~4% of a step on the Adult MLP, a pass over k of them k/B of that. The epoch's clip fraction
-    and median are then estimates from k × steps examples (standard error ≤ 0.5/√(k·steps), < 1% from 107 steps
-    of k = 64). ``None`` records every example.
-    """
-
-    def __init__(self, sample_size: Optional[int] = None, seed: int = 0) -> None:
-        self.sample_size = sample_size
+    def __init__(self) -> None:
         self.norms: List[torch.Tensor] = []
-        self.seed = seed
-        # made at the first draw: a torch.Generator in the callback breaks ddp_spawn, which pickles the callbacks
-        # into the new processes (torch's shared-memory reduction cannot rebuild the generator's state tensor)
-        self._generator: Optional[torch.Generator] = None
 
     def update(self, params: Sequence[torch.Tensor]) -> None:
-        batch = _grad_sample(params[0]).shape[0] if params else 0
-        rows = None
-        if self.sample_size is not None and batch > self.sample_size:
-            if self._generator is None:
-                self._generator = torch.Generator().manual_seed(self.seed)
-            rows = torch.randperm(batch, generator=self._generator)[: self.sample_size]
-        self.add(per_sample_norms(params, rows))
+        self.add(per_sample_norms(params))
 
     def add(self, norms: torch.Tensor) -> None:
         """Record per-sample norms computed elsewhere (ghost clipping's)."""

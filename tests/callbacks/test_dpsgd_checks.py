@@ -91,7 +91,8 @@ def test_clipping_telemetry_matches_a_direct_computation(tmp_path):
     recorder = Recorder()
     recorder.norms = []
     c = 0.5
-    t = trainer([DPSGD(noise_multiplier=1.0, max_grad_norm=c, log_clipping=True), recorder], tmp_path, max_epochs=1)
+    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=c, log_clipping=True, clipping_every_n_steps=1)  # every step
+    t = trainer([dp, recorder], tmp_path, max_epochs=1)
     t.fit(tiny_module(), train_dataloaders=tiny_loader())
     norms = torch.tensor(recorder.norms, dtype=torch.float64)
     assert t.callback_metrics[names.DP_CLIP_FRACTION].item() == pytest.approx(float((norms > c).double().mean()))
@@ -117,8 +118,8 @@ def test_importing_the_package_leaves_the_matplotlib_backend_alone():
     assert out.stdout.strip() == "svg"
 
 
-def test_sampled_clipping_telemetry_records_k_examples_of_each_batch(tmp_path):
-    """clipping_sample_size=k: k distinct examples' norms per step, each equal to that example's direct norm."""
+def test_clipping_telemetry_every_n_steps_records_those_steps_exactly(tmp_path):
+    """clipping_every_n_steps=3: the norms of every example of steps 0, 3, 6, equal to their direct norms."""
 
     class Recorder(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -133,24 +134,21 @@ def test_sampled_clipping_telemetry_records_k_examples_of_each_batch(tmp_path):
     torch.manual_seed(0)
     recorder = Recorder()
     recorder.batches = []
-    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=0.5, log_clipping=True, clipping_sample_size=3)
-    sampled = []
+    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=0.5, log_clipping=True, clipping_every_n_steps=3)
+    recorded = []
     add = dp._clipping.add
-    dp._clipping.add = lambda norms: (sampled.append(norms.clone()), add(norms))
+    dp._clipping.add = lambda norms: (recorded.append(norms.clone()), add(norms))
     trainer([dp, recorder], tmp_path, max_epochs=1).fit(tiny_module(), train_dataloaders=tiny_loader())
-    assert len(sampled) == len(recorder.batches) > 0
-    for norms, direct in zip(sampled, recorder.batches):
-        assert len(norms) == min(3, len(direct))
-        matches = [min(range(len(direct)), key=lambda i: abs(direct[i] - n)) for n in norms.tolist()]
-        assert len(set(matches)) == len(matches)  # distinct examples
-        for n, i in zip(norms.tolist(), matches):
-            assert n == pytest.approx(direct[i], rel=1e-4)
+    steps = len(recorder.batches)
+    assert steps == dp.steps and len(recorded) == len(range(0, steps, 3)) > 1
+    for norms, direct in zip(recorded, recorder.batches[::3]):
+        assert norms.tolist() == pytest.approx(direct, rel=1e-4)
 
 
-def test_clipping_sample_size_must_be_a_positive_int_or_none():
-    assert DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_sample_size=None).clipping_sample_size is None
-    with pytest.raises(MisconfigurationException, match="`clipping_sample_size` must be an int >= 1, got 0"):
-        DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_sample_size=0)
+def test_clipping_every_n_steps_must_be_a_positive_int():
+    assert DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_every_n_steps=1).clipping_every_n_steps == 1
+    with pytest.raises(MisconfigurationException, match="`clipping_every_n_steps` must be an int >= 1, got 0"):
+        DPSGD(noise_multiplier=1.0, log_clipping=True, clipping_every_n_steps=0)
 
 
 def _frozen_batchnorm_module(keep_eval: bool):

@@ -93,7 +93,7 @@ def test_ghost_and_hooks_give_identical_clipped_and_noised_updates(arch):
 def test_clipping_telemetry_is_the_same_in_both_modes(tmp_path):
     results = []
     for mode in ("hooks", "ghost"):
-        t, *_ = _run(MLP, tabular64(), mode, log_clipping=True)
+        t, *_ = _run(MLP, tabular64(), mode, log_clipping=True, clipping_every_n_steps=1)  # every step in both
         results.append(
             (t.callback_metrics[names.DP_CLIP_FRACTION].item(), t.callback_metrics[names.DP_GRAD_NORM_MEDIAN].item())
         )
