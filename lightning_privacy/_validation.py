@@ -1,11 +1,10 @@
-"""Argument checks shared by every layer (numpy-free, torch-free): one home for the few shapes they take.
+"""Argument checks of the callbacks, the ledger and the commands (numpy-free, torch-free).
 
-Two message styles, both naming the argument, what is allowed and the value received; nothing is clamped:
-
-- ``check_*`` (callbacks, the ledger, commands): "`delta` must be a float in (0, 1), got 2.0". Callbacks pass
-  ``exc=MisconfigurationException`` (Lightning's convention); pure code keeps the default ``ValueError``.
-- ``expect_*`` (the pure ``analysis`` functions, torchmetrics' style): "Expected argument `alpha` to be in (0, 1),
-  but got 1.5." — ``TypeError`` for a wrong type, ``ValueError`` for a value out of range.
+Every message names the argument, what is allowed and the value received: "`delta` must be a float in (0, 1),
+got 2.0". Nothing is clamped. Callbacks pass ``exc=MisconfigurationException`` (Lightning's convention); pure code
+keeps the default ``ValueError``. The pure ``analysis`` layer has its own home for its checks, in torchmetrics'
+style ("Expected argument `alpha` to be in (0, 1), but got 1.5."): :mod:`lightning_privacy.analysis._checks`,
+which keeps that layer importable on its own (numpy/scipy only).
 
 Example:
     >>> check_positive("noise_multiplier", 1.5)
@@ -14,12 +13,6 @@ Example:
     Traceback (most recent call last):
     ...
     ValueError: `relation` must be one of ('replace', 'add_remove'), got 'swap'
-    >>> expect_real("alpha", 0.05, low=0.0, high=1.0, low_open=True, high_open=True)
-    0.05
-    >>> expect_count("num_guesses", 2.5)
-    Traceback (most recent call last):
-    ...
-    TypeError: Expected argument `num_guesses` to be a non-negative integer, but got 2.5.
 """
 
 from __future__ import annotations
@@ -34,9 +27,6 @@ __all__ = [
     "check_int",
     "check_open_unit",
     "check_positive",
-    "expect_choice",
-    "expect_count",
-    "expect_real",
 ]
 
 
@@ -86,51 +76,4 @@ def check_bool(name: str, value: Any, *, exc: Type[Exception] = ValueError) -> b
     """True or False (not a truthy stand-in)."""
     if not isinstance(value, bool):
         raise exc(f"`{name}` must be True or False, got {value!r}")
-    return value
-
-
-# ------------------------------------------------------------------------------ torchmetrics-style (analysis)
-def _is_real_like(value: Any) -> bool:
-    """A real number, numpy scalars included (they register as ``numbers.Real``), never a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
-
-
-def expect_real(
-    name: str,
-    value: Any,
-    *,
-    low: float = -math.inf,
-    high: float = math.inf,
-    low_open: bool = False,
-    high_open: bool = False,
-) -> float:
-    """A real number in the interval [low, high] (ends open as asked); NaN never passes, ±inf only as a closed end."""
-    if not _is_real_like(value):
-        raise TypeError(f"Expected argument `{name}` to be a real number, but got {value!r}.")
-    x = float(value)
-    ok = not math.isnan(x) and (x > low if low_open else x >= low) and (x < high if high_open else x <= high)
-    if not ok:
-        if math.isinf(low) and math.isinf(high):
-            raise ValueError(f"Expected argument `{name}` to be a real number, but got {value!r}.")
-        interval = ("(" if low_open else "[") + f"{low:g}, {high:g}" + (")" if high_open else "]")
-        raise ValueError(f"Expected argument `{name}` to be in {interval}, but got {value!r}.")
-    return x
-
-
-def expect_count(name: str, value: Any) -> int:
-    """A whole number ≥ 0 (a float such as 3.0 is accepted, 2.5 is not)."""
-    message = f"Expected argument `{name}` to be a non-negative integer, but got {value!r}."
-    if not _is_real_like(value):
-        raise TypeError(message)
-    if not isinstance(value, numbers.Integral) and not (math.isfinite(value) and value == int(value)):
-        raise TypeError(message)
-    if value < 0:
-        raise ValueError(message)
-    return int(value)
-
-
-def expect_choice(name: str, value: Any, allowed: Sequence[Any]) -> Any:
-    """One of ``allowed`` (compared with ``==`` after a hashability-safe membership test)."""
-    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
-        raise ValueError(f"Expected argument `{name}` to be one of {tuple(allowed)}, but got {value!r}.")
     return value

@@ -2,6 +2,8 @@
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,24 @@ def test_commands_import_no_callbacks():
         if name.startswith("lightning_privacy.callbacks")
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_analysis_stands_alone():
+    """analysis/ is numpy/scipy only: it imports nothing else from the package, and loading it loads no torch."""
+    wrong = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path, tree in _modules()
+        if _layer(path) == "analysis"
+        for name in _imports(tree)
+        if name.split(".")[0] in ("torch", "lightning", "opacus")
+        or (name.startswith("lightning_privacy") and not name.startswith("lightning_privacy.analysis"))
+    ]
+    assert not wrong, "\n".join(wrong)
+    modules = sorted(p.stem for p in (PACKAGE / "analysis").glob("*.py") if p.stem != "__init__")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module('lightning_privacy.analysis.' + m)\n"
+        "print(sorted(k for k in ('torch', 'lightning', 'opacus') if k in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -36,14 +36,13 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from typing import Any, Iterable, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from scipy import special
 
-from lightning_privacy._validation import expect_choice
+from ._checks import expect_choice, real_array
 
 __all__ = [
     "RELATIONS",
@@ -88,35 +87,12 @@ _SIGMA_DECIMALS = 4
 # --------------------------------------------------------------------------------------------------
 # validation
 # --------------------------------------------------------------------------------------------------
-def _real_array(name: str, value: Any) -> np.ndarray:
-    """``value`` as a float array of dim 0 or 1; TypeError/ValueError name ``name`` and the value."""
-    if isinstance(value, (bool, np.bool_)) or isinstance(value, (str, bytes)):
-        raise TypeError(f"Expected argument `{name}` to be a real number or a 1-D sequence of them, but got {value!r}.")
-    if isinstance(value, numbers.Real):
-        arr = np.asarray(float(value))
-    else:
-        try:
-            arr = np.asarray(value)
-        except Exception as exc:  # pragma: no cover - exotic inputs
-            raise TypeError(f"Expected argument `{name}` to be numeric, but got {value!r}.") from exc
-        if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(
-                f"Expected argument `{name}` to be a real number or a 1-D sequence of them, but got {value!r}."
-            )
-        arr = arr.astype(float)
-    if arr.ndim > 1:
-        raise ValueError(f"Expected argument `{name}` to be a scalar or 1-D, but got shape {arr.shape}: {value!r}.")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"Expected argument `{name}` to be finite (no NaN or inf), but got {value!r}.")
-    return arr
-
-
 def _check_relation(relation: Any) -> str:
     return expect_choice("relation", relation, RELATIONS)
 
 
 def _check_probability(name: str, value: Any, *, low_open: bool, high_open: bool) -> float:
-    arr = _real_array(name, value)
+    arr = real_array(name, value)
     if arr.ndim != 0:
         raise TypeError(f"Expected argument `{name}` to be a scalar, but got {value!r}.")
     x = float(arr)
@@ -131,7 +107,7 @@ def _check_probability(name: str, value: Any, *, low_open: bool, high_open: bool
 def _segments(sample_rate: Any, noise_multiplier: Any, steps: Any, *, integer_steps: bool = False):
     """Validate and broadcast a (possibly segmented) DP-SGD description to three 1-D arrays."""
     named = {"sample_rate": sample_rate, "noise_multiplier": noise_multiplier, "steps": steps}
-    arrays = {k: _real_array(k, v) for k, v in named.items()}
+    arrays = {k: real_array(k, v) for k, v in named.items()}
     lengths = {k: a.shape[0] for k, a in arrays.items() if a.ndim == 1}
     if len(set(lengths.values())) > 1:
         raise ValueError(
@@ -260,7 +236,7 @@ def mia_bayes_security(*, sample_rate: Any, noise_multiplier: Any, steps: Any, r
 def _check_grid(value_discretization_interval: Any) -> Optional[float]:
     if value_discretization_interval is None:
         return None
-    vdi = _real_array("value_discretization_interval", value_discretization_interval)
+    vdi = real_array("value_discretization_interval", value_discretization_interval)
     if vdi.ndim != 0 or not 0.0 < float(vdi) <= 1.0:
         raise ValueError(
             "Expected argument `value_discretization_interval` to be None or a scalar in (0, 1], but got "
@@ -278,7 +254,7 @@ def _composed_mia(
     grid = _check_grid(value_discretization_interval)
     if not np.any(t > 0):
         return None
-    from lightning_privacy.analysis.composition import ComposedPLD
+    from .composition import ComposedPLD
 
     return ComposedPLD(relation=relation, value_discretization_interval=grid).compose(
         sample_rate=p, noise_multiplier=sigma, steps=t
@@ -380,7 +356,7 @@ def mia_tradeoff_curve(
         >>> round(tpr_upper_bound(bayes_security=beta, fpr=0.001), 3)  # Proposition 9
         0.331
     """
-    alpha = _real_array("fpr", fpr)
+    alpha = real_array("fpr", fpr)
     if np.any((alpha < 0.0) | (alpha > 1.0)):
         raise ValueError(f"Expected argument `fpr` to be in [0, 1], but got {fpr!r}.")
     pld = _composed_mia(sample_rate, noise_multiplier, steps, relation, value_discretization_interval)
@@ -391,11 +367,11 @@ def mia_tradeoff_curve(
 
 def _ai_arguments(sample_rate: Any, noise_multiplier: Any, max_grad_norm: Any, sensitivities: Any, steps: Any):
     """Validated (p, σ, R, counts, C) of the attribute-inference functions, or None for no entries."""
-    c = _real_array("max_grad_norm", max_grad_norm)
+    c = real_array("max_grad_norm", max_grad_norm)
     if c.ndim != 0 or not float(c) > 0.0:
         raise ValueError(f"Expected argument `max_grad_norm` to be a scalar > 0, but got {max_grad_norm!r}.")
     c = float(c)
-    r = _real_array("sensitivities", sensitivities)
+    r = real_array("sensitivities", sensitivities)
     if r.ndim != 1:
         raise ValueError(
             f"Expected argument `sensitivities` to be a 1-D sequence (one R_t per step), but got {sensitivities!r}."
@@ -405,13 +381,13 @@ def _ai_arguments(sample_rate: Any, noise_multiplier: Any, max_grad_norm: Any, s
     if steps is None:
         counts = np.ones_like(r)
     else:
-        counts = _real_array("steps", steps)
+        counts = real_array("steps", steps)
         if counts.ndim != 1 or counts.shape != r.shape:
             raise ValueError(
                 f"Expected argument `steps` to have one entry per sensitivity ({r.shape[0]}), but got {steps!r}."
             )
     for name, value in (("sample_rate", sample_rate), ("noise_multiplier", noise_multiplier)):
-        arr = _real_array(name, value)
+        arr = real_array(name, value)
         if arr.ndim == 1 and arr.shape != r.shape:
             raise ValueError(
                 f"Expected argument `{name}` to be a scalar or have one entry per sensitivity ({r.shape[0]}), "
@@ -485,7 +461,7 @@ def ai_bayes_security(
 
 
 def _check_levels(levels: Any) -> np.ndarray:
-    arr = _real_array("levels", levels)
+    arr = real_array("levels", levels)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"Expected argument `levels` to be a non-empty 1-D sequence, but got {levels!r}.")
     if not (np.all(np.diff(arr) > 0.0) and arr[0] >= MIN_SENSITIVITY_LEVEL and arr[-1] == 1.0):
@@ -631,7 +607,7 @@ def ai_bayes_security_exact(
             groups[key] = groups.get(key, 0) + int(round(count))
     if not groups:
         return 1.0
-    from lightning_privacy.analysis.composition import ComposedPLD, default_value_discretization_interval
+    from .composition import ComposedPLD, default_value_discretization_interval
 
     keys = sorted(groups)
     if interval is None:
@@ -715,7 +691,7 @@ def noise_multiplier_for(*, target: float, sample_rate: float, steps: float, rel
     relation = _check_relation(relation)
     target = _check_probability("target", target, low_open=True, high_open=True)
     for name, value in (("sample_rate", sample_rate), ("steps", steps)):
-        if _real_array(name, value).ndim != 0:
+        if real_array(name, value).ndim != 0:
             raise TypeError(f"Expected argument `{name}` to be a scalar, but got {value!r}.")
     p, _, t = _segments(sample_rate, 1.0, steps)
     if not float(t[0]) > 0.0:

@@ -62,7 +62,7 @@ import numpy as np
 from scipy import fft as sp_fft
 from scipy import optimize, special
 
-from lightning_privacy._validation import expect_choice, expect_real
+from ._checks import expect_choice, expect_real, real_array
 
 __all__ = ["ComposedPLD", "LOSS_CAP", "default_value_discretization_interval"]
 
@@ -150,26 +150,7 @@ def _segment_arrays(sample_rate: Any, noise_multiplier: Any, steps: Any, sensiti
         "steps": steps,
         "sensitivity": sensitivity,
     }
-    arrays = {}
-    for name, value in named.items():
-        if isinstance(value, (bool, np.bool_, str, bytes)) or value is None:
-            raise TypeError(
-                f"Expected argument `{name}` to be a real number or a 1-D sequence of them, but got {value!r}."
-            )
-        try:
-            arr = np.asarray(value)
-        except Exception as exc:  # pragma: no cover - exotic inputs
-            raise TypeError(f"Expected argument `{name}` to be numeric, but got {value!r}.") from exc
-        if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
-            raise TypeError(
-                f"Expected argument `{name}` to be a real number or a 1-D sequence of them, but got {value!r}."
-            )
-        if arr.ndim > 1:
-            raise ValueError(f"Expected argument `{name}` to be a scalar or 1-D, but got shape {arr.shape}: {value!r}.")
-        arr = arr.astype(float)
-        if not np.all(np.isfinite(arr)):
-            raise ValueError(f"Expected argument `{name}` to be finite (no NaN or inf), but got {value!r}.")
-        arrays[name] = arr
+    arrays = {name: real_array(name, value) for name, value in named.items()}
     lengths = {k: a.shape[0] for k, a in arrays.items() if a.ndim == 1}
     if len(set(lengths.values())) > 1:
         raise ValueError(

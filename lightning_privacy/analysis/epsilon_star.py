@@ -38,7 +38,7 @@ from typing import Any, Optional
 import numpy as np
 from scipy import optimize, stats
 
-from lightning_privacy._validation import expect_choice
+from ._checks import expect_choice
 
 __all__ = [
     "EMPIRICAL_RATE_RANGE",

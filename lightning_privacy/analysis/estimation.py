@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-from lightning_privacy._validation import expect_choice, expect_count, expect_real
+from ._checks import expect_choice, expect_count, expect_real
 
 __all__ = [
     "EpsilonLowerBound",

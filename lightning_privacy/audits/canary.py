@@ -27,7 +27,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 
 from lightning_privacy import names
-from lightning_privacy._validation import expect_choice, expect_real
+from lightning_privacy.analysis._checks import expect_choice, expect_real
 from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
 from lightning_privacy.audits._common import AuditResult, jsonable
 
