@@ -11,6 +11,7 @@ from opacus.accountants.utils import get_noise_multiplier
 
 from lightning_privacy.analysis import bayes_security as bs
 from lightning_privacy.cli import build_parser, main
+from tests.test_ledger import dp_accounting_betas
 
 
 def run_json(capsys, *argv):
@@ -23,21 +24,9 @@ def test_plan_is_discovered():
     assert args.target == 0.9 and args.steps == 10
 
 
-def _dp_accounting_beta(*, sample_rate, noise_multiplier, steps, pessimistic, grid=1e-4):
+def _dp_accounting_beta(*, sample_rate, noise_multiplier, steps, pessimistic):
     """1 − δ(ε=0) of the composed mechanism straight from dp_accounting (the independent reference)."""
-    from dp_accounting import NeighboringRelation
-    from dp_accounting.pld import privacy_loss_distribution as pld_lib
-
-    pld = pld_lib.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier,
-        sensitivity=1.0,
-        sampling_prob=sample_rate,
-        value_discretization_interval=grid,
-        pessimistic_estimate=pessimistic,
-        use_connect_dots=pessimistic,
-        neighboring_relation=NeighboringRelation.REPLACE_ONE,
-    ).self_compose(steps)
-    return 1.0 - pld.get_delta_for_epsilon(0.0)
+    return dp_accounting_betas([(noise_multiplier, sample_rate, steps)], pessimistic=pessimistic)[-1]
 
 
 def test_purchase_paper_plan(capsys):
