@@ -34,6 +34,33 @@ def find_dpsgd(trainer: pl.Trainer) -> Optional[Any]:
     return found[0] if found else None
 
 
+def run_ledger(
+    trainer: pl.Trainer,
+    *,
+    accountant: Optional[IAccountant] = None,
+    relation: str = "replace",
+    delta: Optional[float] = None,
+) -> Any:
+    """The run's :class:`~lightning_privacy.ledger.PrivacyLedger` for a reader (the monitor, the budget stopper).
+
+    DPSGD's own ledger when it records this accountant with this relation and δ (``None``: DPSGD's); otherwise —
+    a user's own ``make_private``, another relation or δ — a new ledger over the same accountant.
+    """
+    from lightning_privacy.ledger import PrivacyLedger
+
+    dpsgd = find_dpsgd(trainer)
+    found = find_accountant(trainer, accountant)
+    if (
+        dpsgd is not None
+        and dpsgd.accountant is found
+        and dpsgd.ledger.relation == relation
+        and delta in (None, dpsgd.ledger.delta)
+    ):
+        return dpsgd.ledger
+    delta = delta or (dpsgd.delta if dpsgd is not None else 1e-5)
+    return PrivacyLedger(accountant=found, delta=delta, relation=relation)
+
+
 def find_accountant(trainer: pl.Trainer, accountant: Optional[IAccountant] = None) -> IAccountant:
     """The accountant that records the DP-SGD steps of this training run.
 

@@ -17,7 +17,7 @@ from lightning_privacy._validation import check_choice, check_open_unit
 from lightning_privacy.analysis import bayes_security as bs
 from lightning_privacy.callbacks._audit_utils import log_figure
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
-from lightning_privacy.callbacks._opacus import dp_optimizers, find_accountant, find_dpsgd
+from lightning_privacy.callbacks._opacus import dp_optimizers, find_dpsgd, run_ledger
 from lightning_privacy.callbacks._plots import bayes_security_figure
 from lightning_privacy.ledger import PrivacyLedger
 
@@ -118,13 +118,7 @@ class BayesSecurityMonitor(Callback):
     # ------------------------------------------------------------------------------ the ledger
     def _ledger(self, trainer: pl.Trainer) -> PrivacyLedger:
         if self.ledger is None:
-            dpsgd = find_dpsgd(trainer)
-            accountant = find_accountant(trainer, self.accountant)
-            if dpsgd is not None and dpsgd.accountant is accountant and dpsgd.ledger.relation == self.relation:
-                self.ledger = dpsgd.ledger
-            else:  # a user's own make_private, or another relation: a ledger over the same accountant
-                delta = self.delta or (dpsgd.delta if dpsgd is not None else 1e-5)
-                self.ledger = PrivacyLedger(accountant=accountant, delta=delta, relation=self.relation)
+            self.ledger = run_ledger(trainer, accountant=self.accountant, relation=self.relation, delta=self.delta)
         return self.ledger
 
     def compute(self, trainer: pl.Trainer) -> Dict[str, float]:

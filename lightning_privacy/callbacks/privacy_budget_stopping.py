@@ -12,7 +12,7 @@ from opacus.accountants import IAccountant
 from typing_extensions import override
 
 from lightning_privacy._validation import check_choice, check_open_unit, check_positive
-from lightning_privacy.callbacks._opacus import find_accountant, find_dpsgd, next_step_mechanism
+from lightning_privacy.callbacks._opacus import next_step_mechanism, run_ledger
 from lightning_privacy.ledger import PrivacyLedger
 
 THREATS = ("mia", "ai")
@@ -111,18 +111,7 @@ class PrivacyBudgetStopping(Callback):
     def ledger(self, trainer: pl.Trainer) -> PrivacyLedger:
         """The ledger the decisions are made on (DPSGD's, or one over the accountant of a user's make_private)."""
         if self._ledger is None:
-            dpsgd = find_dpsgd(trainer)
-            accountant = find_accountant(trainer, self.accountant)
-            delta = self.delta or (dpsgd.delta if dpsgd is not None else 1e-5)
-            if (
-                dpsgd is not None
-                and dpsgd.accountant is accountant
-                and dpsgd.ledger.relation == self.relation
-                and dpsgd.ledger.delta == delta
-            ):
-                self._ledger = dpsgd.ledger
-            else:
-                self._ledger = PrivacyLedger(accountant=accountant, delta=delta, relation=self.relation)
+            self._ledger = run_ledger(trainer, accountant=self.accountant, relation=self.relation, delta=self.delta)
         return self._ledger
 
     def bayes_security_after_next_step(self, trainer: pl.Trainer) -> float:
