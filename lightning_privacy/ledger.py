@@ -136,15 +136,19 @@ class PrivacyLedger:
             return 0.0
         delta = self.delta if delta is None else delta
         if type(self.accountant) is RDPAccountant:
-            return self._rdp_epsilon(delta)
+            return self._rdp_epsilon(self.accountant.history, delta)
         return float(self.accountant.get_epsilon(delta=delta))
 
-    def _rdp_epsilon(self, delta: float) -> float:
+    def _rdp_epsilon(self, history: Sequence[Segment], delta: float) -> float:
+        """Opacus' RDP ε of ``history`` at ``delta`` from the cached per-step curves (0 without steps)."""
         from opacus.accountants.analysis import rdp as rdp_analysis
 
-        orders = self.accountant.DEFAULT_ALPHAS
+        history = [(s, p, t) for s, p, t in history if t > 0]  # a zero-step segment adds nothing (inf·0 would)
+        if not history:
+            return 0.0
+        orders = RDPAccountant.DEFAULT_ALPHAS
         curves = []
-        for sigma, rate, steps in self.accountant.history:
+        for sigma, rate, steps in history:
             per_step = self._rdp_cache.get((sigma, rate))
             if per_step is None:
                 per_step = rdp_analysis.compute_rdp(q=rate, noise_multiplier=sigma, steps=1, orders=orders)
@@ -215,7 +219,10 @@ class PrivacyLedger:
 
     def epsilon_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> float:
         """The accountant's ε at the ledger's δ if ``steps`` more steps at (σ, p) were taken."""
-        return _epsilon_of(self.mechanism, self.history + [(noise_multiplier, sample_rate, steps)], self.delta)
+        history = self.history + [(noise_multiplier, sample_rate, steps)]
+        if self.mechanism == "rdp":  # the stopper's bisection asks many times: reuse the cached RDP curves
+            return self._rdp_epsilon(history, self.delta)
+        return _epsilon_of(self.mechanism, history, self.delta)
 
     def steps_within(
         self,

@@ -193,3 +193,14 @@ def test_rdp_epsilon_is_opacus_get_epsilon_exactly(history):
         reference.history.append((sigma, rate, steps))
         for delta in (1e-5, 1e-3):
             assert ledger.epsilon(delta) == reference.get_epsilon(delta=delta)
+
+
+def test_rdp_epsilon_after_is_a_fresh_opacus_accountant_exactly():
+    """epsilon_after (the stopper's bisection) reuses the cached curves and still gives Opacus' number."""
+    ledger = PrivacyLedger(accountant="rdp")
+    for _ in range(30):
+        ledger.step(noise_multiplier=1.1, sample_rate=0.02)
+    for steps in (0, 1, 57):
+        reference = RDPAccountant()
+        reference.history = [(1.1, 0.02, 30)] + ([(0.9, 0.03, steps)] if steps else [])
+        assert ledger.epsilon_after(steps, noise_multiplier=0.9, sample_rate=0.03) == reference.get_epsilon(1e-5)
