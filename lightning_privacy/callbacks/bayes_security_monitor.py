@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import lightning.pytorch as pl
 import numpy as np
@@ -113,6 +113,7 @@ class BayesSecurityMonitor(Callback):
         self.accountant = accountant
         self.epochs: List[Dict[str, Any]] = []
         self.ledger: Optional[PrivacyLedger] = None
+        self._computed: Optional[Tuple[int, Dict[str, float]]] = None  # (steps, values) of the last compute
         self._warned = False
 
     # ------------------------------------------------------------------------------ the ledger
@@ -122,11 +123,16 @@ class BayesSecurityMonitor(Callback):
         return self.ledger
 
     def compute(self, trainer: pl.Trainer) -> Dict[str, float]:
-        """All logged values for the history so far (empty before the first step)."""
+        """All logged values for the history so far (empty before the first step).
+
+        Computed once per step count: the fit-end summary after the last epoch re-uses that epoch's values.
+        """
         ledger = self._ledger(trainer)
         history = ledger.history
         if not history:
             return {}
+        if self._computed is not None and self._computed[0] == ledger.steps:
+            return dict(self._computed[1])
         safe = ledger.bayes_security()
         closed = ledger.bayes_security_closed_form()
         if closed > safe + 1e-9 and not self._warned:
@@ -149,12 +155,13 @@ class BayesSecurityMonitor(Callback):
         values[names.DP_SAMPLE_RATE] = rate
         values[names.DP_STEPS] = float(ledger.steps)
         values[names.DP_EPSILON] = ledger.epsilon(self.delta)
+        self._computed = (ledger.steps, dict(values))
         return values
 
     # ------------------------------------------------------------------------------ hooks
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.ledger = None
+        self.ledger, self._computed = None, None
         self._ledger(trainer)  # fail early, with a clear message, if training is not private
         if find_dpsgd(trainer) is None:  # a user's own make_private: the HPARAMS session is written here
             optimizers = dp_optimizers(trainer)
