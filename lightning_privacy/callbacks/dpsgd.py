@@ -93,11 +93,11 @@ class DPSGD(Callback):
     per-sample gradients; the optimizer is wrapped in a ``DPOptimizer`` that clips each to
     ``max_grad_norm`` and adds Gaussian noise of standard deviation ``noise_multiplier · max_grad_norm``.
 
-    The noise is given directly, or planned: ``target_bayes_security`` + ``epochs`` picks σ from the
-    closed form (Cherubin et al. 2024, Eq. 4; see
-    :func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for`), raised where needed so
-    that the exact PLD Bayes security after ``epochs`` epochs also meets the target
-    (:func:`~lightning_privacy.analysis.bayes_security.noise_multiplier_for_exact`).
+    The noise is given directly, or planned by :meth:`~lightning_privacy.ledger.PrivacyLedger.calibrate`:
+    ``target_bayes_security`` + ``epochs`` gives the smallest σ (to 1e-4, rounded up) whose safe β*_MIA, composed
+    one epoch at a time as the monitor composes it, meets the target after ``epochs`` epochs (the search starts
+    from the closed form, Cherubin et al. 2024, Eq. 4); ``target_epsilon`` + ``epochs`` the smallest σ whose
+    accountant ε at ``delta`` stays within it.
 
     Per-sample gradients (``grad_sample_mode``): ``"hooks"`` (default) stores every example's gradient (Opacus'
     hooks; memory grows with batch size × parameters); ``"ghost"`` uses Opacus' fast gradient clipping with ghost
