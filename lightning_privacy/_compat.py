@@ -11,6 +11,7 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | ``SummaryWriter._get_file_writer()`` | one HPARAMS session with the privacy settings | ``tests/callbacks/test_tensorboard_view.py`` |
 | ``nn.Module._forward_hooks`` and the other hook dicts | a hook-free copy of a model (PANORAMIA's helper) | ``tests/functional/test_panoramia_pipeline.py::test_fresh_copy_and_losses`` |
 | SDV's ``BaseSynthesizer._set_random_state`` | seeding the first ``sample()`` of an SDV synthesizer | ``tests/generators/test_sdv_adapter.py`` (same seed, same rows; skipped without the ``sdv`` extra) |
+| ``DDPStrategy._start_method`` | refusing ``ddp_spawn``/``ddp_fork`` (the main process keeps untrained callbacks) | ``tests/callbacks/test_strategies.py::test_ddp_start_method_is_read_from_lightning`` |
 | ``param._norm_sample`` (Opacus fast gradient clipping) | ghost clipping's per-parameter norms: reset before and checked after every first backward pass | ``tests/callbacks/test_dpsgd_ghost.py::test_norm_sample_attribute_fails_loudly_if_opacus_renames_it`` |
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "PoissonDataSource",
     "accountant_from_step_hook",
     "clear_norm_sample",
+    "ddp_start_method",
     "install_train_loader_transform",
     "norm_sample",
     "original_train_loader",
@@ -100,6 +102,20 @@ def original_train_loader(trainer: pl.Trainer, *, before: Optional[str] = None) 
 def uses_distributed_sampler(trainer: pl.Trainer) -> bool:
     """``Trainer(use_distributed_sampler=...)``; Lightning keeps it only on the private accelerator connector."""
     return bool(getattr(trainer._accelerator_connector, "use_distributed_sampler", True))
+
+
+def ddp_start_method(strategy: Any) -> str:
+    """How a ``DDPStrategy`` starts its processes: ``"popen"`` (a script, torchrun, SLURM) or spawn/fork/forkserver.
+
+    Lightning keeps it only as the private ``_start_method`` (``strategy="ddp_spawn"`` sets ``"spawn"``).
+    """
+    method = getattr(strategy, "_start_method", None)
+    if not isinstance(method, str):
+        raise RuntimeError(
+            f"lightning_privacy could not read how {type(strategy).__name__} starts its processes (_start_method); "
+            f"this Lightning version ({pl.__version__}) is not supported by DPSGD under DDP."
+        )
+    return method
 
 
 # --- Opacus: the accountant behind a DPOptimizer's step hook ---------------------------------------------------------

@@ -12,7 +12,7 @@ covered by the DP guarantee.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -23,13 +23,17 @@ __all__ = [
     "check_clipping",
     "check_ghost_norm",
     "check_noise",
+    "NoiseCheck",
     "check_per_sample_gradients",
+    "noise_readback",
     "per_sample_norms",
 ]
 
-# A noise standard deviation is accepted when it is within this many standard errors (of a sample standard
-# deviation over n coordinates, ≈ σ/√(2n)) of σ·C, and within a factor of two in any case.
-NOISE_TOLERANCE_SE = 8.0
+# The noise check is a two-sided χ² test of the noise's variance at this false-alarm rate per fit; it waits for this
+# many noise coordinates (over as many steps as that takes) so that noise off by a factor of two in standard deviation
+# is missed with probability < 1e-12 (at 256 coordinates: 7.8e-16 for half the noise, 1.5e-13 for double).
+NOISE_FALSE_ALARM = 1e-9
+NOISE_MIN_COORDINATES = 256
 
 
 def _grad_sample(param: torch.Tensor) -> torch.Tensor:
@@ -117,6 +121,78 @@ def check_ghost_norm(losses: torch.Tensor, params: Sequence[torch.Tensor], norms
         )
 
 
+def noise_readback(
+    params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float
+) -> Tuple[float, int, float]:
+    """``(Σ noise², coordinates, Σ summed²)`` of the noise read back as ``p.grad · scale − summed`` (float64).
+
+    Runs in the optimizer's step hook, after Opacus' noise → scale; ``scale`` undoes the mean reduction and
+    ``summed_before_noise`` is what the noise was added to.
+    """
+    noise_sq, count, total_sq = 0.0, 0, 0.0
+    for param, summed in zip(params, summed_before_noise):
+        summed = summed.to(torch.float64)
+        noise = param.grad.to(torch.float64).reshape(summed.shape) * scale - summed
+        noise_sq += float(noise.pow(2).sum())
+        count += noise.numel()
+        total_sq += float(summed.pow(2).sum())
+    return noise_sq, count, total_sq
+
+
+class NoiseCheck:
+    """The noise added has standard deviation σ·C: a χ² test over the noise of as many steps as it needs.
+
+    ``add`` records one step's noise (:func:`noise_readback`); once :data:`NOISE_MIN_COORDINATES` coordinates are in
+    (or at fit end, with fewer), :meth:`check` tests ``Σ noise² / (σC)² ~ χ²(n)`` two-sided at
+    :data:`NOISE_FALSE_ALARM`. The noise is read back in the parameters' precision: the bounds on the standard
+    deviation are widened by 16 machine epsilons of the gradients' and the noise's scale.
+    """
+
+    def __init__(self, *, max_grad_norm: float, noise_multiplier: float) -> None:
+        self.expected_std = float(noise_multiplier) * float(max_grad_norm)
+        self.noise_sq, self.count, self.total_sq, self.eps, self.steps = 0.0, 0, 0.0, 0.0, 0
+        self.done = False
+
+    @property
+    def ready(self) -> bool:
+        return self.count >= NOISE_MIN_COORDINATES
+
+    def add(self, params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float) -> None:
+        noise_sq, count, total_sq = noise_readback(params, summed_before_noise, scale=scale)
+        self.noise_sq, self.count, self.total_sq = (
+            self.noise_sq + noise_sq,
+            self.count + count,
+            self.total_sq + total_sq,
+        )
+        self.eps = max([self.eps] + [torch.finfo(p.dtype).eps for p in params if p.dtype.is_floating_point])
+        self.steps += 1
+
+    def bounds(self) -> Tuple[float, float]:
+        """The accepted range of the noise's standard deviation over the coordinates recorded so far."""
+        from scipy.stats import chi2
+
+        n = max(1, self.count)
+        rounding = 16 * self.eps * (math.sqrt(self.total_sq / n) + self.expected_std)
+        low = self.expected_std * math.sqrt(chi2.ppf(NOISE_FALSE_ALARM / 2, n) / n) - rounding
+        high = self.expected_std * math.sqrt(chi2.isf(NOISE_FALSE_ALARM / 2, n) / n) + rounding
+        return low, high
+
+    def check(self) -> None:
+        """Test the noise recorded so far (once); raises ``MisconfigurationException`` when it is off."""
+        if self.done or self.count == 0:
+            return
+        self.done = True
+        std = math.sqrt(self.noise_sq / self.count)
+        low, high = self.bounds()
+        if not low <= std <= high:
+            raise MisconfigurationException(
+                f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
+                f"{self.count} coordinates ({self.steps} steps), but noise_multiplier × max_grad_norm = "
+                f"{self.expected_std:.4g} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
+                f"rate {NOISE_FALSE_ALARM:g}); the gradients are not noised as configured."
+            )
+
+
 def check_noise(
     params: Sequence[torch.Tensor],
     summed_before_noise: Sequence[torch.Tensor],
@@ -125,32 +201,10 @@ def check_noise(
     noise_multiplier: float,
     scale: float,
 ) -> None:
-    """The noise added has standard deviation σ·C: ``p.grad · scale − summed`` over all coordinates.
-
-    Runs in the optimizer's step hook, after Opacus' noise → scale; ``scale`` undoes the mean reduction and
-    ``summed_before_noise`` is what the noise was added to.
-    """
-    noise_sq, noise_count, total_sq = 0.0, 0, 0.0
-    for param, summed in zip(params, summed_before_noise):
-        summed = summed.to(torch.float64)
-        noise = param.grad.to(torch.float64).reshape(summed.shape) * scale - summed
-        noise_sq += float(noise.pow(2).sum())
-        noise_count += noise.numel()
-        total_sq += float(summed.pow(2).sum())
-    expected_std = noise_multiplier * max_grad_norm
-    std = math.sqrt(noise_sq / max(1, noise_count))
-    slack = NOISE_TOLERANCE_SE / math.sqrt(2 * max(1, noise_count))
-    # The noise is read back as grad·scale − summed_grad, in the parameters' precision: allow its rounding error.
-    eps = max(torch.finfo(p.dtype).eps if p.dtype.is_floating_point else 0.0 for p in params)
-    rounding = 16 * eps * (math.sqrt(total_sq / max(1, noise_count)) + expected_std)
-    low = expected_std * max(0.5, 1 - slack) - rounding
-    high = expected_std * min(2.0, 1 + slack) + rounding
-    if not low <= std <= high:
-        raise MisconfigurationException(
-            f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
-            f"{noise_count} coordinates, but noise_multiplier × max_grad_norm = {expected_std:.4g}; the gradients "
-            "are not noised as configured."
-        )
+    """One step's noise tested on its own (:class:`NoiseCheck` with a single step)."""
+    check = NoiseCheck(max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier)
+    check.add(params, summed_before_noise, scale=scale)
+    check.check()
 
 
 class ClippingStats:

@@ -1,8 +1,10 @@
-"""Poisson sampling for Lightning's train loader.
+"""Poisson sampling for Lightning's train loader, on every strategy.
 
 Lightning has no public hook to replace the train dataloader whichever way it is supplied, so the swap
 itself goes through :func:`lightning_privacy._compat.install_train_loader_transform` (the private-API
-module, with the test that guards it); here the user's loader becomes Opacus' ``DPDataLoader``.
+module, with the test that guards it); here the user's loader becomes a
+:class:`~lightning_privacy.sampling.PoissonDataLoader` over the whole training set, of which this rank takes its
+share (:mod:`lightning_privacy.sampling` holds the sampling itself and its guarantees).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import functools
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader
 
 from lightning_privacy import _compat
+from lightning_privacy.sampling import PoissonBatchSampler, PoissonDataLoader, replaced_sampler_name
 
 
 def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
@@ -23,21 +27,53 @@ def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
     _compat.install_train_loader_transform(trainer, functools.partial(make_poisson_loader, trainer, callback))
 
 
-def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any) -> DPDataLoader:
-    """Convert one train loader; records (and checks) ``callback.sample_rate``."""
-    if isinstance(loader, DPDataLoader):
-        dp_loader = loader
-    elif isinstance(loader, DataLoader):
-        dp_loader = DPDataLoader.from_data_loader(loader, distributed=trainer.world_size > 1)
-    else:
+def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn: bool = True) -> PoissonDataLoader:
+    """Convert one train loader; records (and checks) ``callback.sample_rate``.
+
+    The sample rate is ``1 / len(loader)`` (the expected batch is the loader's batch size, as Opacus'
+    ``make_private``), or an Opacus ``DPDataLoader``'s own rate; an epoch has ``len(loader)`` steps.
+    """
+    if isinstance(loader, PoissonDataLoader):
+        return loader
+    if not isinstance(loader, DataLoader):
         raise MisconfigurationException(
             f"DPSGD needs a single torch DataLoader for training, got {type(loader).__name__}. Several train "
             "loaders (lists/dicts/CombinedLoader) cannot be Poisson-sampled as one dataset."
         )
-    if callback.sample_rate is not None and abs(dp_loader.sample_rate - callback.sample_rate) > 1e-12:
+    try:
+        steps = len(loader)
+    except TypeError as err:
+        raise MisconfigurationException(
+            f"DPSGD needs a train loader with a length (a map-style dataset), got one over "
+            f"{type(loader.dataset).__name__}: {err}"
+        ) from err
+    if isinstance(loader, DPDataLoader):
+        sample_rate, replaced = float(loader.sample_rate), "Opacus' DPDataLoader sampler"
+    else:
+        sample_rate, replaced = 1.0 / steps, replaced_sampler_name(loader)
+    if warn and replaced is not None:
+        rank_zero_warn(
+            f"DPSGD replaces the train loader's {replaced} by its own Poisson sampling (each row of the whole "
+            f"training set joins each step's batch independently with probability {sample_rate:.4g}), which the "
+            "privacy accounting assumes; the custom sampler is not used."
+        )
+    if callback.sample_rate is not None and abs(sample_rate - callback.sample_rate) > 1e-12:
         raise MisconfigurationException(
             f"The train loader changed its length between reloads (sample rate {callback.sample_rate:.6g} -> "
-            f"{dp_loader.sample_rate:.6g}); DPSGD keeps one sample rate per run."
+            f"{sample_rate:.6g}); DPSGD keeps one sample rate per run."
         )
-    callback.sample_rate = float(dp_loader.sample_rate)
-    return dp_loader
+    callback.sample_rate = sample_rate
+    sampler = PoissonBatchSampler(
+        num_samples=len(loader.dataset),
+        sample_rate=sample_rate,
+        steps=steps,
+        seed=callback.sampling.seed,
+        rank=callback.sampling.rank,
+        world_size=callback.sampling.world_size,
+        start_step=lambda: callback.ledger.steps,
+        secure=callback.secure_mode,
+    )
+    try:
+        return PoissonDataLoader(loader, sampler)
+    except ValueError as err:
+        raise MisconfigurationException(f"DPSGD cannot Poisson-sample this train loader: {err}") from err

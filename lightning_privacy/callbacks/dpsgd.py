@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
-from opacus.optimizers import DistributedDPOptimizer, DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from typing_extensions import override
 
 from lightning_privacy import _compat, names
 from lightning_privacy._validation import check_bool, check_choice, check_int, check_open_unit, check_positive
-from lightning_privacy.callbacks import _dp_checks
+from lightning_privacy.callbacks import _dp_checks, _strategies
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._backward import PerExampleBackward, is_empty_batch
 from lightning_privacy.callbacks._fix_modules import fix_modules_in_place
@@ -32,53 +32,6 @@ SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives cl
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 
 
-class _BeforeNoiseHooks:
-    """Mixin for Opacus' DP optimizers: run DPSGD's check and the registered hooks on the clipped sum, then noise."""
-
-    before_noise_hooks: List[Callable[[DPOptimizer], None]]
-    check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None  # True: keep the sum for the noise check
-    summed_before_noise: Optional[List[torch.Tensor]] = None
-
-    def add_noise(self) -> None:
-        keep = self.check_before_noise(self) if self.check_before_noise is not None else False
-        for hook in self.before_noise_hooks:
-            hook(self)
-        self.summed_before_noise = [p.summed_grad.detach().clone() for p in self.params] if keep else None
-        super().add_noise()
-
-
-class _ClipInParameterPrecision:
-    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype.
-
-    Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
-    their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
-    Upcast first: clipping is then exact for the per-sample gradients as computed, and sum and noise are full width.
-    """
-
-    params: List[torch.Tensor]
-
-    def clip_and_accumulate(self) -> None:
-        for p in self.params:
-            sample = getattr(p, "grad_sample", None)
-            if isinstance(sample, torch.Tensor) and sample.dtype != p.dtype:
-                p.grad_sample = sample.to(p.dtype)
-            elif isinstance(sample, list):
-                p.grad_sample = [g.to(p.dtype) for g in sample]
-        super().clip_and_accumulate()
-
-
-class _DPOptimizer(_BeforeNoiseHooks, _ClipInParameterPrecision, DPOptimizer):
-    pass
-
-
-class _DistributedDPOptimizer(_BeforeNoiseHooks, _ClipInParameterPrecision, DistributedDPOptimizer):
-    pass
-
-
-class _GhostDPOptimizer(_BeforeNoiseHooks, DPOptimizerFastGradientClipping):
-    pass
-
-
 def _positive(name: str, value: Any) -> float:
     return check_positive(name, value, exc=MisconfigurationException)
 
@@ -89,7 +42,9 @@ class DPSGD(Callback):
     Added to ``Trainer(callbacks=[...])``, it makes the run differentially private without changing
     the module: the train loader — from a datamodule, the module's ``train_dataloader`` hook or
     ``fit(train_dataloaders=...)`` — is replaced by a Poisson-sampling loader with the same expected
-    batch size (sample rate ``p = 1 / len(loader)``, as Opacus' ``make_private``); Opacus hooks compute
+    batch size (sample rate ``p = 1 / len(loader)``, as Opacus' ``make_private``): at every step each row of the
+    whole training set joins independently with probability p, from a secret seed (``sampling_seed``), every rank
+    taking its share and one batch per step, empty or not (:mod:`lightning_privacy.sampling`); Opacus hooks compute
     per-sample gradients; the optimizer is wrapped in a ``DPOptimizer`` that clips each to
     ``max_grad_norm`` and adds Gaussian noise of standard deviation ``noise_multiplier · max_grad_norm``.
 
@@ -104,8 +59,7 @@ class DPSGD(Callback):
     norms, which computes each example's gradient norm layer by layer without storing per-example gradients and
     then backpropagates the clipped sum in a second pass (see ``benchmarks/dpsgd_memory.py``). Both clip every
     example's gradient to C and add the same noise, so the privacy accounting is the same; with the same data and
-    noise seed they give the same update up to floating-point rounding. Ghost clipping is single-process for now
-    and under 16-bit precision bounds each example's contribution only up to the rounding of two 16-bit backward
+    noise seed they give the same update up to floating-point rounding. Under 16-bit precision bounds each example's contribution only up to the rounding of two 16-bit backward
     passes (DPSGD warns); hooks clip exactly what is summed.
 
     The loss ``training_step`` returns: the usual loss reduced over the batch as ``loss_reduction`` says, or one
@@ -137,7 +91,14 @@ class DPSGD(Callback):
         grad_sample_mode: ``"hooks"`` (per-sample gradients) or ``"ghost"`` (ghost clipping; per-example losses).
         fix_modules: replace DP-incompatible layers with Opacus' fixers in ``setup`` (warns with the list)
             instead of raising.
-        secure_mode: Opacus' secure noise generation (slower).
+        secure_mode: draw the Poisson masks from the OS CSPRNG (``os.urandom``) and the noise as Opacus' secure mode
+            does (four Gaussian draws per coordinate against floating-point attacks) from a generator reseeded with
+            fresh OS entropy every step (slower).
+        sampling_seed: ``None`` (default): the Poisson masks come from a 128-bit seed drawn from the OS's entropy at
+            every fit, independent of the loader's generator and of ``seed_everything``, never saved. An int makes
+            the masks reproducible (and the same under one process, DDP and after a resume) — and known to whoever
+            knows the seed: such an adversary loses nothing to subsampling, so use it for tests and debugging only.
+            See :mod:`lightning_privacy.sampling`.
         log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C)
             and ``dp/grad_norm_median``, and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and to
             see that clipping is active. These values are computed from the private data and are NOT covered by
@@ -150,9 +111,14 @@ class DPSGD(Callback):
 
     Self-checks: on the first optimizer steps of every fit DPSGD re-derives from the parameters that privacy is
     really applied — every trainable parameter has per-sample gradients, the summed gradient is the sum of
-    per-sample gradients clipped to C, and noise of standard deviation σ·C was added (single process; under DDP
-    only the first check runs) — and at every epoch end that the accountant recorded exactly the optimizer steps
-    taken. A failure raises ``MisconfigurationException`` naming the parameter.
+    per-sample gradients clipped to C (every rank), and noise of standard deviation σ·C was added (a χ² test over
+    as many steps as it takes to see 256 noise coordinates, false-alarm rate 1e-9 per fit; under DDP on rank 0,
+    which adds the noise) — and at every epoch end that the accountant recorded exactly the optimizer steps
+    taken. A failure raises ``MisconfigurationException`` naming the parameter (under DDP on every rank).
+
+    Strategies: one device, or DDP launched as a script (``strategy="ddp"``, torchrun, SLURM) with
+    ``use_distributed_sampler=False``, in both ``grad_sample_mode`` values; anything else is refused in ``setup``
+    (see ``callbacks/_strategies.py``).
 
     TensorBoard: at fit start DPSGD writes the run's one HPARAMS session — the model's hyperparameters beside σ,
     C, p, δ, the accountant (and the planning target), with the privacy metrics of the run's callbacks as columns.
@@ -165,7 +131,7 @@ class DPSGD(Callback):
     Raises:
         MisconfigurationException: for inconsistent arguments, gradient accumulation, several
             optimizers, BatchNorm or other Opacus-incompatible layers (unless ``fix_modules=True``), DDP without
-            ``use_distributed_sampler=False``, ghost clipping under DDP, and in ghost mode a reduced loss from
+            ``use_distributed_sampler=False``, an unsupported strategy (``ddp_spawn``, DeepSpeed, FSDP, XLA, …), and in ghost mode a reduced loss from
             ``training_step`` or an overridden ``backward``.
 
     Example::
@@ -192,6 +158,7 @@ class DPSGD(Callback):
         accountant: str = "rdp",
         loss_reduction: str = "mean",
         secure_mode: bool = False,
+        sampling_seed: Optional[int] = None,
         log_clipping: bool = False,
         clipping_every_n_steps: int = 4,
         grad_sample_mode: str = "hooks",
@@ -238,7 +205,16 @@ class DPSGD(Callback):
         self.delta = delta
         self.accountant_mechanism = accountant
         self.loss_reduction = loss_reduction
-        self.secure_mode = secure_mode
+        self.secure_mode = check_bool("secure_mode", secure_mode, exc=MisconfigurationException)
+        if sampling_seed is not None:
+            check_int("sampling_seed", sampling_seed, minimum=0, exc=MisconfigurationException)
+            if secure_mode:
+                raise MisconfigurationException(
+                    f"`sampling_seed={sampling_seed!r}` makes the batches reproducible, which `secure_mode=True` "
+                    "rules out (its masks come from the OS CSPRNG); give one or the other"
+                )
+        self.sampling_seed = sampling_seed
+        self.sampling = _strategies.Sampling()
         self.log_clipping = check_bool("log_clipping", log_clipping, exc=MisconfigurationException)
         self.clipping_every_n_steps = check_int(
             "clipping_every_n_steps", clipping_every_n_steps, minimum=1, exc=MisconfigurationException
@@ -247,6 +223,9 @@ class DPSGD(Callback):
         self._before_noise_hooks: List[Callable[[DPOptimizer], None]] = []
         self._param_names: Dict[int, str] = {}
         self._checks_left = 0
+        self._noise_steps_left = 0
+        self._noise_check: Optional[_dp_checks.NoiseCheck] = None
+        self._trainer: Optional[pl.Trainer] = None
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
         self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
         self.sample_rate: Optional[float] = None
@@ -297,34 +276,16 @@ class DPSGD(Callback):
                 "BatchNorm by GroupNorm with `model = opacus.validators.ModuleValidator.fix(model)`, or pass "
                 "`DPSGD(fix_modules=True)`."
             )
-        self._distributed = trainer.world_size > 1
+        _strategies.check_strategy(trainer)
+        self._distributed = _strategies.is_distributed(trainer)
         if self.grad_sample_mode == "ghost":
-            if self._distributed:
-                raise MisconfigurationException(
-                    "DPSGD(grad_sample_mode='ghost') supports single-process training only (its two backward passes "
-                    "would each be all-reduced by DDP); use grad_sample_mode='hooks' under DDP."
-                )
             if "16" in str(trainer.precision):
                 rank_zero_warn(
                     f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
                     "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
                     "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
                 )
-        if self._distributed:
-            if not isinstance(trainer.strategy, DDPStrategy):
-                raise MisconfigurationException(
-                    f"DPSGD supports multi-process training only with a DDP strategy, got "
-                    f"{type(trainer.strategy).__name__}. Use Trainer(strategy='ddp', ...)."
-                )
-            if _compat.uses_distributed_sampler(trainer):
-                raise MisconfigurationException(
-                    "DPSGD under DDP needs `Trainer(use_distributed_sampler=False)`: Lightning's "
-                    "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
-                )
-        elif not isinstance(trainer.strategy, SingleDeviceStrategy):
-            rank_zero_warn(
-                f"DPSGD was tested with single-device and DDP strategies, not {type(trainer.strategy).__name__}."
-            )
+        self.sampling = _strategies.resolve_sampling(trainer, self.sampling_seed, secure=self.secure_mode)
         install_poisson_sampling(trainer, self)
 
     # ----------------------------------------------------------------------------------- wiring
@@ -339,7 +300,9 @@ class DPSGD(Callback):
             raise MisconfigurationException(
                 "The optimizer is already an Opacus DPOptimizer; remove DPSGD or make_private."
             )
-        loader = make_poisson_loader(trainer, self, _compat.original_train_loader(trainer, before="poisson"))
+        loader = make_poisson_loader(
+            trainer, self, _compat.original_train_loader(trainer, before="poisson"), warn=False
+        )
         self.steps_per_epoch = len(loader)
         if self._planned:
             self._plan(trainer)
@@ -349,10 +312,10 @@ class DPSGD(Callback):
             self._hooks = GradSampleHooksFastGradientClipping(
                 pl_module, batch_first=True, loss_reduction=self.loss_reduction, max_grad_norm=self.max_grad_norm
             )
-            cls = _GhostDPOptimizer
         else:
             self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction=self.loss_reduction)
-            cls = _DistributedDPOptimizer if self._distributed else _DPOptimizer
+        cls = _strategies.dp_optimizer_class(trainer, self.grad_sample_mode)
+        _strategies.disable_ddp_gradient_sync(trainer)
         self._backward = PerExampleBackward(
             pl_module,
             mode=self.grad_sample_mode,
@@ -378,6 +341,12 @@ class DPSGD(Callback):
         dp_optimizer.check_before_noise = self._check_before_noise
         trainer.strategy.optimizers = [dp_optimizer]
         self._checks_left = SELF_CHECK_STEPS
+        self._noise_check = _dp_checks.NoiseCheck(
+            max_grad_norm=self.max_grad_norm, noise_multiplier=float(self.noise_multiplier)
+        )
+        coordinates = sum(p.numel() for p in dp_optimizer.params)
+        self._noise_steps_left = max(1, math.ceil(_dp_checks.NOISE_MIN_COORDINATES / max(1, coordinates)))
+        self._trainer = trainer
         write_privacy_hparams(trainer, pl_module, self.privacy_settings())
 
     def _plan(self, trainer: pl.Trainer) -> None:
@@ -439,7 +408,7 @@ class DPSGD(Callback):
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if self._checks_left > 0 and isinstance(optimizer, DPOptimizer) and self.grad_sample_mode == "hooks":
-            _dp_checks.check_per_sample_gradients(optimizer.params, self._param_names)
+            self._collectively(lambda: _dp_checks.check_per_sample_gradients(optimizer.params, self._param_names))
 
     def register_before_noise_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
         """Call ``hook(optimizer)`` at every step after per-sample clipping and before the noise is added.
@@ -452,29 +421,49 @@ class DPSGD(Callback):
         self._before_noise_hooks.append(hook)
 
     def _check_before_noise(self, optimizer: DPOptimizer) -> bool:
-        if self._checks_left > 0 and not self._distributed:
-            if self.grad_sample_mode == "ghost":  # no per-sample gradients: the norms were checked in the backward
-                batch = self._backward.last_norms.numel() if self._backward.last_norms is not None else 0
-                _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
-            else:
-                _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)
-            return True
-        return False
+        """Clipping checks on the first steps; True while the noise check needs this step (keep the clipped sum)."""
+        if self._checks_left > 0:
+            self._collectively(lambda: self._check_clipping(optimizer))
+        # under DDP only rank 0 adds noise (DistributedDPOptimizer); the other ranks pass their clipped sum on
+        return self._noise_steps_left > 0 and (not self._distributed or self._trainer.is_global_zero)
+
+    def _check_clipping(self, optimizer: DPOptimizer) -> None:
+        if self.grad_sample_mode == "ghost":  # no per-sample gradients: the norms were checked in the backward
+            batch = self._backward.last_norms.numel() if self._backward.last_norms is not None else 0
+            _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
+        else:
+            _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)
+
+    def _collectively(self, check: Callable[[], None]) -> None:
+        """Run a self-check; under DDP every rank raises when any rank's check failed (none is left waiting)."""
+        error: Optional[MisconfigurationException] = None
+        try:
+            check()
+        except MisconfigurationException as err:
+            error = err
+        if self._distributed and self._trainer is not None:
+            if self._trainer.strategy.reduce_boolean_decision(error is not None, all=False) and error is None:
+                error = MisconfigurationException(
+                    "DP-SGD self-check failed on another rank (its message is in that rank's output)."
+                )
+        if error is not None:
+            raise error
 
     def _record_step(self, optimizer: DPOptimizer) -> None:
         if self._checks_left > 0:
             self._checks_left -= 1
-            # DistributedDPOptimizer noises on rank 0 and all-reduces afterwards: only checked in one process
-            if not self._distributed and optimizer.summed_before_noise is not None:
+        if self._noise_steps_left > 0:
+            self._noise_steps_left -= 1
+            if optimizer.summed_before_noise is not None:
                 scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
-                _dp_checks.check_noise(
+                self._noise_check.add(
                     optimizer.params,
                     optimizer.summed_before_noise,
-                    max_grad_norm=self.max_grad_norm,
-                    noise_multiplier=self.noise_multiplier,
                     scale=float(scale) if self.loss_reduction == "mean" else 1.0,
                 )
             optimizer.summed_before_noise = None
+            if self._noise_steps_left == 0:
+                self._collectively(self._noise_check.check)
         if self.log_clipping:
             if self.grad_sample_mode == "ghost":
                 self._clipping.add(self._backward.last_norms)
@@ -512,6 +501,12 @@ class DPSGD(Callback):
         log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
 
     @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._noise_steps_left > 0:  # a fit shorter than the noise check: test what was recorded
+            self._noise_steps_left = 0
+            self._collectively(self._noise_check.check)
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self._backward is not None:
             self._backward.remove()
@@ -545,6 +540,7 @@ class DPSGD(Callback):
             "noise_multiplier": self.noise_multiplier,
             "sample_rate": self.sample_rate,
             "max_grad_norm": self.max_grad_norm,
+            "sampling_seed": self.sampling_seed,  # a fixed seed only; an OS-drawn one is never saved
         }
 
     @override

@@ -1,0 +1,188 @@
+"""What DPSGD does differently on one process and under DDP, in one place.
+
+Supported strategies, by exact type (a subclass can change how gradients or optimizers are handled, as DeepSpeed's
+does by bypassing the DP optimizer):
+
+- ``SingleDeviceStrategy`` — one process.
+- ``DDPStrategy`` launched by a script (``strategy="ddp"``, ``torchrun``, SLURM): each rank draws its share of one
+  Poisson batch per step; per-sample clipping happens locally, the noise is added once (on rank 0) and the DP
+  optimizer all-reduces the noised sum itself, so DDP's own gradient all-reduce is replaced by a no-op communication
+  hook. ``ddp_spawn``/``ddp_fork``/``ddp_notebook`` are refused: the processes they start take the callbacks' state
+  (the privacy ledger) with them, and the main process would report a run it never saw (ε = 0).
+
+Everything else — DeepSpeed, XLA, FSDP (FSDP1) and ``ModelParallelStrategy`` — is refused in ``setup`` with a
+message naming what works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, List, Optional, Type
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.optimizers import (
+    DistributedDPOptimizer,
+    DistributedDPOptimizerFastGradientClipping,
+    DPOptimizer,
+    DPOptimizerFastGradientClipping,
+)
+
+from lightning_privacy import _compat
+from lightning_privacy.sampling import draw_seed
+
+__all__ = [
+    "Sampling",
+    "check_strategy",
+    "disable_ddp_gradient_sync",
+    "dp_optimizer_class",
+    "is_distributed",
+    "resolve_sampling",
+]
+
+SUPPORTED = (
+    "Trainer(strategy='auto') on one device, or Trainer(strategy='ddp', use_distributed_sampler=False) launched as a "
+    "script (also under torchrun or SLURM)"
+)
+
+
+@dataclasses.dataclass
+class Sampling:
+    """The sampling randomness of one fit: the seed (None with secure mode) and this rank's place."""
+
+    seed: Optional[int] = None
+    rank: int = 0
+    world_size: int = 1
+
+
+def check_strategy(trainer: pl.Trainer) -> None:
+    """Refuse every strategy but :data:`SUPPORTED`, naming it and what works."""
+    strategy = trainer.strategy
+    name = type(strategy).__name__
+    if type(strategy) is SingleDeviceStrategy:
+        return
+    if type(strategy) is DDPStrategy:
+        start_method = _compat.ddp_start_method(strategy)
+        if start_method != "popen":
+            raise MisconfigurationException(
+                f"DPSGD does not support DDP with start_method={start_method!r} (ddp_spawn/ddp_fork/"
+                "ddp_notebook): the processes it starts keep the privacy ledger, and the main process would report a "
+                f"run it never saw (ε = 0). Use {SUPPORTED}."
+            )
+        if _compat.uses_distributed_sampler(trainer):
+            raise MisconfigurationException(
+                "DPSGD under DDP needs `Trainer(use_distributed_sampler=False)`: Lightning's "
+                "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
+            )
+        return
+    raise MisconfigurationException(
+        f"DPSGD does not support {name}: DP-SGD needs every example's gradient clipped and the noise added once by "
+        f"Opacus' DP optimizer, which this strategy does not guarantee. Use {SUPPORTED}."
+    )
+
+
+def is_distributed(trainer: pl.Trainer) -> bool:
+    """More than one data-parallel process."""
+    return trainer.world_size > 1
+
+
+class _BeforeNoiseHooks:
+    """Mixin for Opacus' DP optimizers: run DPSGD's check and the registered hooks on the clipped sum, then noise."""
+
+    before_noise_hooks: List[Callable[[DPOptimizer], None]]
+    check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None  # True: keep the sum for the noise check
+    summed_before_noise: Optional[List[torch.Tensor]] = None
+
+    def add_noise(self) -> None:
+        keep = self.check_before_noise(self) if self.check_before_noise is not None else False
+        for hook in self.before_noise_hooks:
+            hook(self)
+        self.summed_before_noise = [p.summed_grad.detach().clone() for p in self.params] if keep else None
+        super().add_noise()
+
+
+class _ClipInParameterPrecision:
+    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype.
+
+    Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
+    their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
+    Upcast first: clipping is then exact for the per-sample gradients as computed, and sum and noise are full width.
+    """
+
+    params: List[torch.Tensor]
+
+    def clip_and_accumulate(self) -> None:
+        for p in self.params:
+            sample = getattr(p, "grad_sample", None)
+            if isinstance(sample, torch.Tensor) and sample.dtype != p.dtype:
+                p.grad_sample = sample.to(p.dtype)
+            elif isinstance(sample, list):
+                p.grad_sample = [g.to(p.dtype) for g in sample]
+        super().clip_and_accumulate()
+
+
+class _SecureNoise:
+    """Mixin: with ``secure_mode``, the noise generator is reseeded with 64 fresh bits of OS entropy every step.
+
+    Opacus' secure mode (four Gaussian draws per coordinate against floating-point attacks) relies on a
+    cryptographically secure generator (torchcsprng, not installable with current torch). Reseeding torch's generator
+    from ``os.urandom`` at every step leaves nothing to replay from a seed or from earlier steps' noise.
+    """
+
+    secure_mode: bool
+    generator: Optional[torch.Generator]
+
+    def add_noise(self) -> None:
+        if self.secure_mode:
+            device = self.params[0].device if self.params else torch.device("cpu")
+            if self.generator is None or self.generator.device != device:
+                self.generator = torch.Generator(device=device)
+            self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        super().add_noise()
+
+
+class _DPOptimizer(_BeforeNoiseHooks, _SecureNoise, _ClipInParameterPrecision, DPOptimizer):
+    pass
+
+
+class _DistributedDPOptimizer(_BeforeNoiseHooks, _SecureNoise, _ClipInParameterPrecision, DistributedDPOptimizer):
+    pass
+
+
+class _GhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DPOptimizerFastGradientClipping):
+    pass
+
+
+class _DistributedGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DistributedDPOptimizerFastGradientClipping):
+    pass
+
+
+def dp_optimizer_class(trainer: pl.Trainer, grad_sample_mode: str) -> Type[DPOptimizer]:
+    """The DP optimizer for the mode and the strategy (hooks or ghost, one process or DDP)."""
+    distributed = is_distributed(trainer)
+    if grad_sample_mode == "ghost":
+        return _DistributedGhostDPOptimizer if distributed else _GhostDPOptimizer
+    return _DistributedDPOptimizer if distributed else _DPOptimizer
+
+
+def resolve_sampling(trainer: pl.Trainer, seed: Optional[int], *, secure: bool) -> Sampling:
+    """This fit's sampling: a given seed, or a fresh one from rank 0's OS entropy that every rank receives."""
+    if not secure and seed is None:
+        seed = draw_seed() if trainer.is_global_zero else None
+        if is_distributed(trainer):
+            seed = trainer.strategy.broadcast(seed, src=0)
+    return Sampling(seed=None if secure else seed, rank=trainer.global_rank, world_size=trainer.world_size)
+
+
+def disable_ddp_gradient_sync(trainer: pl.Trainer) -> None:
+    """Replace DDP's gradient all-reduce by a no-op: the DP optimizer reduces the noised, clipped sum itself."""
+    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    model: Any = trainer.strategy.model
+    if isinstance(model, DistributedDataParallel) and not getattr(model, "_lightning_privacy_no_sync", False):
+        model.register_comm_hook(state=None, hook=noop_hook)
+        model._lightning_privacy_no_sync = True

@@ -1,0 +1,182 @@
+"""Poisson sampling for DP-SGD on every strategy: one independent, secret mask over the whole training set per step.
+
+The accountants (RDP, PRV, PLD and :class:`~lightning_privacy.ledger.PrivacyLedger`) assume that at every optimizer
+step each row of the *whole* training set joins the batch independently with probability ``p``, by randomness the
+adversary does not know. :class:`PoissonBatchSampler` draws exactly that, whatever the number of processes:
+
+- Step ``t`` draws one global Bernoulli(``p``) mask over all ``N`` rows; rank ``r`` of ``W`` takes the selected rows
+  ``i`` with ``i mod W == r``. Every rank yields exactly one batch per step — empty when none of its rows was drawn —
+  so all ranks take the single-process number of steps (a rank that skipped a step would leave the others waiting in
+  the next all-reduce). The union of the ranks' batches is the single-process batch of the same seed, so DDP and
+  FSDP2 train on the same rows as one process.
+- The mask of step ``t`` is a function of ``(seed, t)`` only (NumPy's ``SeedSequence(seed, spawn_key=(t,))`` feeding
+  a PCG64 generator). ``t`` is the number of optimizer steps taken before the epoch started (read from the run's
+  ledger at every ``iter()``), so a resumed run continues the sequence instead of replaying the first epoch.
+- ``seed=None`` (the default of ``DPSGD(sampling_seed=...)``) draws a 128-bit seed from the operating system's
+  entropy at every fit (rank 0 draws, the others receive it), independent of the loader's generator and of
+  ``seed_everything``; it is never written to a checkpoint, so a resumed run gets fresh masks. An int makes the masks
+  reproducible — and public to whoever knows it: an adversary who knows the seed knows every batch, and the
+  amplification by subsampling that the accounting relies on is lost.
+- ``secure=True`` (``DPSGD(secure_mode=True)``) takes each rank's bits from the operating system's CSPRNG
+  (``os.urandom``) at every step, nothing seeded and nothing to replay; the ranks' rows are disjoint, so their draws
+  are independent.
+
+Each row's decision is ``u < p`` for a uniform ``u`` with 53 random bits (PCG64) or 64 (``os.urandom``), so the
+inclusion probability is ``p`` up to 2⁻⁵³.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+
+__all__ = ["PoissonBatchSampler", "PoissonDataLoader", "draw_seed", "global_mask"]
+
+SEED_BITS = 128
+
+
+def draw_seed() -> int:
+    """A fresh 128-bit sampling seed from the operating system's entropy."""
+    return secrets.randbits(SEED_BITS)
+
+
+def global_mask(seed: int, step: int, num_samples: int, sample_rate: float) -> np.ndarray:
+    """The Bernoulli(``sample_rate``) mask of step ``step`` over all ``num_samples`` rows, a function of both only.
+
+    Example::
+
+        >>> m = global_mask(7, 0, 10_000, 0.1)
+        >>> m.dtype, bool(abs(m.mean() - 0.1) < 0.01), bool((m == global_mask(7, 0, 10_000, 0.1)).all())
+        (dtype('bool'), True, True)
+        >>> bool((m == global_mask(7, 1, 10_000, 0.1)).all())
+        False
+    """
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=(int(step),))))
+    return rng.random(num_samples) < sample_rate
+
+
+def _secure_mask(num_samples: int, sample_rate: float) -> np.ndarray:
+    """Bernoulli(``sample_rate``) decisions from the OS CSPRNG: 64 random bits per row compared with p·2⁶⁴."""
+    bits = np.frombuffer(os.urandom(8 * num_samples), dtype=np.uint64)
+    threshold = np.uint64(min(int(round(sample_rate * 2.0**64)), 2**64 - 1))
+    return bits < threshold
+
+
+class PoissonBatchSampler(Sampler[List[int]]):
+    """Yields this rank's share of one independent Poisson-sampled batch per step (see the module docstring).
+
+    Args:
+        num_samples: rows of the whole training set (all ranks).
+        sample_rate: each row's inclusion probability per step.
+        steps: batches per epoch (``iter()`` yields exactly this many, empty ones included).
+        seed: the sampling seed (ignored with ``secure``); the caller resolves ``None`` to a fresh one per fit.
+        rank, world_size: this process's place among the data-parallel ranks.
+        start_step: called at every ``iter()``; the number of optimizer steps taken so far (the index of the epoch's
+            first mask). Default: continue after the last yielded batch.
+        secure: draw every decision from ``os.urandom`` instead of the seeded generator.
+
+    Example::
+
+        >>> ranks = [PoissonBatchSampler(num_samples=8, sample_rate=0.5, steps=3, seed=1, rank=r, world_size=2)
+        ...          for r in range(2)]
+        >>> one = PoissonBatchSampler(num_samples=8, sample_rate=0.5, steps=3, seed=1)
+        >>> [sorted(a + b) for a, b in zip(*ranks)] == list(one)  # the ranks' batches are the single-process batch
+        True
+    """
+
+    def __init__(
+        self,
+        *,
+        num_samples: int,
+        sample_rate: float,
+        steps: int,
+        seed: Optional[int] = None,
+        rank: int = 0,
+        world_size: int = 1,
+        start_step: Optional[Callable[[], int]] = None,
+        secure: bool = False,
+    ) -> None:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"`num_samples` must be a positive int, got {num_samples!r}")
+        if not 0.0 < float(sample_rate) <= 1.0:
+            raise ValueError(f"`sample_rate` must be in (0, 1], got {sample_rate!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"`steps` must be a positive int, got {steps!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"`rank` must be in [0, world_size={world_size}), got {rank!r}")
+        if seed is None and not secure:
+            raise ValueError("`seed` is required unless `secure=True` (resolve None with draw_seed())")
+        self.num_samples, self.sample_rate, self.steps = num_samples, float(sample_rate), steps
+        self.seed, self.rank, self.world_size, self.secure = seed, rank, world_size, secure
+        self.start_step = start_step
+        self.next_step = 0  # index of the next mask when no start_step is given
+        self.last_step: Optional[int] = None  # index of the mask of the last yielded batch
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def local_batch(self, step: int) -> List[int]:
+        """This rank's rows of step ``step``'s batch (with ``secure``: a fresh draw, whatever ``step``)."""
+        rows = np.arange(self.rank, self.num_samples, self.world_size)
+        if self.secure:
+            chosen = rows[_secure_mask(rows.size, self.sample_rate)]
+        else:
+            chosen = rows[global_mask(self.seed, step, self.num_samples, self.sample_rate)[rows]]
+        return chosen.tolist()
+
+    def __iter__(self) -> Iterator[List[int]]:
+        first = int(self.start_step()) if self.start_step is not None else self.next_step
+        for step in range(first, first + self.steps):
+            self.last_step, self.next_step = step, step + 1
+            yield self.local_batch(step)
+
+
+class PoissonDataLoader(DataLoader):
+    """The user's loader with its batches drawn by :class:`PoissonBatchSampler` (dataset, collate, workers kept).
+
+    Empty batches keep the structure of the dataset's examples (Opacus' ``wrap_collate_with_empty``), so a step on
+    a rank without rows still runs its forward/backward and joins the collective calls.
+    """
+
+    def __init__(self, loader: DataLoader, batch_sampler: PoissonBatchSampler) -> None:
+        if isinstance(loader.dataset, IterableDataset):
+            raise ValueError("Poisson sampling needs a map-style dataset, got an IterableDataset")
+        first = loader.dataset[0]
+        items = first if isinstance(first, (tuple, list)) else [first]
+        collate = wrap_collate_with_empty(
+            collate_fn=loader.collate_fn,
+            sample_empty_shapes=[(0, *shape_safe(x)) for x in items],
+            dtypes=[dtype_safe(x) for x in items],
+        )
+        kwargs: Dict[str, Any] = dict(
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            persistent_workers=loader.persistent_workers,
+        )
+        if loader.num_workers > 0:
+            kwargs["prefetch_factor"] = loader.prefetch_factor
+        super().__init__(loader.dataset, batch_sampler=batch_sampler, collate_fn=collate, **kwargs)
+        self.sample_rate = batch_sampler.sample_rate
+        self.original = loader
+
+
+def replaced_sampler_name(loader: DataLoader) -> Optional[str]:
+    """The class name of a custom sampler or batch sampler of ``loader`` that Poisson sampling replaces, or None."""
+    from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
+        return type(batch_sampler).__name__
+    sampler = getattr(loader, "sampler", None)
+    if sampler is not None and type(sampler) not in (RandomSampler, SequentialSampler, DistributedSampler):
+        return type(sampler).__name__
+    return None

@@ -1,0 +1,87 @@
+"""Run a test's worker function under ``torchrun`` on CPU/gloo: DDP as users launch it (a script per rank).
+
+``run_ddp("tests.callbacks.test_x:_worker", tmp_path, nprocs=2, kwargs)`` starts ``python -m torch.distributed.run``
+with ``nprocs`` processes per node (``nnodes=2`` starts two torchrun "nodes" on localhost, one process each); every
+rank calls ``_worker(**kwargs)``, which builds its own ``Trainer(strategy="ddp", ...)`` (Lightning sees torchrun's
+environment and does not launch processes itself), and returns something ``torch.save`` can store. The results come
+back ordered by global rank; a rank's failure fails the test with that rank's output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 300  # seconds for one launch; a desynchronised run hangs in a collective and is killed here
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(target: str, tmp_path: Path, *, nprocs: int = 2, nnodes: int = 1, **kwargs: Any) -> List[Any]:
+    """Results of ``target(**kwargs)`` on every rank (see the module docstring)."""
+    tmp_path = Path(tmp_path)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    spec = tmp_path / "launch.json"
+    spec.write_text(json.dumps({"target": target, "kwargs": kwargs, "out": str(tmp_path)}))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    port = _free_port()
+    commands = [
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nnodes}",
+            f"--node_rank={node}",
+            f"--nproc_per_node={nprocs}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            "-m",
+            "tests._launch",
+            str(spec),
+        ]
+        for node in range(nnodes)
+    ]
+    procs = [
+        subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for c in commands
+    ]
+    outputs = []
+    for proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"torchrun did not finish within {TIMEOUT} s (ranks out of step?)") from None
+        outputs.append(out)
+    for proc, out in zip(procs, outputs):
+        if proc.returncode != 0:
+            raise AssertionError(f"torchrun exited with {proc.returncode}:\n{out[-6000:]}")
+    world = nprocs * nnodes
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _main(spec_path: str) -> None:
+    import importlib
+
+    spec = json.loads(Path(spec_path).read_text())
+    module, name = spec["target"].split(":")
+    result = getattr(importlib.import_module(module), name)(**spec["kwargs"])
+    torch.save(result, Path(spec["out"]) / f"rank{os.environ['RANK']}.pt")
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    _main(sys.argv[1])
