@@ -187,7 +187,7 @@ class NoiseCheck:
         if not low <= std <= high:
             raise MisconfigurationException(
                 f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
-                f"{self.count} coordinates ({self.steps} steps), but noise_multiplier × max_grad_norm = "
+                f"{self.count} coordinates ({self.steps} step{'s' if self.steps != 1 else ''}), but noise_multiplier × max_grad_norm = "
                 f"{self.expected_std:.4g} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
                 f"rate {NOISE_FALSE_ALARM:g}); the gradients are not noised as configured."
             )

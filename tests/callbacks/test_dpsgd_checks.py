@@ -1,15 +1,21 @@
 """DPSGD's self-checks (each broken on purpose) and its opt-in clipping telemetry."""
 
+import math
 import subprocess
 import sys
 
+import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
+from lightning_privacy.callbacks._dp_checks import NOISE_MIN_COORDINATES, NoiseCheck
 from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
 
 
@@ -187,3 +193,90 @@ def test_a_frozen_batchnorm_kept_in_eval_mode_trains(tmp_path):
     dp = DPSGD(noise_multiplier=1.0)
     trainer([dp], tmp_path, max_epochs=2).fit(module, train_dataloaders=tiny_loader())
     assert dp.steps > 0
+
+
+# ------------------------------------------------------------------------------------------- the noise check
+class Logistic(pl.LightningModule):
+    """A 2-parameter logistic regression: too few coordinates for one step's noise to be judged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.binary_cross_entropy_with_logits(self.linear(x).squeeze(-1), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _logistic_fit(seed, breaker=None, epochs=1):
+    torch.manual_seed(seed)
+    x = torch.randn(256, 1)
+    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).float()), batch_size=2)  # 128 steps per epoch
+    dp = DPSGD(noise_multiplier=1.0, sampling_seed=seed)
+    trainer([breaker or Callback(), dp], max_epochs=epochs).fit(Logistic(), train_dataloaders=loader)
+    return dp
+
+
+def _fits_without_abort(seeds):
+    for seed in seeds:
+        dp = _logistic_fit(seed)
+        assert dp._noise_check.done and dp._noise_check.count == NOISE_MIN_COORDINATES  # 128 steps × 2
+
+
+def test_forty_seeded_fits_of_a_two_parameter_model_train():
+    _fits_without_abort(range(40))  # the factor-of-two rule aborted 15 of these 40
+
+
+@pytest.mark.slow
+def test_two_hundred_seeded_fits_of_a_two_parameter_model_train():
+    _fits_without_abort(range(40, 240))
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.5, 2.0])
+def test_noise_off_by_a_factor_is_caught_on_the_two_parameter_model(factor):
+    class Scale(Callback):
+        def on_train_start(self, trainer, pl_module):
+            trainer.optimizers[0].noise_multiplier = factor
+
+    with pytest.raises(
+        MisconfigurationException, match=r"over 256 coordinates \(128 steps\).*not noised as configured"
+    ):
+        _logistic_fit(0, Scale())
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_noise_off_by_a_factor_is_caught_within_two_steps_of_a_178_parameter_model(factor):
+    class Scale(Callback):
+        def on_train_start(self, trainer, pl_module):
+            trainer.optimizers[0].noise_multiplier = factor
+
+    torch.manual_seed(0)
+    with pytest.raises(MisconfigurationException, match=r"over 356 coordinates \(2 steps\).*not noised"):
+        trainer([Scale(), DPSGD(noise_multiplier=1.0)], max_epochs=1).fit(
+            tiny_module(), train_dataloaders=tiny_loader()
+        )
+
+
+def test_noise_check_bounds_are_chi_square_quantiles_and_rarely_reject_true_noise():
+    check = NoiseCheck(max_grad_norm=2.0, noise_multiplier=1.5)
+    check.count, check.eps = NOISE_MIN_COORDINATES, 0.0
+    low, high = check.bounds()
+    # independent: the standard deviation of n Gaussian coordinates is σC·√(χ²(n)/n); at n = 256 the 5e-10 quantiles
+    # are about 0.71 and 1.32 of σC (Wilson–Hilferty), so noise off by a factor of two cannot pass
+    z = 6.1094  # standard normal 1 - 5e-10 quantile
+    n = NOISE_MIN_COORDINATES
+    wh = [(1 - 2 / (9 * n) + s * z * math.sqrt(2 / (9 * n))) ** 1.5 for s in (-1, 1)]
+    assert low / 3.0 == pytest.approx(wh[0], rel=2e-3) and high / 3.0 == pytest.approx(wh[1], rel=2e-3)
+    assert 0.5 * 3.0 < low and high < 2.0 * 3.0
+    # 20,000 simulated checks of true noise over 2..256 coordinates: none rejected (expected 2e-5 rejections)
+    rng = np.random.default_rng(0)
+    for n in (2, 16, 256):
+        noise = rng.normal(0.0, 3.0, size=(20_000 // 3, n))
+        check = NoiseCheck(max_grad_norm=2.0, noise_multiplier=1.5)
+        check.count = n
+        low, high = check.bounds()
+        std = np.sqrt((noise**2).mean(axis=1))
+        assert ((std >= low) & (std <= high)).all()
