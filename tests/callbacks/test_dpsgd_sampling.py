@@ -183,9 +183,10 @@ def test_ddp_ranks_draw_independent_shares_of_one_global_mask(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_with_two_rows_per_rank_per_step_takes_every_step(tmp_path):
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_ddp_with_two_rows_per_rank_per_step_takes_every_step(tmp_path, mode):
     n, batch = 256, 4  # ~2 rows per rank per step: empty local batches are frequent
-    ranks = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", n=n, batch=batch)
+    ranks = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", n=n, batch=batch, mode=mode)
     assert [r["steps"] for r in ranks] == [n // batch] * 2
     assert [len(r["batches"]) for r in ranks] == [n // batch] * 2
     assert any(len(b) == 0 for r in ranks for b in r["batches"])  # empty batches were taken, not skipped
