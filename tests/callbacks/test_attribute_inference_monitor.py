@@ -2,7 +2,9 @@
 
 import copy
 import pickle
+import warnings
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
@@ -14,6 +16,7 @@ from lightning_privacy.data import AdultDataModule
 from lightning_privacy.functional.attribute_sensitivity import attribute_sensitivity
 from lightning_privacy.functional.attributes import SensitiveAttribute
 from lightning_privacy.models import TabularMLP
+from tests._launch import run_ddp
 from tests.callbacks._tiny import BATCH, N, TinyDataModule, tiny_loader, tiny_module, trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore:AttributeInferenceMonitor.*Section 5.3")
@@ -280,22 +283,41 @@ def test_batches_that_are_not_pairs_need_a_converter(tmp_path):
         )
 
 
+def _ddp_worker():
+    torch.set_num_threads(1)
+    pl.seed_everything(0)  # every rank: the same initial weights
+    monitor = AttributeInferenceMonitor(attribute=ATTR, method="exact")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer(
+            [DPSGD(noise_multiplier=SIGMA), BayesSecurityMonitor(exact="never"), monitor],
+            max_epochs=1,
+            strategy="ddp",
+            devices=2,
+            use_distributed_sampler=False,
+        )
+        t.fit(tiny_module(), datamodule=TinyDataModule())
+    keys = (names.AI_BAYES_SECURITY, names.AI_BAYES_SECURITY_CLOSED_FORM, names.MIA_BAYES_SECURITY)
+    return {
+        "rank": t.global_rank,
+        "metrics": {k: float(t.callback_metrics[k]) for k in keys},
+        "steps": monitor.steps,
+        "max_sensitivity": monitor.max_sensitivity,
+    }
+
+
 @pytest.mark.slow
 def test_two_process_ddp_training_tracks_r_t(tmp_path):
     """Under DDP every rank computes R_t of its share and takes the max over ranks (a collective per step)."""
-    monitor = AttributeInferenceMonitor(attribute=ATTR, method="exact")
-    t = trainer(
-        [DPSGD(noise_multiplier=SIGMA), BayesSecurityMonitor(exact="never"), monitor],
-        tmp_path,
-        max_epochs=1,
-        strategy="ddp_spawn",
-        devices=2,
-        use_distributed_sampler=False,
-    )
-    t.fit(tiny_module(), datamodule=TinyDataModule())
-    ai, mia = float(t.callback_metrics[names.AI_BAYES_SECURITY]), float(t.callback_metrics[names.MIA_BAYES_SECURITY])
+    ranks = run_ddp("tests.callbacks.test_attribute_inference_monitor:_ddp_worker", tmp_path / "ddp")
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # the max over ranks: the same value on every rank
+    assert ranks[0]["steps"] == ranks[1]["steps"] == STEPS_PER_EPOCH  # every rank saw every step
+    assert ranks[0]["max_sensitivity"] == ranks[1]["max_sensitivity"] > 0
+    m = ranks[0]["metrics"]
+    ai, mia = m[names.AI_BAYES_SECURITY], m[names.MIA_BAYES_SECURITY]
     assert mia < ai < 1.0
-    assert mia < float(t.callback_metrics[names.AI_BAYES_SECURITY_CLOSED_FORM]) < 1.0
+    assert mia < m[names.AI_BAYES_SECURITY_CLOSED_FORM] < 1.0
 
 
 # ------------------------------------------------------------------------------ attribute by name, candidate check

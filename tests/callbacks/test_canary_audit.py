@@ -1,8 +1,8 @@
 """CanaryAudit: canaries counted once per sampled step (also under DDP), determinism, resume, validity against the
 accountant, power, input canaries, logging and configuration."""
 
-import json
 import pickle
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +20,7 @@ from lightning_privacy import DPSGD, CanaryAudit, EpsilonStarAudit, names
 from lightning_privacy.analysis.canary import canary_audit_from_scores
 from lightning_privacy.callbacks import canary_audit as module
 from lightning_privacy.models import TabularMLP
+from tests._launch import run_ddp
 from tests.callbacks._tiny import D, N, tiny_dataset, trainer
 
 WIDE = 128  # TabularMLP(8, hidden=(128,)): 8·128 + 128 + 128·2 + 2 = 1410 trainable coordinates
@@ -169,35 +170,35 @@ def test_scores_are_the_released_sum_minus_the_batch_in_units_of_the_clipped_sum
     assert np.abs(released.scores - 2.0 * counts).max() > 0.5
 
 
-class _DumpCanaryState(pl.Callback):
-    def __init__(self, path):
-        self.path = path
+def _canary_state(audit):
+    return dict(audit.state_dict(), sample_rate=audit._sample_rate)
 
-    def on_fit_end(self, trainer, pl_module):
-        audit = next(cb for cb in trainer.callbacks if isinstance(cb, CanaryAudit))
-        state = dict(audit.state_dict(), sample_rate=audit._sample_rate)
-        Path(self.path, f"rank{trainer.global_rank}.json").write_text(json.dumps(state))
+
+def _ddp_worker():
+    torch.set_num_threads(1)
+    pl.seed_everything(0)  # every rank: the same initial weights
+    audit = CanaryAudit(num_canaries=300, seed=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = _fit(
+            [DPSGD(noise_multiplier=1e-4), audit], epochs=3, strategy="ddp", devices=2, use_distributed_sampler=False
+        )
+    return dict(_canary_state(audit), rank=t.global_rank)
 
 
 @pytest.mark.slow
 def test_ddp_counts_each_canary_once(tmp_path):
     """Two gloo processes: the same scores on both ranks, each C × its sampled steps (not 2×), as in one process."""
-    runs = {}
-    for name, kwargs in (("one", {}), ("two", dict(strategy="ddp_spawn", devices=2, use_distributed_sampler=False))):
-        out = tmp_path / name
-        out.mkdir()
-        callbacks = [DPSGD(noise_multiplier=1e-4), CanaryAudit(num_canaries=300, seed=5), _DumpCanaryState(out)]
-        _fit(callbacks, epochs=3, **kwargs)
-        runs[name] = [json.loads(f.read_text()) for f in sorted(out.glob("rank*.json"))]
-    (one,), (rank0, rank1) = runs["one"], runs["two"]
+    single = CanaryAudit(num_canaries=300, seed=5)
+    _fit([DPSGD(noise_multiplier=1e-4), single], epochs=3)
+    one = _canary_state(single)
+    rank0, rank1 = run_ddp("tests.callbacks.test_canary_audit:_ddp_worker", tmp_path / "ddp")
+    assert (rank0["rank"], rank1["rank"]) == (0, 1)
     assert rank0["scores"] == rank1["scores"]  # the all-reduced gradient: the same on every rank
     assert rank0["canaries"] == one["canaries"] and rank0["included"] == one["included"]
     assert rank0["steps"] == one["steps"] == 30
-    audit = CanaryAudit(num_canaries=300, seed=5)
-    audit.load_state_dict({k: v for k, v in one.items() if k != "sample_rate"})
-    audit._sample_rate = one["sample_rate"]
     assert rank0["sample_rate"] == pytest.approx(one["sample_rate"])
-    counts = _counts(audit, 30)
+    counts = _counts(single, 30)
     assert np.asarray(one["scores"]) == pytest.approx(counts, abs=0.05)
     assert np.asarray(rank0["scores"]) == pytest.approx(counts, abs=0.05)
 
