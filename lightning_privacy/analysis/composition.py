@@ -310,9 +310,13 @@ def _inverse_loss(direction: str, eps: np.ndarray, q: float, sigma: float, s: fl
     """The output x at which the loss equals ε (±inf where the loss never reaches ε)."""
     v = sigma * sigma / s
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if direction == "replace":
-            alpha = (1.0 - q) / q * math.exp(s * s / (2.0 * sigma * sigma))
-            return v * (-np.arcsinh(alpha * np.sinh(eps / 2.0)) - eps / 2.0)
+        if direction == "replace":  # x = v·(−asinh(α·sinh(ε/2)) − ε/2), α = (1−q)/q·exp(s²/2σ²), in logs (α overflows)
+            log_alpha = (math.log1p(-q) if q < 1.0 else -math.inf) - math.log(q) + s * s / (2.0 * sigma * sigma)
+            half = np.abs(eps) / 2.0
+            log_y = log_alpha + half + np.log1p(-np.exp(-2.0 * half)) - math.log(2.0)  # log |α·sinh(ε/2)|
+            small = np.arcsinh(np.exp(np.minimum(log_y, 20.0)))
+            large = log_y + np.log1p(np.sqrt(1.0 + np.exp(-2.0 * np.maximum(log_y, 20.0))))
+            return v * (-np.sign(eps) * np.where(log_y < 20.0, small, large) - eps / 2.0)
         if direction == "remove":  # e^L = 1 − q + q·exp(−(2xs + s²)/2σ²), L > log(1 − q)
             arg = np.expm1(eps) + q
             return np.where(arg > 0.0, -v * (np.log(np.where(arg > 0, arg, 1.0)) - math.log(q)) - s / 2.0, np.inf)

@@ -545,3 +545,26 @@ def test_import_loads_neither_torch_nor_lightning():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_replace_inverse_loss_in_logs_equals_the_direct_formula_and_takes_a_tiny_sigma():
+    from lightning_privacy.analysis.composition import _inverse_loss
+
+    eps = np.concatenate([-np.logspace(-8, 2, 50), [0.0], np.logspace(-8, 2, 50)])
+    for q, sigma, s in ((1e-3, 0.5, 1.0), (0.1, 1.0, 2.0), (0.5, 3.0, 0.5)):
+        alpha = (1 - q) / q * math.exp(s * s / (2 * sigma * sigma))  # finite here: the formula as written
+        direct = (sigma * sigma / s) * (-np.arcsinh(alpha * np.sinh(eps / 2)) - eps / 2)
+        np.testing.assert_allclose(_inverse_loss("replace", eps, q, sigma, s), direct, rtol=1e-10, atol=1e-12)
+    # σ = 1e-6: α = exp(5e11) overflows a float; the loss is ±ε only far out, x = ∓s/2 up to 1e-12 (units of s)
+    x = _inverse_loss("replace", np.array([-1.0, 0.0, 1.0]), 0.1, 1e-6, 1.0)
+    np.testing.assert_allclose(x, [0.5, 0.0, -0.5], atol=1e-9)
+
+
+def test_a_ledger_with_a_tiny_noise_multiplier_is_left_only_the_chance_of_never_being_sampled():
+    from lightning_privacy.ledger import PrivacyLedger
+
+    ledger = PrivacyLedger()
+    ledger.step(noise_multiplier=1e-6, sample_rate=0.125, steps=16)  # was an OverflowError in math.exp
+    # σ → 0: the output reveals the record whenever it is sampled, so β* = P(never sampled) = (1 − p)^T
+    beta = ledger.bayes_security()
+    assert beta <= 0.875**16 and beta == pytest.approx(0.875**16, abs=1e-6)
