@@ -69,6 +69,8 @@ class PerExampleBackward:
         param_names: parameter names by ``id``, for messages.
         check: ``check(losses, params, norms)``, called after the first ghost pass with the hooks off while
             ``should_check()`` is true (DPSGD's self-check of the norms).
+        sharded: the module is sharded by FSDP2 (Opacus' FSDP hooks; every step runs two backward passes, the
+            reduce-scatters every rank must join, empty batches included).
 
     Empty Poisson batches: Opacus' ghost norm samplers cannot take a batch of zero examples, so DPSGD calls
     :meth:`start_batch` with ``empty=True`` for such a batch (hooks off for its forward); its backward then only gives every
@@ -91,6 +93,7 @@ class PerExampleBackward:
         param_names: Optional[Dict[int, str]] = None,
         check: Optional[Callable[[torch.Tensor, List[torch.Tensor], torch.Tensor], None]] = None,
         should_check: Callable[[], bool] = lambda: False,
+        sharded: bool = False,
     ) -> None:
         if mode == "ghost" and is_overridden("backward", pl_module, parent=pl.LightningModule):
             raise MisconfigurationException(
@@ -105,6 +108,7 @@ class PerExampleBackward:
         self.check = check
         self.should_check = should_check
         self.last_norms: Optional[torch.Tensor] = None
+        self.sharded = sharded
         self._skipping = False
         self._original = pl_module.backward
         self._had_own = "backward" in vars(pl_module)
@@ -162,7 +166,8 @@ class PerExampleBackward:
         for param in params:  # Opacus never resets them: a stale norm would clip this batch with the last one's
             _compat.clear_norm_sample(param)
         self._original(_reduce(losses, self.loss_reduction), *args, retain_graph=True, **kwargs)
-        missing = [self._name(p) for p in params if _compat.norm_sample(p) is None]
+        # (Opacus' FSDP hooks keep the norms on the modules, one per parameter, and raise themselves when one is missing)
+        missing = [] if self.sharded else [self._name(p) for p in params if _compat.norm_sample(p) is None]
         if missing:
             raise MisconfigurationException(
                 f"DP-SGD (ghost clipping): trainable parameter(s) {', '.join(f'`{n}`' for n in missing[:5])} got no "
@@ -193,6 +198,8 @@ class PerExampleBackward:
                 f"{losses.numel()} per-example losses."
             )
         if losses.requires_grad:
+            if self.sharded:  # as many backward passes (FSDP reduce-scatters) as a non-empty step on another rank
+                self._original(losses.sum(), *args, retain_graph=True, **kwargs)
             self._original(losses.sum(), *args, **kwargs)
         for param in params:
             if param.grad is None:

@@ -4,13 +4,18 @@ Supported strategies, by exact type (a subclass can change how gradients or opti
 does by bypassing the DP optimizer):
 
 - ``SingleDeviceStrategy`` — one process.
+- ``ModelParallelStrategy`` with a tensor-parallel size of 1 — FSDP2: the module's ``configure_model`` applies
+  ``fully_shard`` over ``self.device_mesh["data_parallel"]`` (Lightning's convention). Ghost clipping only, through
+  Opacus' FSDP classes (``GradSampleHooksFastGradientClippingFSDP``, ``FSDPOptimizerFastGradientClipping``): each
+  rank clips its examples, FSDP's reduce-scatter averages the clipped sums, and every rank adds noise of standard
+  deviation σ·C/W to its shard (mean reduction only: the average needs that divisor).
 - ``DDPStrategy`` launched by a script (``strategy="ddp"``, ``torchrun``, SLURM): each rank draws its share of one
   Poisson batch per step; per-sample clipping happens locally, the noise is added once (on rank 0) and the DP
   optimizer all-reduces the noised sum itself, so DDP's own gradient all-reduce is replaced by a no-op communication
   hook. ``ddp_spawn``/``ddp_fork``/``ddp_notebook`` are refused: the processes they start take the callbacks' state
   (the privacy ledger) with them, and the main process would report a run it never saw (ε = 0).
 
-Everything else — DeepSpeed, XLA, FSDP (FSDP1) and ``ModelParallelStrategy`` — is refused in ``setup`` with a
+Everything else — DeepSpeed, XLA, FSDP1 (``FSDPStrategy``), tensor parallelism, subclasses — is refused in ``setup`` with a
 message naming what works.
 """
 
@@ -22,7 +27,7 @@ from typing import Any, Callable, List, Optional, Type
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import (
     DistributedDPOptimizer,
@@ -30,6 +35,7 @@ from opacus.optimizers import (
     DPOptimizer,
     DPOptimizerFastGradientClipping,
 )
+from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
 
 from lightning_privacy import _compat
 from lightning_privacy.sampling import draw_seed
@@ -38,14 +44,18 @@ __all__ = [
     "Sampling",
     "check_strategy",
     "disable_ddp_gradient_sync",
+    "check_fsdp_settings",
     "dp_optimizer_class",
+    "grad_sample_hooks",
+    "is_fsdp",
     "is_distributed",
     "resolve_sampling",
 ]
 
 SUPPORTED = (
-    "Trainer(strategy='auto') on one device, or Trainer(strategy='ddp', use_distributed_sampler=False) launched as a "
-    "script (also under torchrun or SLURM)"
+    "Trainer(strategy='auto') on one device, Trainer(strategy='ddp', use_distributed_sampler=False) launched as a "
+    "script (also under torchrun or SLURM), or ModelParallelStrategy(tensor_parallel_size=1) (FSDP2) with "
+    "DPSGD(grad_sample_mode='ghost')"
 )
 
 
@@ -78,10 +88,43 @@ def check_strategy(trainer: pl.Trainer) -> None:
                 "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
             )
         return
+    if type(strategy) is ModelParallelStrategy:
+        tensor_parallel = strategy.device_mesh["tensor_parallel"].size()
+        if tensor_parallel != 1:
+            raise MisconfigurationException(
+                f"DPSGD under ModelParallelStrategy supports data parallelism (FSDP2) only, got a tensor-parallel size "
+                f"of {tensor_parallel}: per-example clipping of tensor-parallel layers is not available in Opacus. Use "
+                "ModelParallelStrategy(data_parallel_size=W, tensor_parallel_size=1)."
+            )
+        if _compat.uses_distributed_sampler(trainer):
+            raise MisconfigurationException(
+                "DPSGD under ModelParallelStrategy needs `Trainer(use_distributed_sampler=False)`: Lightning's "
+                "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
+            )
+        return
     raise MisconfigurationException(
         f"DPSGD does not support {name}: DP-SGD needs every example's gradient clipped and the noise added once by "
         f"Opacus' DP optimizer, which this strategy does not guarantee. Use {SUPPORTED}."
     )
+
+
+def is_fsdp(trainer: pl.Trainer) -> bool:
+    """FSDP2 through Lightning's ModelParallelStrategy."""
+    return type(trainer.strategy) is ModelParallelStrategy
+
+
+def check_fsdp_settings(*, grad_sample_mode: str, loss_reduction: str) -> None:
+    """What DPSGD needs under FSDP2: ghost clipping and mean reduction (see the module docstring)."""
+    if grad_sample_mode != "ghost":
+        raise MisconfigurationException(
+            "DPSGD under ModelParallelStrategy (FSDP2) needs grad_sample_mode='ghost' (Opacus' FSDP support computes "
+            f"per-example norms, not per-example gradients), got {grad_sample_mode!r}."
+        )
+    if loss_reduction != "mean":
+        raise MisconfigurationException(
+            "DPSGD under ModelParallelStrategy (FSDP2) needs loss_reduction='mean': FSDP averages the ranks' clipped "
+            f"sums and Opacus divides the noise by the number of ranks accordingly; got {loss_reduction!r}."
+        )
 
 
 def is_distributed(trainer: pl.Trainer) -> bool:
@@ -160,8 +203,30 @@ class _DistributedGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DistributedD
     pass
 
 
+class _FSDPGhostDPOptimizer(_SecureNoise, FSDPOptimizerFastGradientClipping):
+    before_noise_hooks: List[Callable[[DPOptimizer], None]]
+    check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None
+    summed_before_noise: Optional[List[torch.Tensor]] = None
+
+
+def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str, **kwargs: Any) -> Any:
+    """Opacus' per-example hooks for the mode and the strategy."""
+    from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
+    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping_fsdp import (
+        GradSampleHooksFastGradientClippingFSDP,
+    )
+
+    if grad_sample_mode == "hooks":
+        kwargs.pop("max_grad_norm", None)
+        return GradSampleHooks(module, batch_first=True, **kwargs)
+    cls = GradSampleHooksFastGradientClippingFSDP if is_fsdp(trainer) else GradSampleHooksFastGradientClipping
+    return cls(module, batch_first=True, **kwargs)
+
+
 def dp_optimizer_class(trainer: pl.Trainer, grad_sample_mode: str) -> Type[DPOptimizer]:
-    """The DP optimizer for the mode and the strategy (hooks or ghost, one process or DDP)."""
+    """The DP optimizer for the mode and the strategy (hooks or ghost; one process, DDP or FSDP2)."""
+    if is_fsdp(trainer):
+        return _FSDPGhostDPOptimizer
     distributed = is_distributed(trainer)
     if grad_sample_mode == "ghost":
         return _DistributedGhostDPOptimizer if distributed else _GhostDPOptimizer

@@ -11,7 +11,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
 from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from typing_extensions import override
@@ -230,7 +229,7 @@ class DPSGD(Callback):
         self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
         self.sample_rate: Optional[float] = None
         self.steps_per_epoch: Optional[int] = None
-        self._hooks: Optional[GradSampleHooks] = None
+        self._hooks: Any = None  # Opacus' per-example hooks (see _strategies.grad_sample_hooks)
         self._backward: Optional[PerExampleBackward] = None
         self._distributed = False
         self._batch_statistics: List[tuple] = []
@@ -277,6 +276,8 @@ class DPSGD(Callback):
                 "`DPSGD(fix_modules=True)`."
             )
         _strategies.check_strategy(trainer)
+        if _strategies.is_fsdp(trainer):
+            _strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
         self._distributed = _strategies.is_distributed(trainer)
         if self.grad_sample_mode == "ghost":
             if "16" in str(trainer.precision):
@@ -308,12 +309,19 @@ class DPSGD(Callback):
             self._plan(trainer)
         self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
         self._batch_statistics = _dp_checks.batch_statistics_layers(pl_module)
-        if self.grad_sample_mode == "ghost":
-            self._hooks = GradSampleHooksFastGradientClipping(
-                pl_module, batch_first=True, loss_reduction=self.loss_reduction, max_grad_norm=self.max_grad_norm
+        fsdp = _strategies.is_fsdp(trainer)
+        if fsdp and self._before_noise_hooks:
+            raise MisconfigurationException(
+                "Hooks on the clipped gradient sum before the noise (CanaryAudit's gradient canaries) are not supported "
+                "under ModelParallelStrategy (FSDP2) yet; use DDP for a canary audit."
             )
-        else:
-            self._hooks = GradSampleHooks(pl_module, batch_first=True, loss_reduction=self.loss_reduction)
+        self._hooks = _strategies.grad_sample_hooks(
+            trainer,
+            pl_module,
+            grad_sample_mode=self.grad_sample_mode,
+            loss_reduction=self.loss_reduction,
+            max_grad_norm=self.max_grad_norm,
+        )
         cls = _strategies.dp_optimizer_class(trainer, self.grad_sample_mode)
         _strategies.disable_ddp_gradient_sync(trainer)
         self._backward = PerExampleBackward(
@@ -323,7 +331,8 @@ class DPSGD(Callback):
             hooks=self._hooks,
             param_names=self._param_names,
             check=functools.partial(_dp_checks.check_ghost_norm, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
-            should_check=lambda: self._checks_left > 0,
+            should_check=lambda: self._checks_left > 0 and not fsdp,
+            sharded=fsdp,
         )
         expected_batch_size = int(len(loader.dataset) * self.sample_rate)
         if self._distributed:

@@ -230,3 +230,60 @@ def test_ghost_equals_hooks_under_ddp(tmp_path):
 def _ddp_initial_weights():
     pl.seed_everything(0)
     return torch.cat([p.detach().flatten() for p in _module().parameters()])
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2 (torchrun)
+class _ShardedMLP(_MLP):
+    """Lightning's FSDP2 convention: configure_model shards each layer, then the network, over the data mesh."""
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net:
+            if any(p.requires_grad for p in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
+
+
+def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    record = RecordBatches(n)
+    dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode="ghost")
+    monitor = BayesSecurityMonitor()
+    model = _ShardedMLP()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer(
+            [dpsgd, monitor, record],
+            max_epochs=epochs,
+            strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+            devices=2,
+            use_distributed_sampler=False,
+        )
+        t.fit(model, train_dataloaders=seeded_loader(n, batch))
+    weights = torch.cat([p.detach().full_tensor().flatten() for p in model.parameters()])
+    return {
+        "rank": t.global_rank,
+        "batches": record.batches,
+        "steps": t.global_step,
+        "epsilon": dpsgd.epsilon(),
+        "beta": float(t.callback_metrics[names.MIA_BAYES_SECURITY]),
+        "weights": weights,
+        "sample_rate": dpsgd.sample_rate,
+    }
+
+
+@pytest.mark.slow
+def test_fsdp2_ghost_trains_as_ddp_ghost_on_the_same_batches(tmp_path):
+    kwargs = dict(n=256, batch=32, epochs=2, seed=4, sigma=1e-6)
+    fsdp = run_ddp("tests.callbacks.test_dpsgd_sampling:_fsdp_worker", tmp_path / "fsdp", **kwargs)
+    ddp = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", mode="ghost", **kwargs)
+    for f, d in zip(fsdp, ddp):
+        assert f["batches"] == d["batches"] and f["steps"] == d["steps"]
+        assert f["epsilon"] == d["epsilon"] and f["beta"] == d["beta"]
+        torch.testing.assert_close(f["weights"], d["weights"], atol=1e-4, rtol=0)
+    assert not torch.equal(fsdp[0]["weights"], _ddp_initial_weights())

@@ -1,4 +1,5 @@
-"""DPSGD's strategy check: one device or script-launched DDP; everything else refused in setup, named, with what works.
+"""DPSGD's strategy check: one device, script-launched DDP or FSDP2 (ModelParallelStrategy, data parallel, ghost);
+everything else refused in setup, named, with what works.
 
 The checks run ``DPSGD.setup`` on a Trainer that was built but never launched: no process is started.
 """
@@ -51,7 +52,6 @@ def _deepspeed():
         (MyDDP, "MyDDP"),
         (_deepspeed, "DeepSpeedStrategy"),
         (FSDPStrategy, "FSDPStrategy"),
-        (ModelParallelStrategy, "ModelParallelStrategy"),
     ],
 )
 def test_other_strategies_are_refused_by_exact_type(tmp_path, monkeypatch, make, name):
@@ -84,3 +84,33 @@ def test_ddp_start_method_is_read_from_lightning(tmp_path):
         assert _compat.ddp_start_method(t.strategy) == method, strategy
     with pytest.raises(RuntimeError, match="could not read how object starts its processes"):
         _compat.ddp_start_method(object())
+
+
+class _Mesh:
+    """Stands in for the device mesh ModelParallelStrategy builds once its processes are up."""
+
+    def __init__(self, tensor_parallel: int) -> None:
+        self.tensor_parallel = tensor_parallel
+
+    def __getitem__(self, name):
+        size = self.tensor_parallel if name == "tensor_parallel" else 2
+        return type("Dim", (), {"size": lambda self: size})()
+
+
+def _model_parallel(tmp_path, monkeypatch, tensor_parallel):
+    monkeypatch.setattr(ModelParallelStrategy, "device_mesh", property(lambda self: _Mesh(tensor_parallel)))
+    return trainer([], tmp_path, strategy=ModelParallelStrategy(), devices=2, use_distributed_sampler=False)
+
+
+def test_fsdp2_takes_ghost_clipping_with_mean_reduction_and_no_tensor_parallelism(tmp_path, monkeypatch):
+    t = _model_parallel(tmp_path, monkeypatch, tensor_parallel=1)
+    DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")  # accepted
+    for kwargs, expected in (
+        ({}, "needs grad_sample_mode='ghost'"),
+        ({"grad_sample_mode": "ghost", "loss_reduction": "sum"}, "needs loss_reduction='mean'"),
+    ):
+        with pytest.raises(MisconfigurationException, match=expected):
+            DPSGD(noise_multiplier=1.0, **kwargs).setup(t, tiny_module(), "fit")
+    t = _model_parallel(tmp_path, monkeypatch, tensor_parallel=2)
+    with pytest.raises(MisconfigurationException, match="tensor-parallel size of 2"):
+        DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")
