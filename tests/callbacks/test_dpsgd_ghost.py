@@ -52,9 +52,9 @@ class Recorder(Callback):
 def _run(make, data, mode, *, dtype=torch.float64, epochs=1, extra=(), **dpsgd):
     torch.manual_seed(0)
     model = make().to(dtype)
-    dp = DPSGD(noise_multiplier=SIGMA, max_grad_norm=C, grad_sample_mode=mode, **dpsgd)
+    dp = DPSGD(noise_multiplier=SIGMA, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=0, **dpsgd)
     recorder = Recorder(dp)
-    pl.seed_everything(1, verbose=False)  # same Poisson batches and same noise draws in both modes
+    pl.seed_everything(1, verbose=False)  # same noise draws in both modes (sampling_seed: same batches)
     t = trainer([dp, recorder, *extra], max_epochs=epochs)
     t.fit(model, train_dataloaders=DataLoader(data, batch_size=32))
     return t, dp, recorder, model
