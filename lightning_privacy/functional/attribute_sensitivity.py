@@ -13,8 +13,9 @@ the largest distance between two substitutions of the same record. Plugged into
 Methods (Section 5.4):
 
 - ``"exact"``: the diameter, from the |A|×|A| Gram matrix of each example's gradients (one batched
-  matrix product); on the ``"func"`` backend the maximising pair is then re-measured directly, so the
-  value is not affected by the float32 cancellation of ``‖a‖² + ‖b‖² − 2⟨a, b⟩``.
+  matrix product); on the ``"func"`` backend the gradients are centred on their mean first and the
+  maximising pair is then re-measured directly, so neither the choice of the pair nor the value suffers
+  the float32 cancellation of ``‖a‖² + ‖b‖² − 2⟨a, b⟩`` at the scale of C².
 - ``"approximate"``: ``2·max_a ‖ḡ_a − v‖`` with ``v`` the mean of the |A| gradients, O(|A|) distances. By
   the triangle inequality it is an UPPER bound on the diameter (the safe side: β*_AI from it is a lower
   bound on the exact-diameter β*_AI). Since every clipped gradient has norm ≤ C the diameter is also
@@ -51,6 +52,12 @@ Backends (same values up to float rounding):
   fit at run time (a supported layer that sees the batch folded into another dimension, e.g.
   ``x.view(-1, d)``, or a packed sequence).
 
+Precision: the computation runs with autocast disabled, in the parameters' dtype but at least float32
+(bfloat16/float16 parameters, buffers, inputs and targets are upcast exactly), whatever precision the
+training step uses. What is left is float32 rounding of the forward and backward passes (≈ 1e-7·C on
+the test architectures); ``rounding_allowance`` (see :func:`sensitivity_rounding_allowance`) adds a
+margin, absolute in C, that keeps the result at or above the exact value.
+
 The module's train/eval mode is respected (an eval-mode module has no dropout). BatchNorm in training
 mode is rejected (per-example gradients are not defined for it, and Opacus rejects it too).
 
@@ -66,6 +73,7 @@ dims have the chunk's row count, the chunk is split so that they differ.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import numbers
@@ -88,12 +96,14 @@ __all__ = [
     "sensitivity_from_gradients",
     "attribute_sensitivities",
     "attribute_sensitivity",
+    "sensitivity_rounding_allowance",
 ]
 
 METHODS = ("exact", "approximate")
 CLIP_EPS = 1e-6  # Opacus' DPOptimizer.clip_and_accumulate: C / (norm + 1e-6)
 DEFAULT_CHUNK_ELEMENTS = 2**23  # gradient entries per chunk (32 MB in float32)
 GRAM_CHUNK_ELEMENTS = 2**23  # Gram backend: elements held per chunk (activations, errors, per-layer work); cache-sized
+ROUNDING_ALLOWANCE_EPS = 1024  # sensitivity_rounding_allowance: machine epsilons of C
 LossFn = Callable[[Any, Any], torch.Tensor]
 
 
@@ -112,6 +122,74 @@ def _check_method(method: Any) -> str:
     if method not in METHODS:
         raise ValueError(f"Expected argument `method` to be one of {METHODS}, but got {method!r}.")
     return method
+
+
+def _check_rounding_allowance(rounding_allowance: Any) -> float:
+    if isinstance(rounding_allowance, bool) or not isinstance(rounding_allowance, numbers.Real):
+        raise TypeError(
+            f"Expected argument `rounding_allowance` to be a real number, but got {type(rounding_allowance).__name__}."
+        )
+    if not (math.isfinite(float(rounding_allowance)) and rounding_allowance >= 0):
+        raise ValueError(
+            f"Expected argument `rounding_allowance` to be a finite number >= 0, but got {rounding_allowance!r}."
+        )
+    return float(rounding_allowance)
+
+
+# ---------------------------------------------------------------------------------------- precision
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32 if it is a floating tensor narrower than that (bf16, fp16, fp8), else ``t`` itself."""
+    return t.float() if t.is_floating_point() and t.element_size() < 4 else t
+
+
+def _full_precision(device: torch.device):
+    """A context without autocast on ``device``'s type: the measurement runs in the dtypes it is given."""
+    if torch.amp.is_autocast_available(device.type):
+        return torch.autocast(device_type=device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def sensitivity_rounding_allowance(dtype: torch.dtype, *, max_grad_norm: float) -> float:
+    r"""The absolute allowance that keeps a computed sensitivity at or above its exact value: ``1024·eps·C``.
+
+    :func:`attribute_sensitivity` runs in the parameters' dtype, upcast to float32 when narrower (and with
+    autocast disabled), so ``dtype`` float16/bfloat16 gives the float32 value ``1024 · 2⁻²³ · C ≈ 1.22e-4·C``;
+    float64 gives ``2.3e-13·C``.
+
+    Why absolute, and why 1024 epsilons: if every computed per-sample gradient is within a normwise relative
+    error ρ of its exact value (forward and backward rounding), then each CLIPPED gradient is within ``2ρC``
+    (clipping to the ball of radius C moves a point by at most its error inside the ball, and by at most
+    ``C·‖ĝ/‖ĝ‖ − g/‖g‖‖ ≤ 2ρC`` outside), so a distance between two of them is within ``4ρC`` and the
+    approximate bound ``2‖ḡ_a − v‖`` within ``8ρC`` — errors proportional to C, not to the distance, which can
+    be far smaller than C (nearly equal clipped gradients). The distances themselves are measured directly on
+    centred points (float64 Gram matrices on the Gram backend), adding ~eps relative. ``1024·eps`` therefore
+    covers ρ ≤ 128·eps (256 unit roundoffs: a worst-case error accumulated over 256 roundings in a row, or
+    the typical √n growth over far more). This is an engineering margin, not a proof: a badly conditioned
+    network can amplify rounding further. Measured on the end-to-end test architectures (CNN + GroupNorm,
+    attention, DPLSTM, frozen backbone) in float32 against float64: sensitivities at most 5.1e-8·C below the
+    float64 value, i.e. the allowance is ~2,400× the observed rounding.
+
+    Args:
+        dtype: the parameters' dtype.
+        max_grad_norm: C, DP-SGD's clipping norm.
+
+    Returns:
+        The allowance to pass as ``rounding_allowance``.
+
+    Raises:
+        TypeError: ``dtype`` is not a floating dtype. ValueError: ``max_grad_norm`` is not finite and > 0.
+
+    Example::
+
+        >>> round(sensitivity_rounding_allowance(torch.bfloat16, max_grad_norm=1.0), 7)
+        0.0001221
+        >>> sensitivity_rounding_allowance(torch.float32, max_grad_norm=2.0) == 2 * 1024 * 2.0**-23
+        True
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"Expected argument `dtype` to be a floating torch.dtype, but got {dtype!r}.")
+    c_max = _check_max_grad_norm(max_grad_norm)
+    return ROUNDING_ALLOWANCE_EPS * torch.finfo(torch.promote_types(dtype, torch.float32)).eps * c_max
 
 
 def _hooked(module: nn.Module) -> list:
@@ -269,7 +347,7 @@ def clip_factors(squared_norms: torch.Tensor, max_grad_norm: float) -> torch.Ten
 def _flat(gradients: Union[torch.Tensor, Mapping[str, torch.Tensor]]) -> list:
     if isinstance(gradients, torch.Tensor):
         gradients = {"": gradients}
-    flats = [g.reshape(g.shape[0], g.shape[1], -1) for g in gradients.values()]
+    flats = [_at_least_float32(g.reshape(g.shape[0], g.shape[1], -1)) for g in gradients.values()]
     if not flats or flats[0].ndim != 3:
         raise ValueError("Expected gradients of shape (examples, |A|, ...) per parameter.")
     return flats
@@ -305,66 +383,63 @@ def sensitivity_from_gradients(
     return _sensitivity(_flat(gradients), c_max, method, floor=None)
 
 
-def _gather(flats: list, rows: torch.Tensor, index: torch.Tensor, scale: torch.Tensor) -> list:
-    """``scale[r] · g[r, index[r]]`` for every parameter block: ``[(len(rows), d_p)]``."""
-    return [g[rows, index] * scale.unsqueeze(1) for g in flats]
-
-
 def _sq_dist(a: list, b: list) -> torch.Tensor:
     """Squared distances between row-aligned point lists, measured directly (no cancellation)."""
     return sum((x - y).square().sum(dim=1) for x, y in zip(a, b))
 
 
-def _sensitivity(flats: list, c_max: float, method: str, floor: Optional[float]) -> torch.Tensor:
+def _sensitivity(
+    flats: list, c_max: float, method: str, floor: Optional[float], in_place: bool = False
+) -> torch.Tensor:
     """Core of :func:`sensitivity_from_gradients` on flat blocks ``[(b, k, d_p)]``.
 
-    Distances to a centre are first estimated from norms and inner products (two memory passes,
-    batched matrix-vector products); the maximising point is then re-measured directly, so the
-    returned values carry no cancellation error. With ``floor`` (a value some example of the batch is
-    known to reach), examples whose upper bound ``r₍₁₎ + r₍₂₎`` (two largest distances to the mean, with
-    a rounding allowance) cannot exceed it skip the |A|×|A| Gram matrix and report their lower bound
-    instead: the batch maximum is unchanged (this is only done for :func:`attribute_sensitivity`).
+    The clipped gradients are centred on their mean ``v`` first (``ḡ_a − v``, materialised), so every
+    distance and inner product below is taken at the scale of the spread of the |A| points, not of C:
+    squared distances to the mean are measured directly, and the |A|×|A| Gram matrix that picks the
+    farthest pair has its cancellation error relative to the diameter (with uncentred points it is relative
+    to C², and a small diameter could be under-reported by picking the wrong pair). The maximising point or
+    pair is then re-measured directly. With ``floor`` (a value some example of the batch is known to reach),
+    examples whose upper bound ``r₍₁₎ + r₍₂₎`` (two largest distances to the mean, with a rounding
+    allowance) cannot exceed it skip the |A|×|A| Gram matrix and report their lower bound instead: the batch
+    maximum is unchanged (this is only done for :func:`attribute_sensitivity`). With ``in_place`` the blocks
+    (which the caller no longer needs) are centred in place instead of copied.
     """
     b, k = flats[0].shape[:2]
     if b == 0:
         return flats[0].new_zeros(0)
     norms = torch.stack([g.norm(dim=2) for g in flats], dim=2).norm(dim=2)  # Opacus: norm of per-param norms
     c = clip_factors(norms.square(), c_max)  # (b, k)
-    cn2 = (c * norms).square()  # squared norms of the clipped gradients
     rows = torch.arange(b, device=c.device)
-    # Mean v of the clipped gradients and estimated squared distances to it.
     w = (c / k).unsqueeze(1)  # (b, 1, k)
-    centre = [torch.bmm(w, g).squeeze(1) for g in flats]  # (b, d_p)
-    dots = sum(torch.bmm(v.unsqueeze(1), g.transpose(1, 2)).squeeze(1) for g, v in zip(flats, centre))  # <g_a, v>
-    vv = sum(v.square().sum(dim=1) for v in centre)
-    r2 = (cn2 - 2.0 * c * dots + vv.unsqueeze(1)).clamp_min(0.0)
+    centre = [torch.bmm(w, g) for g in flats]  # (b, 1, d_p): v, the mean of the clipped points
+    centred = [  # ḡ_a − v; in place only on a contiguous block (an expanded one shares memory between rows)
+        g.mul_(c.unsqueeze(2)).sub_(v) if in_place and g.is_contiguous() else torch.addcmul(-v, g, c.unsqueeze(2))
+        for g, v in zip(flats, centre)
+    ]
+    r2 = sum(torch.linalg.vector_norm(p, dim=2).square() for p in centred)  # (b, k) distances² to v, measured
     far = r2.argmax(dim=1)
-    far_point = _gather(flats, rows, far, c[rows, far])
-    r_far = _sq_dist(far_point, centre).sqrt()  # re-measured directly
     if method == "approximate":
-        return (2.0 * r_far).clamp(max=2.0 * c_max)
+        return (2.0 * r2[rows, far].sqrt()).clamp(max=2.0 * c_max)
     # exact: lower bound = the farthest point from the point farthest from the mean (re-measured directly)
-    dots_far = sum(torch.bmm(p.unsqueeze(1), g.transpose(1, 2)).squeeze(1) for g, p in zip(flats, far_point))
-    d2_far = cn2 - 2.0 * c * dots_far + _sq_dist(far_point, [torch.zeros_like(p) for p in far_point]).unsqueeze(1)
-    partner = d2_far.argmax(dim=1)
-    lower = _sq_dist(far_point, _gather(flats, rows, partner, c[rows, partner])).sqrt()
+    far_point = [p[rows, far] for p in centred]
+    dots_far = sum(torch.bmm(q.unsqueeze(1), p.transpose(1, 2)).squeeze(1) for p, q in zip(centred, far_point))
+    partner = (r2 - 2.0 * dots_far).argmax(dim=1)  # ‖p_a − p_far‖² up to the constant ‖p_far‖²
+    lower = _sq_dist(far_point, [p[rows, partner] for p in centred]).sqrt()
     if floor is None:
         todo = rows
     else:
-        top2 = r2.topk(min(2, k), dim=1).values + 1e-5 * c_max**2  # rounding allowance of the estimates
+        top2 = r2.topk(min(2, k), dim=1).values + 1e-5 * c_max**2  # rounding allowance of the centring
         upper = top2.sqrt().sum(dim=1)
         todo = rows[upper > max(floor, float(lower.max()))]
     result = lower.clone()
     if todo.numel():
-        everything = len(todo) == b
-        sub = flats if everything else [g[todo] for g in flats]
-        cs = c if everything else c[todo]
-        gram = sum(torch.bmm(g, g.transpose(1, 2)) for g in sub) * cs.unsqueeze(2) * cs.unsqueeze(1)
+        sub = centred if len(todo) == b else [p[todo] for p in centred]
+        gram = sum(torch.bmm(p, p.transpose(1, 2)) for p in sub)
         diag = gram.diagonal(dim1=1, dim2=2)
         best = (diag.unsqueeze(2) + diag.unsqueeze(1) - 2.0 * gram).reshape(len(todo), k * k).argmax(dim=1)
         i, j = best // k, best % k
         local = torch.arange(len(todo), device=c.device)
-        exact = _sq_dist(_gather(sub, local, i, cs[local, i]), _gather(sub, local, j, cs[local, j])).sqrt()
+        exact = _sq_dist([p[local, i] for p in sub], [p[local, j] for p in sub]).sqrt()
         result[todo] = torch.maximum(exact, lower[todo])  # both are measured distances of pairs
     return result.clamp(max=2.0 * c_max)  # ≤ 2C holds exactly; the clamp only removes float rounding
 
@@ -491,11 +566,13 @@ def _sensitivities(
     randomness,
     backend,
     prune,
+    rounding_allowance,
 ) -> torch.Tensor:
     _check_module(module)
     c_max = _check_max_grad_norm(max_grad_norm)
     _check_method(method)
     chunk_size = _check_chunk_size(chunk_size)
+    allowance = _check_rounding_allowance(rounding_allowance)
     if not isinstance(attribute, SensitiveAttribute):
         raise TypeError(
             f"Expected argument `attribute` to be a SensitiveAttribute, but got {type(attribute).__name__}."
@@ -511,9 +588,50 @@ def _sensitivities(
             f"Expected `targets` to have the batch size of `inputs` ({n}), but got {tree_batch_size(targets)}."
         )
     trainable, frozen = _split_params(module, params, buffers)
+    device = next(iter(trainable.values())).device
     if n == 0:
-        return torch.zeros(0, device=next(iter(trainable.values())).device)
-    k = attribute.size
+        return torch.zeros(0, device=device)
+    # Full width whatever the caller's precision: bf16/fp16 tensors upcast (exactly) to float32, no autocast.
+    trainable, frozen = ({name: _at_least_float32(t) for name, t in d.items()} for d in (trainable, frozen))
+    inputs, targets = (_tree_map(_at_least_float32, t) for t in (inputs, targets))
+    with _full_precision(device):
+        per_example = _measure(
+            module,
+            inputs,
+            targets,
+            attribute,
+            trainable,
+            frozen,
+            loss_fn,
+            c_max,
+            method,
+            chunk_size,
+            randomness,
+            backend,
+            prune,
+        )
+    if allowance:
+        per_example = (per_example + allowance).clamp(max=2.0 * c_max)  # the exact value is <= 2C
+    return per_example
+
+
+def _measure(
+    module,
+    inputs,
+    targets,
+    attribute,
+    trainable,
+    frozen,
+    loss_fn,
+    c_max,
+    method,
+    chunk_size,
+    randomness,
+    backend,
+    prune,
+) -> torch.Tensor:
+    """Per-example sensitivities of a validated, non-empty batch (see :func:`_sensitivities`)."""
+    n, k = tree_batch_size(inputs), attribute.size
     if backend != "func":
         layers = _gram.plan(module, trainable)
         reason = layers if isinstance(layers, str) else None
@@ -536,7 +654,7 @@ def _sensitivities(
         x = _tree_map(lambda t: t[start : start + chunk_size], inputs)
         y = _tree_map(lambda t: t[start : start + chunk_size], targets)
         grads = per_example(trainable, attribute.expand(x), y)  # {name: (b, k, *shape)}
-        out.append(_sensitivity(_flat(grads), c_max, method, floor))
+        out.append(_sensitivity(_flat(grads), c_max, method, floor, in_place=True))  # fresh gradients
         if prune:
             floor = max(floor, float(out[-1].max()))
     return torch.cat(out)
@@ -560,7 +678,10 @@ _SHARED_ARGS = """
             from one batched forward/backward, for modules whose trainable parameters all sit in
             supported layers — Linear, Conv, Embedding, LayerNorm/RMSNorm/GroupNorm, Opacus'
             DPMultiheadAttention and DP RNNs — without active dropout; ``"linear"`` is its former name)
-            or ``"auto"`` (``"gram"`` when it applies). All give the same values up to rounding."""
+            or ``"auto"`` (``"gram"`` when it applies). All give the same values up to rounding.
+        rounding_allowance: added to every example's sensitivity (capped at 2C, before any maximum), so
+            float rounding cannot put the result below the exact value; see
+            :func:`sensitivity_rounding_allowance` for a value (default 0: the computed value as is)."""
 
 
 def attribute_sensitivities(
@@ -578,13 +699,19 @@ def attribute_sensitivities(
     chunk_size: Optional[int] = None,
     randomness: str = "different",
     backend: str = "auto",
+    rounding_allowance: float = 0.0,
 ) -> torch.Tensor:
     """Per-example sensitivity ``diam{ḡ((φ(z), a)) : a ∈ A}`` (or its upper bound) for a batch.
+
+    Computed in the parameters' dtype, at least float32, with autocast disabled: bfloat16/float16
+    parameters, buffers, inputs and targets are upcast (exactly) first, so a call from inside a
+    bf16-mixed step measures the full-width value. The result is in that dtype.
 
     Args:{args}
 
     Returns:
-        ``(B,)`` tensor with entries in ``[0, 2C]`` (empty for an empty batch).
+        ``(B,)`` tensor with entries in ``[0, 2C]`` (``[min(rounding_allowance, 2C), 2C]``; empty for an
+        empty batch).
 
     Raises:
         ValueError, TypeError: for a bad argument (named in the message).
@@ -617,6 +744,7 @@ def attribute_sensitivities(
         randomness=randomness,
         backend=backend,
         prune=False,
+        rounding_allowance=rounding_allowance,
     )
 
 
@@ -636,6 +764,7 @@ def attribute_sensitivity(
     randomness: str = "different",
     backend: str = "auto",
     sync: bool = True,
+    rounding_allowance: float = 0.0,
 ) -> float:
     """R_t of Corollary 10: the largest per-example sensitivity of the batch (0 for an empty batch).
 
@@ -643,6 +772,12 @@ def attribute_sensitivity(
     taken across processes (a collective call: every rank must call it), so every rank gets the R_t
     of the global batch. With ``method="exact"`` on the torch.func path, examples whose upper bound
     cannot beat a diameter already found skip their |A|×|A| Gram matrix (the maximum is unchanged).
+
+    Precision as in :func:`attribute_sensitivities` (at least float32, autocast disabled). For a value that
+    float rounding cannot put below the exact R_t, pass
+    ``rounding_allowance=sensitivity_rounding_allowance(dtype, max_grad_norm=C)`` (what
+    :class:`~lightning_privacy.AttributeInferenceMonitor` does): it is added before the maximum and the
+    cross-process reduction.
 
     Args:{args}
         sync: take the maximum across processes too.
@@ -658,6 +793,12 @@ def attribute_sensitivity(
         >>> attribute_sensitivity(model, torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), attribute=sex,
         ...                       max_grad_norm=1.0)
         0.0
+        >>> x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+        >>> allowance = sensitivity_rounding_allowance(torch.float32, max_grad_norm=1.0)
+        >>> safe = attribute_sensitivity(model, x, y, attribute=sex, max_grad_norm=1.0, rounding_allowance=allowance)
+        >>> plain = attribute_sensitivity(model, x, y, attribute=sex, max_grad_norm=1.0)
+        >>> round((safe - plain) / allowance, 3)
+        1.0
     """
     per_example = _sensitivities(
         module,
@@ -674,6 +815,7 @@ def attribute_sensitivity(
         randomness=randomness,
         backend=backend,
         prune=True,
+        rounding_allowance=rounding_allowance,
     )
     local = per_example.max() if per_example.numel() else per_example.new_zeros(())
     if sync and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
