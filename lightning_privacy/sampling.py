@@ -32,6 +32,7 @@ import secrets
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
+import torch
 from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
@@ -163,7 +164,10 @@ class PoissonDataLoader(DataLoader):
         )
         if loader.num_workers > 0:
             kwargs["prefetch_factor"] = loader.prefetch_factor
-        super().__init__(loader.dataset, batch_sampler=batch_sampler, collate_fn=collate, **kwargs)
+        # the workers' base seed comes from the loader's own generator (or a private one), never from torch's global
+        # generator: drawing it there would shift the user's random stream (e.g. the noise) at every epoch
+        generator = loader.generator if loader.generator is not None else torch.Generator()
+        super().__init__(loader.dataset, batch_sampler=batch_sampler, collate_fn=collate, generator=generator, **kwargs)
         self.sample_rate = batch_sampler.sample_rate
         self.original = loader
 

@@ -66,9 +66,14 @@ def run_ddp(target: str, tmp_path: Path, *, nprocs: int = 2, nnodes: int = 1, **
                 p.kill()
             raise AssertionError(f"torchrun did not finish within {TIMEOUT} s (ranks out of step?)") from None
         outputs.append(out)
-    for proc, out in zip(procs, outputs):
+    for node, (proc, out) in enumerate(zip(procs, outputs)):
+        (tmp_path / f"torchrun-node{node}.log").write_text(out)
         if proc.returncode != 0:
-            raise AssertionError(f"torchrun exited with {proc.returncode}:\n{out[-6000:]}")
+            errors = [line for line in out.splitlines() if "Error" in line or "Exception" in line]
+            raise AssertionError(
+                f"torchrun exited with {proc.returncode} (output in {tmp_path}/torchrun-node{node}.log); errors:\n"
+                + "\n".join(dict.fromkeys(errors[:20]))
+            )
     world = nprocs * nnodes
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
 

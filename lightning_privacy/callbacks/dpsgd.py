@@ -569,6 +569,13 @@ class DPSGD(Callback):
             raise RuntimeError(
                 f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {self.max_grad_norm}"
             )
+        saved_seed = state_dict.get("sampling_seed")
+        if saved_seed is not None and saved_seed != self.sampling_seed:
+            rank_zero_warn(
+                f"The checkpoint was trained with DPSGD(sampling_seed={saved_seed}) and this DPSGD has "
+                f"sampling_seed={self.sampling_seed!r}: the resumed run draws other masks than the uninterrupted run "
+                "would have (still independent of the earlier ones)."
+            )
         if version == 1:  # before the ledger: only the history; the PLD is recomposed from its segments
             ledger = {"version": 1, "accountant": self.accountant_mechanism, "history": state_dict["history"]}
         else:

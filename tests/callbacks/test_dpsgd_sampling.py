@@ -287,3 +287,32 @@ def test_fsdp2_ghost_trains_as_ddp_ghost_on_the_same_batches(tmp_path):
         assert f["epsilon"] == d["epsilon"] and f["beta"] == d["beta"]
         torch.testing.assert_close(f["weights"], d["weights"], atol=1e-4, rtol=0)
     assert not torch.equal(fsdp[0]["weights"], _ddp_initial_weights())
+
+
+def test_a_resumed_run_ends_with_the_weights_and_every_privacy_number_of_the_uninterrupted_run(tmp_path):
+    n, batch = 256, 32
+
+    class Reseed(Callback):  # the noise of epoch 1 starts from the same generator state in both runs
+        def on_train_epoch_start(self, trainer, pl_module):
+            torch.manual_seed(1000 + trainer.current_epoch)
+
+    def run_reseeded(epochs, folder, **kwargs):
+        torch.manual_seed(0)
+        dpsgd, monitor = DPSGD(noise_multiplier=1.0, sampling_seed=5), BayesSecurityMonitor()
+        model = _module()
+        callbacks = [Reseed(), dpsgd, monitor, ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)]
+        t = trainer(callbacks, tmp_path, max_epochs=epochs, enable_checkpointing=True)
+        t.fit(model, train_dataloaders=seeded_loader(n, batch), **kwargs)
+        return t, dpsgd, model
+
+    straight_t, straight, straight_model = run_reseeded(2, "straight")
+    run_reseeded(1, "first")
+    resumed_t, resumed, resumed_model = run_reseeded(2, "resumed", ckpt_path=str(tmp_path / "first" / "last.ckpt"))
+    assert resumed.steps == straight.steps == 2 * n // batch
+    assert resumed.ledger.state_dict() == straight.ledger.state_dict()
+    for key in (names.MIA_BAYES_SECURITY, names.MIA_BAYES_SECURITY_CLOSED_FORM, names.DP_EPSILON, names.DP_STEPS):
+        assert float(resumed_t.callback_metrics[key]) == float(straight_t.callback_metrics[key])
+    for a, b in zip(resumed_model.parameters(), straight_model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)  # same masks and noise: the same training
+    state = torch.load(tmp_path / "first" / "last.ckpt", weights_only=True)["callbacks"][straight.state_key]
+    assert state["sampling_seed"] == 5
