@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, List, Optional, Type
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
 import lightning.pytorch as pl
 import torch
@@ -46,6 +46,7 @@ __all__ = [
     "disable_ddp_gradient_sync",
     "check_fsdp_settings",
     "dp_optimizer_class",
+    "full_tensors",
     "grad_sample_hooks",
     "is_fsdp",
     "is_distributed",
@@ -125,6 +126,22 @@ def check_fsdp_settings(*, grad_sample_mode: str, loss_reduction: str) -> None:
             "DPSGD under ModelParallelStrategy (FSDP2) needs loss_reduction='mean': FSDP averages the ranks' clipped "
             f"sums and Opacus divides the noise by the number of ranks accordingly; got {loss_reduction!r}."
         )
+
+
+def full_tensors(named: Iterable[Tuple[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """``{name: tensor}`` with FSDP2's sharded tensors all-gathered (a collective call: every rank must make it).
+
+    Gathered parameters are detached and keep ``requires_grad`` (which layers train); other tensors are the live ones.
+    """
+    from torch.distributed.tensor import DTensor
+
+    out: Dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        if isinstance(tensor, DTensor):
+            out[name] = tensor.full_tensor().detach().requires_grad_(tensor.requires_grad)
+        else:
+            out[name] = tensor
+    return out
 
 
 def is_distributed(trainer: pl.Trainer) -> bool:

@@ -25,6 +25,7 @@ from lightning_privacy.callbacks._opacus import (
     history_steps,
     next_step_mechanism,
 )
+from lightning_privacy.callbacks._strategies import full_tensors, is_fsdp
 from lightning_privacy.callbacks.bayes_security_monitor import _float32_toward_safety
 from lightning_privacy.functional.attribute_sensitivity import (
     BACKENDS,
@@ -215,6 +216,7 @@ class AttributeInferenceMonitor(Callback):
         self._check: Optional[CandidateCheck] = None
         self.ledger = AttributeLedger()
         self._twin, self._batch, self._pending, self._warned = None, None, None, False
+        self._unsharded_twin: Optional[Any] = None
 
     @property
     @override
@@ -332,6 +334,9 @@ class AttributeInferenceMonitor(Callback):
         if self._attribute_name is not None:  # looked up again at every fit: the datamodule may differ
             self.attribute = look_up_attribute(trainer, self._attribute_name)
             self.tracked_attribute = self._select(self.attribute)
+        # FSDP2 (ModelParallelStrategy): configure_model shards the module after setup, and a sharded module cannot be
+        # copied; the twin is the module as it is now, called with the all-gathered parameters at every step
+        self._unsharded_twin = hook_free_twin(pl_module) if stage == "fit" and is_fsdp(trainer) else None
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -364,8 +369,9 @@ class AttributeInferenceMonitor(Callback):
         if self._check is not None and not self._check.done:
             self._check.update(trainer, inputs)
         if self._twin is None:
-            self._twin = hook_free_twin(pl_module)
+            self._twin = self._unsharded_twin if self._unsharded_twin is not None else hook_free_twin(pl_module)
         sync_training_mode(self._twin, pl_module)
+        params, buffers = full_tensors(pl_module.named_parameters()), full_tensors(pl_module.named_buffers())
         dtype = next((p.dtype for p in pl_module.parameters() if p.requires_grad), torch.float32)
         self._pending = attribute_sensitivity(
             self._twin,
@@ -375,8 +381,8 @@ class AttributeInferenceMonitor(Callback):
             max_grad_norm=self.max_grad_norm,
             method=self.method,
             loss_fn=self.loss_fn,
-            params=dict(pl_module.named_parameters()),
-            buffers=dict(pl_module.named_buffers()),
+            params=params,
+            buffers=buffers,
             chunk_size=self.chunk_size,
             backend=self.backend,
             sync=True,

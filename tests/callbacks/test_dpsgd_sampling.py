@@ -316,3 +316,39 @@ def test_a_resumed_run_ends_with_the_weights_and_every_privacy_number_of_the_uni
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)  # same masks and noise: the same training
     state = torch.load(tmp_path / "first" / "last.ckpt", weights_only=True)["callbacks"][straight.state_key]
     assert state["sampling_seed"] == 5
+
+
+def _first_step_sensitivity_worker(sharded):
+    """R_0 measured by AttributeInferenceMonitor on the first step (same weights, same batch) under FSDP2 or DDP."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lightning_privacy import AttributeInferenceMonitor
+    from lightning_privacy.attributes import SensitiveAttribute
+
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    attribute = SensitiveAttribute.numeric(column=1, values=[-1.0, 0.0, 1.0], name="x1")
+    monitor = AttributeInferenceMonitor(attribute=attribute, method="exact")
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if sharded else "ddp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer(
+            [DPSGD(noise_multiplier=1.0, sampling_seed=3, grad_sample_mode="ghost"), monitor],
+            max_steps=1,
+            strategy=strategy,
+            devices=2,
+            use_distributed_sampler=False,
+        )
+        t.fit(_ShardedMLP() if sharded else _module(), train_dataloaders=seeded_loader(256, 32))
+    return {"max_sensitivity": monitor.max_sensitivity, "steps": monitor.steps}
+
+
+@pytest.mark.slow
+def test_fsdp2_attribute_sensitivity_equals_ddp_on_the_first_step(tmp_path):
+    target = "tests.callbacks.test_dpsgd_sampling:_first_step_sensitivity_worker"
+    fsdp = run_ddp(target, tmp_path / "fsdp", sharded=True)
+    ddp = run_ddp(target, tmp_path / "ddp", sharded=False)
+    assert [r["steps"] for r in fsdp + ddp] == [1] * 4
+    values = [r["max_sensitivity"] for r in fsdp + ddp]
+    assert 0 < values[0] < 2.0 - 1e-3, values  # below the worst case 2C: the measurement decides it
+    assert values == pytest.approx([values[2]] * 4, rel=1e-6)  # all-gathered weights on an unsharded twin
