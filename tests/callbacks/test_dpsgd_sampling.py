@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, BayesSecurityMonitor, names
+from lightning_privacy.report import privacy_report
 from lightning_privacy.sampling import global_mask
 from tests._launch import run_ddp
 from tests.callbacks._architectures import PerExampleLoss
@@ -62,10 +63,12 @@ def _module():
     return _MLP()
 
 
-def _fit(n, batch, *, epochs=1, seed=None, loader_seed=0, ckpt_path=None, tmp_path=None, **dpsgd):
+def _fit(n, batch, *, epochs=1, seed=None, loader_seed=0, ckpt_path=None, tmp_path=None, monitor=False, **dpsgd):
     torch.manual_seed(0)
     record = RecordBatches(n)
     callbacks = [DPSGD(noise_multiplier=1.0, sampling_seed=seed, **dpsgd), record]
+    if monitor:
+        callbacks.insert(1, BayesSecurityMonitor())
     if tmp_path is not None:
         callbacks.append(ModelCheckpoint(dirpath=tmp_path, save_last=True))
     t = trainer(callbacks, tmp_path, max_epochs=epochs, enable_checkpointing=tmp_path is not None)
@@ -164,6 +167,8 @@ def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2,
         "beta": float(t.callback_metrics[names.MIA_BAYES_SECURITY]),
         "weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
         "sample_rate": dpsgd.sample_rate,
+        "report": privacy_report(t),
+        "ledger": dpsgd.ledger.state_dict(),
     }
 
 
@@ -207,13 +212,16 @@ def test_ddp_and_two_nodes_train_on_the_single_process_batches_with_the_same_num
         nodes=nodes,
         **kwargs,
     )
-    _, single_dpsgd, single_batches = _fit(n, batch, epochs=2, seed=9)
+    single_t, single_dpsgd, single_batches = _fit(n, batch, epochs=2, seed=9, monitor=True)
     union = [sorted(a + b) for a, b in zip(ranks[0]["batches"], ranks[1]["batches"])]
     assert union == single_batches  # the same Poisson batches as one process with the same seed
     for r in ranks:
         assert r["sample_rate"] == single_dpsgd.sample_rate
         assert r["epsilon"] == pytest.approx(single_dpsgd.epsilon(), rel=1e-12)
         assert r["steps"] == single_dpsgd.steps
+        assert r["ledger"] == single_dpsgd.ledger.state_dict()
+        assert r["report"] == privacy_report(single_t)  # every number of the report (rank 0 and rank 1 alike)
+    assert "## DP-SGD" in ranks[0]["report"] and "global step 16" in ranks[0]["report"]
 
 
 @pytest.mark.slow
