@@ -360,3 +360,51 @@ def test_fsdp2_attribute_sensitivity_equals_ddp_on_the_first_step(tmp_path):
     values = [r["max_sensitivity"] for r in fsdp + ddp]
     assert 0 < values[0] < 2.0 - 1e-3, values  # below the worst case 2C: the measurement decides it
     assert values == pytest.approx([values[2]] * 4, rel=1e-6)  # all-gathered weights on an unsharded twin
+
+
+class _Break(Callback):
+    """Breaks one part of DP-SGD after DPSGD wired it (placed before DPSGD in the callback list)."""
+
+    def __init__(self, what):
+        self.what = what
+
+    def on_train_start(self, trainer, pl_module):
+        optimizer = trainer.optimizers[0]
+        if self.what == "noise":
+            optimizer.noise_multiplier = 0.0
+        else:
+            optimizer.max_grad_norm = 1e6  # the optimizer no longer clips to the callback's C
+
+
+def _broken_ddp_worker(what, mode):
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer(
+            [_Break(what), DPSGD(noise_multiplier=1.0, grad_sample_mode=mode)],
+            max_epochs=1,
+            strategy="ddp",
+            devices=2,
+            use_distributed_sampler=False,
+        )
+        t.fit(_module(), train_dataloaders=seeded_loader(256, 32))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("what", "mode", "message"),
+    [
+        ("noise", "hooks", "not noised as configured"),
+        ("noise", "ghost", "not noised as configured"),
+        ("clipping", "hooks", "not the sum of its per-sample gradients clipped"),
+    ],
+)
+def test_self_checks_fire_under_ddp_on_every_rank(tmp_path, what, mode, message):
+    with pytest.raises(AssertionError) as info:
+        run_ddp("tests.callbacks.test_dpsgd_sampling:_broken_ddp_worker", tmp_path, what=what, mode=mode)
+    text = str(info.value)
+    assert "[rank0]: lightning.fabric.utilities.exceptions.MisconfigurationException: DP-SGD self-check" in text
+    assert message in text
+    if what == "noise":  # only rank 0 adds (and checks) the noise; rank 1 stops with it instead of hanging
+        assert "failed on another rank" in text
