@@ -25,6 +25,7 @@ __all__ = [
     "check_noise",
     "NoiseCheck",
     "check_per_sample_gradients",
+    "local_tensor",
     "noise_readback",
     "per_sample_norms",
 ]
@@ -121,6 +122,12 @@ def check_ghost_norm(losses: torch.Tensor, params: Sequence[torch.Tensor], norms
         )
 
 
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 ``DTensor``, or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
 def noise_readback(
     params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float
 ) -> Tuple[float, int, float]:
@@ -131,8 +138,8 @@ def noise_readback(
     """
     noise_sq, count, total_sq = 0.0, 0, 0.0
     for param, summed in zip(params, summed_before_noise):
-        summed = summed.to(torch.float64)
-        noise = param.grad.to(torch.float64).reshape(summed.shape) * scale - summed
+        summed = local_tensor(summed).to(torch.float64)
+        noise = local_tensor(param.grad).to(torch.float64).reshape(summed.shape) * scale - summed
         noise_sq += float(noise.pow(2).sum())
         count += noise.numel()
         total_sq += float(summed.pow(2).sum())
@@ -145,11 +152,14 @@ class NoiseCheck:
     ``add`` records one step's noise (:func:`noise_readback`); once :data:`NOISE_MIN_COORDINATES` coordinates are in
     (or at fit end, with fewer), :meth:`check` tests ``Σ noise² / (σC)² ~ χ²(n)`` two-sided at
     :data:`NOISE_FALSE_ALARM`. The noise is read back in the parameters' precision: the bounds on the standard
-    deviation are widened by 16 machine epsilons of the gradients' and the noise's scale.
+    deviation are widened by 16 machine epsilons of the gradients' and the noise's scale. ``divisor``: FSDP2 averages
+    the ranks' clipped sums and each rank adds σ·C/W to its shard (Opacus' FSDP optimizer), so there the expected
+    standard deviation is σ·C/``divisor``.
     """
 
-    def __init__(self, *, max_grad_norm: float, noise_multiplier: float) -> None:
-        self.expected_std = float(noise_multiplier) * float(max_grad_norm)
+    def __init__(self, *, max_grad_norm: float, noise_multiplier: float, divisor: int = 1) -> None:
+        self.expected_std = float(noise_multiplier) * float(max_grad_norm) / divisor
+        self.divisor = divisor
         self.noise_sq, self.count, self.total_sq, self.eps, self.steps = 0.0, 0, 0.0, 0.0, 0
         self.done = False
 
@@ -188,7 +198,7 @@ class NoiseCheck:
             raise MisconfigurationException(
                 f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
                 f"{self.count} coordinates ({self.steps} step{'s' if self.steps != 1 else ''}), but noise_multiplier × max_grad_norm = "
-                f"{self.expected_std:.4g} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
+                f"{self.expected_std * self.divisor:.4g}{f' (/{self.divisor} ranks under FSDP)' if self.divisor > 1 else ''} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
                 f"rate {NOISE_FALSE_ALARM:g}); the gradients are not noised as configured."
             )
 

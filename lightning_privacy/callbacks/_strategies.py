@@ -221,9 +221,36 @@ class _DistributedGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DistributedD
 
 
 class _FSDPGhostDPOptimizer(_SecureNoise, FSDPOptimizerFastGradientClipping):
+    """Opacus' FSDP2 optimizer with DPSGD's check before the noise (the clipped sum is ``grad_state``, sharded)."""
+
     before_noise_hooks: List[Callable[[DPOptimizer], None]]
     check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None
     summed_before_noise: Optional[List[torch.Tensor]] = None
+
+    def summed(self, param: torch.Tensor) -> torch.Tensor:
+        return self.grad_state[param]["summed_grad"]
+
+    def add_noise(self) -> None:
+        keep = self.check_before_noise(self) if self.check_before_noise is not None else False
+        self.summed_before_noise = [self.summed(p).detach().clone() for p in self.params] if keep else None
+        super().add_noise()
+
+
+def clipped_sum_bound_check(trainer: pl.Trainer, optimizer: Any, *, max_grad_norm: float, local_batch: int) -> None:
+    """FSDP2: ``‖Σ_r S_r / W‖ ≤ (Σ_r B_r)·C / W`` for the reduce-scattered clipped sums (a collective call)."""
+    import torch.distributed as dist
+
+    from lightning_privacy.callbacks._dp_checks import local_tensor
+
+    squares = sum(float(local_tensor(optimizer.summed(p)).to(torch.float64).pow(2).sum()) for p in optimizer.params)
+    totals = torch.tensor([squares, float(local_batch)], dtype=torch.float64)
+    dist.all_reduce(totals)
+    norm, bound = float(totals[0]) ** 0.5, max_grad_norm * max(1.0, float(totals[1])) / trainer.world_size
+    if norm > bound * (1 + 1e-4):
+        raise MisconfigurationException(
+            f"DP-SGD self-check (FSDP2): the averaged clipped gradient sum has norm {norm:.4g} > global batch × "
+            f"max_grad_norm / ranks = {bound:.4g}."
+        )
 
 
 def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str, **kwargs: Any) -> Any:

@@ -223,6 +223,7 @@ class DPSGD(Callback):
         self._param_names: Dict[int, str] = {}
         self._checks_left = 0
         self._noise_steps_left = 0
+        self._fsdp = False
         self._noise_check: Optional[_dp_checks.NoiseCheck] = None
         self._trainer: Optional[pl.Trainer] = None
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
@@ -350,10 +351,14 @@ class DPSGD(Callback):
         dp_optimizer.check_before_noise = self._check_before_noise
         trainer.strategy.optimizers = [dp_optimizer]
         self._checks_left = SELF_CHECK_STEPS
+        self._fsdp = fsdp
         self._noise_check = _dp_checks.NoiseCheck(
-            max_grad_norm=self.max_grad_norm, noise_multiplier=float(self.noise_multiplier)
+            max_grad_norm=self.max_grad_norm,
+            noise_multiplier=float(self.noise_multiplier),
+            divisor=trainer.world_size if fsdp else 1,
         )
-        coordinates = sum(p.numel() for p in dp_optimizer.params)
+        coordinates = sum(p.numel() for p in dp_optimizer.params)  # FSDP2: each rank checks its ~1/W shard
+        coordinates = coordinates // trainer.world_size if fsdp else coordinates
         self._noise_steps_left = max(1, math.ceil(_dp_checks.NOISE_MIN_COORDINATES / max(1, coordinates)))
         self._trainer = trainer
         write_privacy_hparams(trainer, pl_module, self.privacy_settings())
@@ -433,12 +438,18 @@ class DPSGD(Callback):
         """Clipping checks on the first steps; True while the noise check needs this step (keep the clipped sum)."""
         if self._checks_left > 0:
             self._collectively(lambda: self._check_clipping(optimizer))
-        # under DDP only rank 0 adds noise (DistributedDPOptimizer); the other ranks pass their clipped sum on
-        return self._noise_steps_left > 0 and (not self._distributed or self._trainer.is_global_zero)
+        # under DDP only rank 0 adds noise (DistributedDPOptimizer); under FSDP2 every rank noises its shard
+        noises_here = not self._distributed or self._fsdp or self._trainer.is_global_zero
+        return self._noise_steps_left > 0 and noises_here
 
     def _check_clipping(self, optimizer: DPOptimizer) -> None:
         if self.grad_sample_mode == "ghost":  # no per-sample gradients: the norms were checked in the backward
             batch = self._backward.last_norms.numel() if self._backward.last_norms is not None else 0
+            if self._fsdp:
+                _strategies.clipped_sum_bound_check(
+                    self._trainer, optimizer, max_grad_norm=self.max_grad_norm, local_batch=batch
+                )
+                return
             _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
         else:
             _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)

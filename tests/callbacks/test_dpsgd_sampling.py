@@ -376,7 +376,9 @@ class _Break(Callback):
             optimizer.max_grad_norm = 1e6  # the optimizer no longer clips to the callback's C
 
 
-def _broken_ddp_worker(what, mode):
+def _broken_ddp_worker(what, mode, fsdp=False):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
     torch.set_num_threads(1)
     pl.seed_everything(0)
     with warnings.catch_warnings():
@@ -384,11 +386,11 @@ def _broken_ddp_worker(what, mode):
         t = trainer(
             [_Break(what), DPSGD(noise_multiplier=1.0, grad_sample_mode=mode)],
             max_epochs=1,
-            strategy="ddp",
+            strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp",
             devices=2,
             use_distributed_sampler=False,
         )
-        t.fit(_module(), train_dataloaders=seeded_loader(256, 32))
+        t.fit(_ShardedMLP() if fsdp else _module(), train_dataloaders=seeded_loader(256, 32))
 
 
 @pytest.mark.slow
@@ -408,3 +410,17 @@ def test_self_checks_fire_under_ddp_on_every_rank(tmp_path, what, mode, message)
     assert message in text
     if what == "noise":  # only rank 0 adds (and checks) the noise; rank 1 stops with it instead of hanging
         assert "failed on another rank" in text
+
+
+@pytest.mark.slow
+def test_the_noise_check_fires_under_fsdp2_on_every_rank(tmp_path):
+    with pytest.raises(AssertionError) as info:
+        run_ddp(
+            "tests.callbacks.test_dpsgd_sampling:_broken_ddp_worker", tmp_path, what="noise", mode="ghost", fsdp=True
+        )
+    text = str(info.value)
+    for rank in (0, 1):  # every rank adds noise to its shard under FSDP2, and checks it
+        assert (
+            f"[rank{rank}]: lightning.fabric.utilities.exceptions.MisconfigurationException: DP-SGD self-check" in text
+        )
+    assert "not noised as configured" in text and "(/2 ranks under FSDP)" in text
