@@ -153,6 +153,21 @@ def skip_audit(trainer: pl.Trainer) -> bool:
     return bool(getattr(trainer, "fast_dev_run", False))
 
 
+def refuse_sharded(trainer: pl.Trainer, who: str) -> None:
+    """Refuse an audit that copies the model or runs it on rank 0 alone, under FSDP2 (ModelParallelStrategy).
+
+    A sharded module cannot be deep-copied, and a forward pass on one rank waits forever for the others' shards.
+    """
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    if type(trainer.strategy) is ModelParallelStrategy:
+        raise MisconfigurationException(
+            f"{who} runs the model on global rank 0 alone (and copies it), which a module sharded by "
+            "ModelParallelStrategy (FSDP2) cannot do. Save a checkpoint and audit it after training: "
+            "`lightning-privacy audit ... --checkpoint last.ckpt` or the lightning_privacy.audits functions."
+        )
+
+
 def announce_skip(trainer: pl.Trainer, who: str) -> None:
     """The one info line a skipped audit prints (call once, e.g. in ``setup``)."""
     if skip_audit(trainer):

@@ -146,6 +146,7 @@ class PanoramiaAudit(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            audit.refuse_sharded(trainer, type(self).__name__)
             audit.announce_skip(trainer, type(self).__name__)
 
     @override

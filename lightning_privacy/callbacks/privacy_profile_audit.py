@@ -118,6 +118,7 @@ class PrivacyProfileAudit(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        audit.refuse_sharded(trainer, type(self).__name__)
         check_linear_head_model(pl_module, self.layer, self.regularization, "PrivacyProfileAudit")
         audit.announce_skip(trainer, type(self).__name__)
 

@@ -114,3 +114,12 @@ def test_fsdp2_takes_ghost_clipping_with_mean_reduction_and_no_tensor_parallelis
     t = _model_parallel(tmp_path, monkeypatch, tensor_parallel=2)
     with pytest.raises(MisconfigurationException, match="tensor-parallel size of 2"):
         DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")
+
+
+def test_audits_that_run_the_model_on_rank_zero_alone_are_refused_under_fsdp2(tmp_path, monkeypatch):
+    from lightning_privacy import PanoramiaAudit, PrivacyProfileAudit
+
+    t = _model_parallel(tmp_path, monkeypatch, tensor_parallel=1)
+    for audit in (PanoramiaAudit(), PrivacyProfileAudit()):
+        with pytest.raises(MisconfigurationException, match=r"rank 0 alone.*FSDP2.*--checkpoint"):
+            audit.setup(t, tiny_module(), "fit")
