@@ -424,3 +424,26 @@ def test_the_noise_check_fires_under_fsdp2_on_every_rank(tmp_path):
             f"[rank{rank}]: lightning.fabric.utilities.exceptions.MisconfigurationException: DP-SGD self-check" in text
         )
     assert "not noised as configured" in text and "(/2 ranks under FSDP)" in text
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_secure_mode_noise_does_not_follow_torchs_global_seed(secure):
+    from lightning_privacy.callbacks._strategies import _DPOptimizer
+
+    param = torch.nn.Parameter(torch.zeros(1000))
+    optimizer = _DPOptimizer(
+        torch.optim.SGD([param], lr=1.0),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        expected_batch_size=1,
+        secure_mode=secure,
+    )
+    optimizer.before_noise_hooks = []
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(0)  # what seed_everything does: an adversary who knows it knows torch's default stream
+        param.summed_grad = torch.zeros(1000)
+        optimizer.add_noise()
+        draws.append(param.grad.clone())
+    assert torch.equal(draws[0], draws[1]) is not secure
+    assert float(draws[1].std()) == pytest.approx(1.0, abs=0.1)  # σC either way (secure: four draws / 2)
