@@ -17,6 +17,10 @@ One module per audit; each function returns a result with the same four views �
 - :func:`audit_canaries` — the one-run canary audit's ε lower bounds from canary scores
   (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
 
+A checkpoint becomes a model to audit with :func:`load_checkpoint` (``load_checkpoint(Net, "model.ckpt")``,
+weights-only): the modules ``DPSGD(fix_modules=True)`` replaced in training are replaced the same way first
+(:mod:`lightning_privacy.checkpoints`), so the weights load into the user's own class.
+
 The callbacks (:class:`~lightning_privacy.EpsilonStarAudit`, :class:`~lightning_privacy.PanoramiaAudit`,
 :class:`~lightning_privacy.PrivacyProfileAudit`) pick the data from the Trainer, call these functions
 and log the results; the ``lightning-privacy audit`` commands parse, build loaders, call and print.
@@ -38,6 +42,7 @@ _EXPORTS = {
     "audit_panoramia": "lightning_privacy.audits.panoramia",
     "PrivacyProfileResult": "lightning_privacy.audits.privacy_profile",
     "audit_privacy_profile": "lightning_privacy.audits.privacy_profile",
+    "load_checkpoint": "lightning_privacy.checkpoints",
 }
 
 __all__ = sorted(_EXPORTS)

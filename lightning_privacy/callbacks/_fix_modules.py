@@ -5,19 +5,22 @@ LightningModule it was given. So each trainable submodule with a registered fixe
 ``nn.MultiheadAttention`` → ``DPMultiheadAttention``, ``nn.LSTM``/``GRU``/``RNN`` → their DP twins, …) is passed to
 ``ModuleValidator.fix`` on its own and the result is put where it was: untouched submodules keep their identity,
 so parameters tied across them stay tied. This must run before ``configure_optimizers`` (DPSGD's ``setup``).
+The replacement itself is :func:`lightning_privacy.checkpoints.replace_module`, which also replays it when a
+checkpoint is loaded into the user's class (DPSGD saves :func:`fixed_modules_record` in its state).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple
 
 import torch
-from opacus.utils.module_utils import requires_grad
 from opacus.validators import ModuleValidator
 from torch import nn
 
-__all__ = ["Replacement", "attention_fix_changes_outputs", "fix_modules_in_place"]
+from lightning_privacy.checkpoints import fixable_module_names, replace_module
+
+__all__ = ["Replacement", "attention_fix_changes_outputs", "fix_modules_in_place", "fixed_modules_record"]
 
 
 class Replacement(NamedTuple):
@@ -66,16 +69,9 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
         torch.float64
     """
     replaced: List[Replacement] = []
-    for name, sub in list(module.named_modules()):
-        if not name or type(sub) not in ModuleValidator.FIXERS or not requires_grad(sub, recurse=False):
-            continue
-        if any(name.startswith(done.name + ".") for done in replaced):
-            continue  # inside a module already replaced
-        reference = next(sub.parameters())
-        new = ModuleValidator.fix(sub).to(device=reference.device, dtype=_float_dtype(reference))
-        new.train(sub.training)
-        parent_name, _, child = name.rpartition(".")
-        setattr(module.get_submodule(parent_name) if parent_name else module, child, new)
+    for name in fixable_module_names(module):
+        sub = module.get_submodule(name)
+        new = replace_module(module, name)
         caveat = ""
         if (
             isinstance(sub, nn.MultiheadAttention)
@@ -92,5 +88,12 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
     return replaced
 
 
-def _float_dtype(param: torch.Tensor) -> torch.dtype:
-    return param.dtype if param.dtype.is_floating_point else torch.get_default_dtype()
+def fixed_modules_record(replaced: List[Replacement]) -> List[Dict[str, str]]:
+    """What DPSGD saves in its state: plain strings, enough for :func:`lightning_privacy.checkpoints.replay_fixes`.
+
+    Example::
+
+        >>> fixed_modules_record([Replacement("1", "BatchNorm1d", "GroupNorm")])
+        [{'name': '1', 'old': 'BatchNorm1d', 'new': 'GroupNorm'}]
+    """
+    return [{"name": r.name, "old": r.old, "new": r.new} for r in replaced]

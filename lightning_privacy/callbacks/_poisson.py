@@ -28,7 +28,7 @@ def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
 
 
 def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn: bool = True) -> PoissonDataLoader:
-    """Convert one train loader; records (and checks) ``callback.sample_rate``.
+    """Convert one train loader; records (and checks) ``callback.sample_rate``, and records ``callback.dataset_size``.
 
     The sample rate is ``1 / len(loader)`` (the expected batch is the loader's batch size, as Opacus'
     ``make_private``), or an Opacus ``DPDataLoader``'s own rate; an epoch has ``len(loader)`` steps.
@@ -63,6 +63,7 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
             f"{sample_rate:.6g}); DPSGD keeps one sample rate per run."
         )
     callback.sample_rate = sample_rate
+    callback.dataset_size = len(loader.dataset)  # the whole training set (every rank's share), saved for audits
     sampler = PoissonBatchSampler(
         num_samples=len(loader.dataset),
         sample_rate=sample_rate,

@@ -20,7 +20,7 @@ from lightning_privacy._validation import check_bool, check_choice, check_int, c
 from lightning_privacy.callbacks import _dp_checks, _strategies
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._backward import PerExampleBackward, is_empty_batch
-from lightning_privacy.callbacks._fix_modules import fix_modules_in_place
+from lightning_privacy.callbacks._fix_modules import fix_modules_in_place, fixed_modules_record
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
@@ -125,6 +125,10 @@ class DPSGD(Callback):
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
         sample_rate: the Poisson sample rate (known from ``on_fit_start``).
+        dataset_size: rows of the training set the Poisson sampling draws from (known with ``sample_rate``).
+        fixed_modules: the modules ``fix_modules=True`` replaced, as ``{"name", "old", "new"}`` strings; saved with
+            ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
+            audit commands read them to load the weights into the user's class and to check the member set.
         accountant: the Opacus accountant of this run.
 
     Raises:
@@ -229,6 +233,8 @@ class DPSGD(Callback):
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
         self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
         self.sample_rate: Optional[float] = None
+        self.dataset_size: Optional[int] = None  # rows Poisson-sampled (set with sample_rate; saved for the audits)
+        self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.steps_per_epoch: Optional[int] = None
         self._hooks: Any = None  # Opacus' per-example hooks (see _strategies.grad_sample_hooks)
         self._backward: Optional[PerExampleBackward] = None
@@ -261,6 +267,7 @@ class DPSGD(Callback):
             )
         if self.fix_modules:
             replaced = fix_modules_in_place(pl_module)
+            self.fixed_modules = fixed_modules_record(replaced)
             if replaced:
                 caveats = "".join(f" Caveat: {r.caveat}." for r in replaced if r.caveat)
                 rank_zero_warn(
@@ -561,6 +568,10 @@ class DPSGD(Callback):
             "sample_rate": self.sample_rate,
             "max_grad_norm": self.max_grad_norm,
             "sampling_seed": self.sampling_seed,  # a fixed seed only; an OS-drawn one is never saved
+            # for loading and auditing the checkpoint (lightning_privacy.checkpoints), not for resuming: a resumed
+            # fit records its own in setup and when its train loader is built
+            "fixed_modules": [dict(entry) for entry in self.fixed_modules],
+            "dataset_size": self.dataset_size,
         }
 
     @override

@@ -105,3 +105,29 @@ def test_frozen_layers_are_left_alone_and_the_flag_is_checked():
     assert fix_modules_in_place(frozen) == [] and isinstance(frozen[1], nn.BatchNorm1d)
     with pytest.raises(MisconfigurationException, match="`fix_modules` must be True or False, got 1"):
         DPSGD(noise_multiplier=1.0, fix_modules=1)
+
+
+def test_the_state_records_what_was_replaced_and_the_training_set_size_across_a_resume(tmp_path):
+    """Saved as plain strings and an int (checkpoints load weights-only); a resumed fit records them again."""
+    listed = [
+        {"name": "attention", "old": "MultiheadAttention", "new": "DPMultiheadAttention"},
+        {"name": "lstm", "old": "LSTM", "new": "DPLSTM"},
+        {"name": "head.1", "old": "BatchNorm1d", "new": "GroupNorm"},
+    ]
+    assert DPSGD(noise_multiplier=1.0).state_dict()["fixed_modules"] == []  # nothing replaced before a fit
+    data = token_datasets(n_train=96)[0]
+    dp = DPSGD(noise_multiplier=1.0, fix_modules=True, sampling_seed=0)
+    t = trainer([dp], tmp_path, max_epochs=1)
+    with pytest.warns(UserWarning, match="replaced 3 module"):
+        t.fit(Unfixed(), train_dataloaders=DataLoader(data, batch_size=32))
+    path = tmp_path / "fixed.ckpt"
+    t.save_checkpoint(path)
+    state = torch.load(path, weights_only=True)["callbacks"][dp.state_key]
+    assert (state["fixed_modules"], state["dataset_size"]) == (listed, 96)
+    resumed = DPSGD(noise_multiplier=1.0, fix_modules=True, sampling_seed=0)
+    with pytest.warns(UserWarning, match="replaced 3 module"):
+        trainer([resumed], tmp_path, max_epochs=2).fit(
+            Unfixed(), train_dataloaders=DataLoader(data, batch_size=32), ckpt_path=str(path)
+        )
+    assert resumed.steps > dp.steps
+    assert (resumed.state_dict()["fixed_modules"], resumed.state_dict()["dataset_size"]) == (listed, 96)
