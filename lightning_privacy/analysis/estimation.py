@@ -46,25 +46,34 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import optimize, special
+from scipy import optimize, special, stats
 
 from ._checks import expect_choice, expect_count, expect_real
 
 __all__ = [
+    "REVERSED_LEVEL",
     "EpsilonLowerBound",
+    "ScoreOrientation",
     "epsilon_cdf",
     "epsilon_density",
     "epsilon_from_rates",
     "epsilon_interval",
     "epsilon_lower_bound",
     "rate_interval",
+    "counts_orientation",
     "roc_counts",
+    "score_orientation",
 ]
 
 METHODS = ("bayes", "jeffreys", "clopper_pearson")
 SIDED = ("two", "one")
 SELECTIONS = ("holdout", "bonferroni", "none")
 REGIONS = ("attack", "full")
+REVERSED_LEVEL = 1e-3
+"""Significance at which scores "look reversed" (:func:`score_orientation`): members score lower than
+non-members with a one-sided Mann-Whitney p-value below this. Small on purpose: an attack with no power
+has AUC 0.5 and is flagged only once in a thousand games, while reversed scores of a real attack give
+p-values far below it (e.g. 1e-40 for AUC 0.25 on 800 examples)."""
 
 # ---------------------------------------------------------------------------------------------------
 # Validation
@@ -509,6 +518,8 @@ class EpsilonLowerBound:
         method, selection, alpha, delta: the settings; ``alpha_per_test`` is the significance each
             threshold was tested at (α / number of thresholds for Bonferroni).
         n_thresholds: how many thresholds were compared.
+        warnings: why the bound may carry no information: scores that look reversed
+            (:func:`score_orientation` on all the scores, at :data:`REVERSED_LEVEL`).
     """
 
     epsilon_lower: float
@@ -526,10 +537,94 @@ class EpsilonLowerBound:
     alpha_per_test: float
     delta: float
     n_thresholds: int
+    warnings: tuple = ()
 
     def as_dict(self) -> dict:
-        """Plain Python values (floats, ints, bool, str)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """Plain Python values (floats, ints, bool, str; ``warnings`` as a list of str)."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["warnings"] = list(self.warnings)
+        return out
+
+
+@dataclass(frozen=True)
+class ScoreOrientation:
+    """Result of :func:`score_orientation`.
+
+    Attributes:
+        auc: P(member score > non-member score) + ½ P(tie), the area under the ROC curve of the rule
+            "member iff score ≥ t" (0.5: no power; below: members score *lower*).
+        pvalue: one-sided Mann-Whitney p-value of "members score lower than non-members".
+        reversed: ``pvalue < level``: the scores look reversed.
+        level: the significance used.
+    """
+
+    auc: float
+    pvalue: float
+    reversed: bool
+    level: float
+
+    def warning(self, fix: str = "if lower means member, negate them") -> str:
+        """The one-sentence warning for reversed-looking scores, ending with ``fix``."""
+        return (
+            f"the scores look reversed: members score lower than non-members (AUC = {self.auc:.3f} < 0.5, one-sided "
+            f"test p = {self.pvalue:.2g} < {self.level:g}), so the rule 'member iff score >= t' finds no leakage and "
+            f"a bound of 0 says nothing about privacy; {fix}"
+        )
+
+
+def score_orientation(scores, is_member, *, level: float = REVERSED_LEVEL) -> ScoreOrientation:
+    """Whether membership scores look reversed: members scoring significantly *lower* than non-members.
+
+    A threshold attack calls "member" the examples scoring at least ``t``. Scores of the wrong orientation
+    (e.g. losses passed where higher must mean member) give an AUC well below 0.5 and a lower bound of 0,
+    although the negated scores may give a large one. The criterion is objective: the one-sided
+    Mann-Whitney U test of "members score lower" (ties count half; exact for tiny samples, normal
+    approximation with tie correction otherwise) rejects at ``level`` (default :data:`REVERSED_LEVEL`).
+
+    Args:
+        scores: attack scores (higher = more likely a member).
+        is_member: ground-truth membership (bool or 0/1), same length.
+        level: significance of the test, in (0, 1).
+
+    Returns:
+        A :class:`ScoreOrientation`. With no member or no non-member: AUC ``nan``, p-value 1, not reversed.
+
+    Example::
+
+        >>> member = np.r_[np.ones(200, bool), np.zeros(200, bool)]
+        >>> losses = np.random.default_rng(0).normal(loc=-1.0 * member)  # low = member: losses, not scores
+        >>> res = score_orientation(losses, member)
+        >>> round(res.auc, 2), res.reversed, score_orientation(-losses, member).reversed
+        (0.26, True, False)
+    """
+    level = expect_real("level", level, low=0.0, high=1.0, low_open=True, high_open=True)
+    s, m = _check_scores(scores, is_member)
+    members, nonmembers = s[m], s[~m]
+    if members.size == 0 or nonmembers.size == 0:
+        return ScoreOrientation(auc=float("nan"), pvalue=1.0, reversed=False, level=level)
+    test = stats.mannwhitneyu(members, nonmembers, alternative="less")
+    auc = float(test.statistic) / (members.size * nonmembers.size)
+    pvalue = float(test.pvalue)
+    return ScoreOrientation(auc=auc, pvalue=pvalue, reversed=bool(pvalue < level), level=level)
+
+
+def counts_orientation(*, fn: int, tp: int, fp: int, tn: int, level: float = REVERSED_LEVEL) -> ScoreOrientation:
+    """:func:`score_orientation` for a game given as counts: do the guesses look reversed?
+
+    The attack's guesses are the scores (1 = "member"); its AUC is ``(TPR + 1 − FPR) / 2`` and the test is
+    Fisher's exact one-sided test of "members are guessed 'member' less often than non-members".
+
+    Example::
+
+        >>> res = counts_orientation(fn=70, tp=30, fp=60, tn=40)  # TPR 0.3 < FPR 0.6
+        >>> round(res.auc, 2), res.reversed
+        (0.35, True)
+    """
+    level = expect_real("level", level, low=0.0, high=1.0, low_open=True, high_open=True)
+    fn, tp, fp, tn = _check_counts(fn, tp, fp, tn)
+    auc = (tp / (tp + fn) + tn / (fp + tn)) / 2
+    pvalue = float(stats.fisher_exact([[tp, fn], [fp, tn]], alternative="less").pvalue)
+    return ScoreOrientation(auc=float(auc), pvalue=pvalue, reversed=bool(pvalue < level), level=level)
 
 
 def _check_scores(scores: Any, is_member: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -680,7 +775,9 @@ def epsilon_lower_bound(
         seed: seed of the holdout split.
 
     Returns:
-        An :class:`EpsilonLowerBound`.
+        An :class:`EpsilonLowerBound`; its ``warnings`` say when the scores look reversed (members scoring
+        significantly lower, :func:`score_orientation`): then a bound of 0 says nothing, and the negated
+        scores may give a large one.
 
     Raises:
         ValueError: mismatched or NaN inputs, too few members/non-members, bad settings.
@@ -707,6 +804,7 @@ def epsilon_lower_bound(
             f"Expected at least {need} members and {need} non-members for selection={selection!r}, "
             f"but got {n_pos} members and {n_neg} non-members."
         )
+    orientation = score_orientation(s, m)
     settings = dict(delta=delta, method=method, sided=sided, region=region)
     if selection == "holdout":
         rng = np.random.default_rng(seed)
@@ -742,4 +840,5 @@ def epsilon_lower_bound(
         alpha_per_test=alpha_test,
         delta=delta,
         n_thresholds=n_thresholds,
+        warnings=(orientation.warning(),) if orientation.reversed else (),
     )

@@ -48,7 +48,9 @@ __all__ = [
     "MEANING",
     "PanoramiaBounds",
     "guess_counts",
+    "information_warnings",
     "logit_lower_bound",
+    "min_correct_guesses",
     "panoramia_bounds",
     "precision_lower_bound",
     "top_k_counts",
@@ -356,4 +358,70 @@ def panoramia_bounds(
         c_plus_epsilon_lb_curve=a_curve,
         baseline_best=ib,
         mia_best=ia,
+    )
+
+
+def min_correct_guesses(per_threshold_beta: float) -> int:
+    """The fewest guesses that can give a positive bound at level ``per_threshold_beta``: all of them correct.
+
+    A bound is positive only when the test rejects ``theta = 0`` (precision 1/2): ``r`` guesses, all right,
+    have tail ``2^-r``, so at least ``ceil(log2(1 / beta'))`` correct guesses are needed (more when some
+    guesses are wrong). With the defaults (``beta = 0.05``, 100 recall levels, ``beta' = 2.5e-4``) that is 12.
+
+    Example::
+
+        >>> min_correct_guesses(0.05 / 200), min_correct_guesses(0.05)
+        (12, 5)
+    """
+    beta = _check_beta(per_threshold_beta, "per_threshold_beta")
+    k = int(np.ceil(-np.log2(beta) - 1e-12))
+    return max(k, 1)
+
+
+def information_warnings(bounds: PanoramiaBounds) -> tuple:
+    """Why a PANORAMIA result carries no information, if it does not: one sentence per reason.
+
+    The criterion is objective: ``{c + eps}_lb = 0`` means that at no recall level did the MIA's
+    correct guesses reach what rejecting ``c + eps = 0`` takes at level ``beta'`` (at least
+    :func:`min_correct_guesses` of them, nearly all correct); ``eps_tilde = 0`` then says nothing about
+    the model: it is not evidence of privacy. (A positive ``{c + eps}_lb`` that the baseline matches,
+    ``eps_tilde = 0`` with ``c_lb > 0``, is information: the MIA did no better than the baseline.) An
+    audit set with fewer real members than that number can never give a positive bound, whatever the model.
+
+    Returns:
+        A tuple of str (empty when the result carries information).
+
+    Example::
+
+        >>> s = np.array([1, 0] * 3)
+        >>> tiny = panoramia_bounds(s, np.zeros(6), s.astype(float), num_thresholds=5)
+        >>> print(information_warnings(tiny)[0][:81])
+        no information: the audit set of m = 6 points holds 3 real members, fewer than th
+        >>> s = np.array([1, 0] * 50)
+        >>> blind = panoramia_bounds(s, np.zeros(100), np.zeros(100), num_thresholds=5)  # the MIA sees nothing
+        >>> print(information_warnings(blind)[0][:94])
+        no information: at no recall level were the MIA's guesses right often enough to reject c + eps
+        >>> information_warnings(panoramia_bounds(s, np.zeros(100), np.zeros(100) + s, num_thresholds=5))
+        ()
+    """
+    if bounds.c_plus_epsilon_lb > 0:
+        return ()
+    need = min_correct_guesses(bounds.per_threshold_beta)
+    m = int(bounds.counts[-1])
+    if bounds.members < need:
+        return (
+            f"no information: the audit set of m = {m} points holds {bounds.members} real members, fewer than the "
+            f"{need} correct guesses a positive bound needs at the per-test level beta' = "
+            f"{bounds.per_threshold_beta:.2g}, so eps_tilde is 0 whatever the model; eps_tilde = 0 is not evidence "
+            "of privacy: use more member rows or a larger audit_size",
+        )
+    tails = stats.binom.sf(bounds.mia_true_positives - 1, bounds.mia_guesses, 0.5)
+    best = int(np.argmin(tails))
+    return (
+        "no information: at no recall level were the MIA's guesses right often enough to reject c + eps = 0 "
+        f"(closest: {int(bounds.mia_true_positives[best])} of {int(bounds.mia_guesses[best])} correct, p = "
+        f"{float(tails[best]):.2g} against the per-test level beta' = {bounds.per_threshold_beta:.2g}; a positive "
+        f"bound needs at least {need} correct guesses, that few only if all are right), so eps_tilde = 0 says nothing "
+        f"about the model's leakage and is not evidence of privacy: use more audit points (m = {m} now), a "
+        "generator closer to the data, or a stronger MIA (mia_features='calibrated')",
     )
