@@ -91,3 +91,17 @@ def test_cli_bad_arguments(checkpoint, capsys, extra, match):
 def test_cli_missing_checkpoint(tmp_path, capsys):
     assert main(["audit", "epsilon-star", "--checkpoint", str(tmp_path / "none.ckpt")]) == 2
     assert "is not a file" in capsys.readouterr().err
+
+
+def test_cli_rebuilds_adult_with_the_split_the_checkpoint_saved(checkpoint, capsys, tmp_path):
+    path, _, _ = checkpoint
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    assert saved["datamodule_hyper_parameters"]["val_fraction"] == 0.1  # AdultDataModule saves its hyperparameters
+    saved["datamodule_hyper_parameters"]["val_fraction"] = 0.2  # as if trained on the 80 % split
+    torch.save(saved, tmp_path / "split.ckpt")
+    assert main(["audit", "epsilon-star", "--checkpoint", str(tmp_path / "split.ckpt"), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["num_members"] == 24130 and "val_fraction" not in captured.err
+    assert main(["audit", "epsilon-star", "--checkpoint", str(tmp_path / "split.ckpt"), "--val-fraction", "0.1"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: `--val-fraction` sets val_fraction=0.1 over val_fraction=0.2" in err

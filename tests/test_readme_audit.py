@@ -53,6 +53,7 @@ class Net(pl.LightningModule):
 class Blobs(pl.LightningDataModule):
     def __init__(self, n: int = 300, features: int = 6, seed: int = 0, batch_size: int = 50):
         super().__init__()
+        self.save_hyperparameters()  # in the checkpoint: the audit rebuilds the same rows
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(2 * n, features, generator=g)
         y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()

@@ -1,5 +1,9 @@
 """What the ``audit`` commands share: classes by name, JSON options, safe checkpoints, datamodules, loss files.
 
+A checkpoint of a DP-SGD run loads into the user's class after the modules ``DPSGD(fix_modules=True)``
+replaced in training are replaced the same way; its datamodule is rebuilt with the hyperparameters the
+checkpoint saved for it; where DPSGD recorded the training-set size, members of another size are refused.
+
 Every failure here is a ``ValueError`` with a one-line message naming the option and the value; the
 commands print it as ``lightning-privacy audit ...: error: ...`` and exit with status 2 (no traceback).
 """
@@ -7,12 +11,13 @@ commands print it as ``lightning-privacy audit ...: error: ...`` and exit with s
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 ADULT_DATAMODULE = "lightning_privacy.data.datamodule:AdultDataModule"
 
@@ -97,34 +102,93 @@ def read_checkpoint(path: str) -> Any:
         raise ValueError(f"`--checkpoint` {path!r} is not a checkpoint torch can read: {err}") from None
 
 
-def load_model(model_class: Any, path: str, model_args: dict) -> Any:
+def load_model(
+    model_class: Any,
+    path: str,
+    model_args: dict,
+    *,
+    contents: Any = None,
+    fix_modules: Optional[bool] = None,
+    warn: Optional[Callable[[str], None]] = None,
+) -> Any:
     """The model of a checkpoint, loaded weights-only (:func:`read_checkpoint`).
 
     A Lightning checkpoint (with ``state_dict``) goes through ``model_class.load_from_checkpoint`` with
     ``weights_only=True`` (its saved hyperparameters, overridden by ``model_args``); a bare
-    ``state_dict`` is loaded into ``model_class(**model_args)``.
+    ``state_dict`` is loaded into ``model_class(**model_args)``. The modules ``DPSGD(fix_modules=True)``
+    replaced in training are replaced the same way first (:func:`lightning_privacy.checkpoints.build_model`),
+    and ``warn`` gets one line naming them. ``contents``: the checkpoint already read.
     """
-    contents = read_checkpoint(path)
+    from lightning_privacy.checkpoints import build_model, replaced_message
+
+    contents = read_checkpoint(path) if contents is None else contents
     try:
-        if isinstance(contents, dict) and "state_dict" in contents and hasattr(model_class, "load_from_checkpoint"):
-            return model_class.load_from_checkpoint(path, map_location="cpu", weights_only=True, **model_args)
-        if isinstance(contents, dict) and "state_dict" in contents:
-            contents = contents["state_dict"]
-        model = model_class(**model_args)
-        model.load_state_dict(contents)
-    except (TypeError, RuntimeError, KeyError) as err:
+        model, replaced = build_model(model_class, path, contents, model_args, fix_modules=fix_modules)
+    except (TypeError, RuntimeError, KeyError, ValueError) as err:
         raise ValueError(f"`--checkpoint` {path!r} does not fit `--model` {model_class.__name__}: {err}") from None
+    if replaced and warn is not None:
+        warn(replaced_message(model_class, replaced))
     return model
 
 
 # --- data ------------------------------------------------------------------------------------
-def datamodule(spec: Optional[str], args: dict, *, stage_test: bool = False) -> Any:
-    """The datamodule ``spec`` (default: Adult) built with ``args``, prepared and set up."""
-    cls = load_class(spec or ADULT_DATAMODULE, "--datamodule")
+def saved_datamodule_args(cls: Any, contents: Any) -> dict:
+    """The datamodule hyperparameters a checkpoint saved (``self.save_hyperparameters()``) that ``cls`` takes.
+
+    As Lightning's ``load_from_checkpoint``: names ``cls.__init__`` does not take are left out (unless it
+    takes ``**kwargs``), and hyperparameters saved as one argument (``save_hyperparameters(hparams)``) are
+    passed as that argument.
+    """
+    saved = contents.get("datamodule_hyper_parameters") if isinstance(contents, Mapping) else None
+    if not isinstance(saved, Mapping):
+        return {}
+    saved = dict(saved)
     try:
-        dm = cls(**args)
+        parameters = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return saved
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    named = [n for i, (n, p) in enumerate(parameters.items()) if i > 0 and p.kind not in kinds]
+    as_one = contents.get("datamodule_hparams_name")
+    if as_one in named:
+        return {as_one: saved}
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return saved
+    return {k: v for k, v in saved.items() if k in named}
+
+
+def datamodule(
+    spec: Optional[str],
+    args: dict,
+    *,
+    stage_test: bool = False,
+    contents: Any = None,
+    defaults: Optional[dict] = None,
+    reading: Optional[dict] = None,
+    options: Optional[Mapping[str, str]] = None,
+    warn: Optional[Callable[[str], None]] = None,
+) -> Any:
+    """The datamodule ``spec`` (default: Adult) as trained, prepared and set up.
+
+    Built with ``defaults``, over them the hyperparameters the checkpoint ``contents`` saved for its
+    datamodule (:func:`saved_datamodule_args`), over them ``reading`` (arguments that only change how the
+    rows are read, such as Adult's evaluation batch size) and ``args``. Each of ``args`` that changes a
+    saved value goes to ``warn``, named as ``options`` says (default: ``--datamodule-args``).
+    """
+    cls = load_class(spec or ADULT_DATAMODULE, "--datamodule")
+    saved = saved_datamodule_args(cls, contents) if contents is not None else {}
+    for key, value in args.items():
+        if key in saved and value != saved[key] and warn is not None:
+            option = (options or {}).get(key, "`--datamodule-args`")
+            warn(
+                f"{option} sets {key}={value!r} over {key}={saved[key]!r}, the checkpoint's saved datamodule "
+                f"hyperparameter: the audit's members and non-members are those of {key}={value!r}"
+            )
+    try:
+        dm = cls(**{**(defaults or {}), **saved, **(reading or {}), **args})
     except TypeError as err:
-        raise ValueError(f"`--datamodule-args` do not fit {cls.__name__}: {err}") from None
+        where = " (with the checkpoint's saved datamodule hyperparameters)" if saved else ""
+        raise ValueError(f"`--datamodule-args`{where} do not fit {cls.__name__}: {err}") from None
     for hook in ("prepare_data",):
         if callable(getattr(dm, hook, None)):
             getattr(dm, hook)()
@@ -133,6 +197,23 @@ def datamodule(spec: Optional[str], args: dict, *, stage_test: bool = False) -> 
         if stage_test:
             dm.setup("test")
     return dm
+
+
+def check_member_count(dm: Any, contents: Any) -> None:
+    """Refuse members of another size than the training set the checkpoint's DPSGD recorded (if it did)."""
+    from lightning_privacy.checkpoints import training_set_size
+
+    trained = training_set_size(contents)
+    hook = "member_dataloader" if _loader(dm, "member_dataloader") is not None else "train_dataloader"
+    dataset = getattr(member_batches(dm), "dataset", None)
+    if trained is None or not hasattr(dataset, "__len__") or len(dataset) == trained:
+        return
+    raise ValueError(
+        f"the checkpoint was trained by DPSGD on {trained} examples, but {type(dm).__name__}.{hook}() gives "
+        f"{len(dataset)} members: the audit would be about another member set; build the datamodule as in "
+        "training (`--datamodule-args`; a datamodule that calls `self.save_hyperparameters()` is rebuilt with the "
+        "checkpoint's saved ones)"
+    )
 
 
 def _loader(dm: Any, hook: str) -> Any:

@@ -4,9 +4,13 @@ From a checkpoint: ``--model pkg.module:Class`` and ``--datamodule pkg.module:Cl
 bundled :class:`~lightning_privacy.data.datamodule.AdultDataModule` and
 :class:`~lightning_privacy.models.TabularMLP`), built with ``--datamodule-args`` (JSON). Members are
 the datamodule's ``member_dataloader()`` if it has one, else one pass over its ``train_dataloader()``;
-non-members its ``val_dataloader()`` (``--nonmembers val``, default) or ``test_dataloader()``. For Adult
-pass the split used in training (``--val-fraction`` / ``--split-seed``). The checkpoint is read by
-torch's weights-only loader: a file that holds more than plain weights is refused.
+non-members its ``val_dataloader()`` (``--nonmembers val``, default) or ``test_dataloader()``. The
+datamodule is rebuilt with the hyperparameters the checkpoint saved for it (a datamodule that calls
+``self.save_hyperparameters()``, as Adult's does, so Adult's split is the training run's); options override
+them, each change named in a warning. Where DPSGD recorded the size of its training set, members of another
+size are refused. The checkpoint is read by torch's weights-only loader: a file that holds more than plain
+weights is refused. The modules ``DPSGD(fix_modules=True)`` replaced in training are replaced the same way
+before the weights are loaded (``--fix-modules`` for a checkpoint that does not record them).
 
 From files: ``--member-losses F --nonmember-losses F`` (``.npy``, or ``.csv``/``.txt`` with one value a
 line; low loss = looks like a member), e.g. losses computed by another framework.
@@ -43,11 +47,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult's)"
     )
-    model.add_argument("--datamodule-args", default=None, help="JSON object of constructor arguments")
+    model.add_argument(
+        "--datamodule-args",
+        default=None,
+        help="JSON object of constructor arguments (over the hyperparameters the checkpoint saved for its datamodule)",
+    )
+    model.add_argument(
+        "--fix-modules",
+        action="store_true",
+        help="replace the layers Opacus has a fixer for before loading, as DPSGD(fix_modules=True) did in training "
+        "(needed only for checkpoints that do not record it)",
+    )
     model.add_argument(
         "--nonmembers", choices=("val", "test"), default="val", help="non-member data (default: %(default)s)"
     )
-    adult = parser.add_argument_group("Adult (the default datamodule)")
+    adult = parser.add_argument_group("Adult (the default datamodule; the split defaults to the checkpoint's)")
     adult.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: bundled)")
     adult.add_argument("--val-fraction", type=float, default=None, help="validation share used in training (0.1)")
     adult.add_argument("--split-seed", type=int, default=None, help="seed of the train/validation split (0)")
@@ -61,7 +75,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
+ADULT_KEYS = {"data_path": "path", "batch_size": "batch_size", "val_fraction": "val_fraction", "split_seed": "seed"}
+
+
+def _warn(message: str) -> None:
+    print(f"lightning-privacy audit epsilon-star: warning: {message}", file=sys.stderr)
+
+
 def _datamodule_args(args: argparse.Namespace) -> dict:
+    """Keyword arguments of :func:`~lightning_privacy.commands._audit_io.datamodule` (beside the checkpoint)."""
     from lightning_privacy.commands._audit_io import json_object
 
     given = json_object(args.datamodule_args, "--datamodule-args")
@@ -70,14 +92,15 @@ def _datamodule_args(args: argparse.Namespace) -> dict:
         if adult_flags:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in adult_flags)
             raise ValueError(f"{flags} only apply to the default Adult datamodule; use `--datamodule-args`")
-        return given
-    adult = {**ADULT_DEFAULTS, **adult_flags}
+        return {"args": given}
+    # Adult: the split the checkpoint saved (else the defaults), under the flags; the evaluation batch size is the
+    # flag's or 1024, not the training batch size the checkpoint saved
+    batch_size = adult_flags.pop("batch_size", ADULT_DEFAULTS["batch_size"])
     return {
-        "path": adult["data_path"],
-        "batch_size": adult["batch_size"],
-        "val_fraction": adult["val_fraction"],
-        "seed": adult["split_seed"],
-        **given,
+        "args": {**{ADULT_KEYS[k]: v for k, v in adult_flags.items()}, **given},
+        "defaults": {ADULT_KEYS[k]: v for k, v in ADULT_DEFAULTS.items() if k != "batch_size"},
+        "reading": {"batch_size": batch_size},
+        "options": {ADULT_KEYS[k]: f"`--{k.replace('_', '-')}`" for k in adult_flags if ADULT_KEYS[k] not in given},
     }
 
 
@@ -101,8 +124,19 @@ def audit(args: argparse.Namespace) -> dict:
     else:
         model_class = io.load_class(args.model, "--model")
         dm_args = _datamodule_args(args)
-        model = io.load_model(model_class, args.checkpoint, io.json_object(args.model_args, "--model-args"))
-        dm = io.datamodule(args.datamodule, dm_args, stage_test=args.nonmembers == "test")
+        contents = io.read_checkpoint(args.checkpoint)
+        model = io.load_model(
+            model_class,
+            args.checkpoint,
+            io.json_object(args.model_args, "--model-args"),
+            contents=contents,
+            fix_modules=True if args.fix_modules else None,
+            warn=_warn,
+        )
+        dm = io.datamodule(
+            args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args
+        )
+        io.check_member_count(dm, contents)
         members, nonmembers = io.member_batches(dm), io.nonmember_batches(dm, args.nonmembers)
         result = audit_epsilon_star(model, members, nonmembers, delta=args.delta, warn=False)
         source = {"checkpoint": args.checkpoint, "datamodule": type(dm).__name__, "nonmembers": args.nonmembers}

@@ -11,6 +11,9 @@ Members come from ``--datamodule pkg.module:Class`` (default: the bundled Adult 
 
 ``--generator pkg.module:Class`` (with ``--generator-args`` JSON) replaces the default generator. The
 checkpoint is read by torch's weights-only loader: a file that holds more than plain weights is refused.
+As in ``audit epsilon-star``, the datamodule is rebuilt with the hyperparameters the checkpoint saved for it
+(options override them, with a warning naming each change), members of another size than DPSGD's recorded
+training set are refused, and the modules ``DPSGD(fix_modules=True)`` replaced are replaced before loading.
 The audit is :func:`lightning_privacy.audits.audit_panoramia`; its phases show on a progress bar on
 stderr (``--quiet``: none), and ``--json`` prints exactly one JSON object on stdout.
 """
@@ -35,16 +38,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-class", default=None, help="the same as a dotted path (older spelling of --model)")
     parser.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
     parser.add_argument("--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult)")
-    parser.add_argument("--datamodule-args", default=None, help="JSON object of constructor arguments")
+    parser.add_argument(
+        "--datamodule-args",
+        default=None,
+        help="JSON object of constructor arguments (over the hyperparameters the checkpoint saved for its datamodule)",
+    )
+    parser.add_argument(
+        "--fix-modules",
+        action="store_true",
+        help="replace the layers Opacus has a fixer for before loading, as DPSGD(fix_modules=True) did in training "
+        "(needed only for checkpoints that do not record it)",
+    )
     parser.add_argument("--generator", default=None, help="generator class as module:Class (fit(data) / sample(n))")
     parser.add_argument("--generator-args", default=None, help="JSON object of constructor arguments for --generator")
     parser.add_argument("--data", default="adult", help="member data: only 'adult' (the AdultDataModule train split)")
     parser.add_argument("--data-path", default=None, help="folder with adult.data/adult.test (default: bundled copy)")
     parser.add_argument(
-        "--val-fraction", type=float, default=0.1, help="validation share used in training (default: %(default)s)"
+        "--val-fraction", type=float, default=None, help="validation share used in training (default: saved, else 0.1)"
     )
     parser.add_argument(
-        "--split-seed", type=int, default=0, help="seed of the AdultDataModule train/val split the model used"
+        "--split-seed", type=int, default=None, help="seed of the Adult train/val split the model used (saved, else 0)"
     )
     parser.add_argument(
         "--member-fraction", type=float, default=1.0, help="share of the training rows the auditor holds"
@@ -67,6 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="write the numbers and the report to this JSON file")
     parser.add_argument("--json", action="store_true", help="print one JSON object (numbers and report) on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+
+
+def _warn(message: str) -> None:
+    print(f"lightning-privacy audit panoramia: warning: {message}", file=sys.stderr)
 
 
 def _members(args: argparse.Namespace, dm) -> tuple:
@@ -107,10 +124,25 @@ def audit(args: argparse.Namespace):
     spec = args.model or args.model_class or DEFAULT_MODEL
     model_class = io.load_class(spec, "--model" if args.model_class is None else "--model-class")
     dm_args = io.json_object(args.datamodule_args, "--datamodule-args")
-    if args.datamodule is None:
-        dm_args = {"path": args.data_path, "val_fraction": args.val_fraction, "seed": args.split_seed, **dm_args}
-    model = io.load_model(model_class, args.checkpoint, io.json_object(args.model_args, "--model-args"))
-    dm = io.datamodule(args.datamodule, dm_args)
+    defaults, options = {}, {}
+    if args.datamodule is None:  # Adult: the checkpoint's saved split, else these defaults; flags override both
+        flags = {"path": args.data_path, "val_fraction": args.val_fraction, "seed": args.split_seed}
+        names = {"path": "`--data-path`", "val_fraction": "`--val-fraction`", "seed": "`--split-seed`"}
+        flags = {k: v for k, v in flags.items() if v is not None}
+        defaults = {"path": None, "val_fraction": 0.1, "seed": 0}
+        options = {k: names[k] for k in flags if k not in dm_args}
+        dm_args = {**flags, **dm_args}
+    contents = io.read_checkpoint(args.checkpoint)
+    model = io.load_model(
+        model_class,
+        args.checkpoint,
+        io.json_object(args.model_args, "--model-args"),
+        contents=contents,
+        fix_modules=True if args.fix_modules else None,
+        warn=_warn,
+    )
+    dm = io.datamodule(args.datamodule, dm_args, contents=contents, defaults=defaults, options=options, warn=_warn)
+    io.check_member_count(dm, contents)
     members, encode, generator = _members(args, dm)
     return audit_panoramia(
         model,
