@@ -10,7 +10,9 @@ to TensorBoard as text (``privacy/report``) and, optionally, to a file: ``.html`
 any other suffix (``.md``) the Markdown.
 
 The audit sections render the audits' results (:mod:`lightning_privacy.audits`): :func:`audit_report`
-gives the same section for a result of a direct call such as ``audit_epsilon_star(model, ...)``.
+gives the same section for a result of a direct call such as ``audit_epsilon_star(model, ...)``. A result's
+``warnings`` (why its numbers may carry no information) come first in its section, as quoted
+"**Warning:**" paragraphs in the Markdown and highlighted paragraphs on the HTML page.
 """
 
 from __future__ import annotations
@@ -53,8 +55,12 @@ def _of(trainer: pl.Trainer, name: str) -> List[Any]:
     ]
 
 
-def _table(title: str, rows: List[tuple]) -> str:
-    lines = [f"## {title}", "", "| quantity | value | meaning |", "|---|---|---|"]
+def _table(title: str, rows: List[tuple], warnings: Tuple[str, ...] = ()) -> str:
+    """A section's heading, its warnings (one quoted "**Warning:**" paragraph each) and its value table."""
+    lines = [f"## {title}", ""]
+    for warning in warnings:
+        lines += [f"> **Warning:** {warning}", ""]
+    lines += ["| quantity | value | meaning |", "|---|---|---|"]
     lines += [f"| {q} | {v} | {m} |" for q, v, m in rows]
     return "\n".join(lines)
 
@@ -171,9 +177,10 @@ def _stopping(cb: Any) -> List[tuple]:
     ]
 
 
-def _epsilon_star_rows(values: Mapping[str, float]) -> List[tuple]:
+def _epsilon_star_rows(values: Mapping[str, float], fits_rejected: bool = False) -> List[tuple]:
     meaning = {
-        names.EPSILON_STAR: "estimate (parametric Normal fits), not a bound; empirical privacy of the loss-threshold attack",
+        names.EPSILON_STAR: "estimate (parametric Normal fits), not a bound; empirical privacy of the loss-threshold attack"
+        + ("; NOT RELIABLE here: the KS test rejects the Normal fits (see the warning)" if fits_rejected else ""),
         names.EPSILON_STAR_EMPIRICAL: "estimate from the empirical loss distributions, not a bound",
         names.MIA_EPSILON_LOWER: "lower bound (with confidence) on the ε of any DP guarantee, from the same losses",
     }
@@ -273,7 +280,8 @@ def _canary(cb: Any) -> List[tuple]:
 
 
 def _epsilon_star(cb: Any) -> List[tuple]:
-    return _epsilon_star_rows(cb.results)
+    result = getattr(cb, "result", None)
+    return _epsilon_star_rows(cb.results, fits_rejected=result is not None and result.fits_rejected)
 
 
 def _panoramia(cb: Any) -> List[tuple]:
@@ -284,15 +292,17 @@ def _profile(cb: Any) -> List[tuple]:
     return _profile_rows(cb.result.metrics() if cb.result is not None else {})
 
 
-_AUDIT_SECTIONS = {  # result class name -> (title, rows from .metrics())
-    "EpsilonStarResult": ("Epsilon* audit", _epsilon_star_rows),
-    "PanoramiaAuditResult": ("PANORAMIA audit", _panoramia_rows),
-    "PrivacyProfileResult": ("Privacy profile audit", _profile_rows),
+_AUDIT_SECTIONS = {  # result class name -> (title, rows of the result)
+    "EpsilonStarResult": ("Epsilon* audit", lambda r: _epsilon_star_rows(r.metrics(), r.fits_rejected)),
+    "PanoramiaAuditResult": ("PANORAMIA audit", lambda r: _panoramia_rows(r.metrics())),
+    "PrivacyProfileResult": ("Privacy profile audit", lambda r: _profile_rows(r.metrics())),
 }
 
 
 def audit_report(result: Any) -> str:
     """The report's Markdown section for one audit result (e.g. of a direct ``audit_epsilon_star`` call).
+
+    The result's ``warnings`` (e.g. Normal fits the KS test rejects) come first, under the heading.
 
     Raises:
         TypeError: for anything but a result of :mod:`lightning_privacy.audits`.
@@ -303,15 +313,17 @@ def audit_report(result: Any) -> str:
         >>> from lightning_privacy.audits import audit_epsilon_star_from_losses
         >>> rng = np.random.default_rng(0)
         >>> result = audit_epsilon_star_from_losses(rng.gamma(2, 5, 2000), rng.gamma(3, 5, 2000), delta=1e-4)
-        >>> print(audit_report(result).splitlines()[0])
+        >>> lines = audit_report(result).splitlines()
+        >>> print(lines[0], lines[2][:55], sep="\\n")  # Gamma losses: the KS test rejects the Normal fits
         ## Epsilon* audit
-        >>> audit_report(result).splitlines()[4].split(" | ")[:2]
+        > **Warning:** the Normal fits of Epsilon* are rejected
+        >>> lines[6].split(" | ")[:2]
         ['| `audit/epsilon_star`', '4.122']
     """
     for klass in type(result).__mro__:
         if klass.__name__ in _AUDIT_SECTIONS and klass.__module__.startswith("lightning_privacy.audits"):
             title, rows = _AUDIT_SECTIONS[klass.__name__]
-            return _table(title, rows(result.metrics()))
+            return _table(title, rows(result), tuple(result.warnings))
     raise TypeError(f"`result` must be a result of lightning_privacy.audits, got {type(result).__name__}")
 
 
@@ -345,6 +357,7 @@ class _Section:
     rows: List[tuple]
     extras: List[_Extra] = field(default_factory=list)
     figures: List[Tuple[Callable[[], Any], str]] = field(default_factory=list)  # (draw, caption)
+    warnings: Tuple[str, ...] = ()  # the audit result's: why its numbers may carry no information
 
 
 def _mia_budget(trainer: pl.Trainer) -> Optional[float]:
@@ -435,7 +448,7 @@ def _sections(trainer: pl.Trainer) -> List[_Section]:
     for name in _REPORTED:
         title, rows = _SECTIONS[name]
         for cb in _of(trainer, name):
-            section = _Section(title, rows(cb))
+            section = _Section(title, rows(cb), warnings=tuple(getattr(getattr(cb, "result", None), "warnings", ())))
             _extras_and_figures(name, cb, trainer, section)
             sections.append(section)
     if not sections:
@@ -450,7 +463,7 @@ def _header(trainer: pl.Trainer) -> str:
 
 
 def _markdown(section: _Section) -> str:
-    parts = [_table(section.title, section.rows)]
+    parts = [_table(section.title, section.rows, section.warnings)]
     for extra in section.extras:
         lines = [f"**{extra.caption}**", "", "| " + " | ".join(extra.header) + " |", "|---" * len(extra.header) + "|"]
         lines += ["| " + " | ".join(cells) + " |" for cells in extra.cells]
@@ -496,6 +509,7 @@ code { font: 13px ui-monospace, "DejaVu Sans Mono", monospace; background: #f1f3
 figure { margin: 10px 0 18px; }
 figure img { max-width: 100%; height: auto; border: 1px solid #e3e6ec; }
 figcaption { color: #5b6474; font-size: 13px; margin-top: 4px; }
+p.warning { background: #fff4e5; border-left: 4px solid #d9822b; padding: 8px 12px; margin: 8px 0 12px; }
 footer { margin-top: 36px; font-size: 13px; }
 """
 
@@ -581,6 +595,7 @@ def privacy_report_html(trainer: pl.Trainer) -> str:
     body = []
     for section, slug in zip(sections, slugs):
         parts = [f'<section id="{slug}"><h2>{html.escape(section.title)}</h2>']
+        parts += [f'<p class="warning"><strong>Warning:</strong> {_inline(w)}</p>' for w in section.warnings]
         parts.append(
             _html_table(
                 ["quantity", "value", "meaning"], [list(r) for r in section.rows], classes=("", "value", "meaning")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["AuditResult", "jsonable", "progress_stages", "sequential_loader", "unshard"]
+__all__ = ["AuditResult", "jsonable", "progress_stages", "sequential_loader", "unshard", "warnings_markdown"]
 
 DEFAULT_BATCH_SIZE = 256
 
@@ -25,7 +25,14 @@ class AuditResult:
     - :meth:`summary`: the Markdown text a callback writes to TensorBoard and prints;
     - :meth:`figure`: a :class:`matplotlib.figure.Figure` (no pyplot state, the backend is left alone);
     - :meth:`to_dict`: plain Python values, ready for :func:`json.dumps`.
+
+    Every result also has ``warnings``: one sentence per reason its numbers carry little or no
+    information (Normal fits the KS test rejects, too few correct guesses, scores that look reversed,
+    ...), each found by an objective criterion the audit documents. They are in ``to_dict()["warnings"]``
+    and at the top of :meth:`summary`, and the report, the TensorBoard text and the CLI show them.
     """
+
+    warnings: Tuple[str, ...] = ()
 
     def metrics(self) -> Dict[str, float]:  # pragma: no cover - every result overrides it
         raise NotImplementedError
@@ -38,6 +45,19 @@ class AuditResult:
 
     def to_dict(self) -> Dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
+
+
+def warnings_markdown(warnings: Sequence[str]) -> str:
+    """The Markdown block of a result's ``warnings``: one quoted "**Warning:**" paragraph each ("" for none).
+
+    Example::
+
+        >>> print(warnings_markdown(["the fits are rejected"]))
+        > **Warning:** the fits are rejected
+        >>> warnings_markdown([])
+        ''
+    """
+    return "\n\n".join(f"> **Warning:** {w}" for w in warnings)
 
 
 def jsonable(value: Any) -> Any:

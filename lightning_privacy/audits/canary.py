@@ -22,14 +22,15 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
 from lightning_privacy import names
 from lightning_privacy.analysis._checks import expect_choice, expect_real
 from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
-from lightning_privacy.audits._common import AuditResult, jsonable
+from lightning_privacy.analysis.estimation import score_orientation
+from lightning_privacy.audits._common import AuditResult, jsonable, warnings_markdown
 
 __all__ = ["CanaryResult", "audit_canaries"]
 
@@ -67,6 +68,9 @@ class CanaryResult(AuditResult):
         num_canaries, num_included, alpha, correction: the game.
         accountant_epsilon: the run's accountant ε at the same δ (upper bound), if known.
         others: other audits' ε values to draw beside (``names.EPSILON_STAR``, ``names.PANORAMIA_EPSILON``).
+        warnings: why the bounds may carry no information: scores that look reversed (included canaries
+            scoring lower than excluded ones, one-sided Mann-Whitney test at
+            :data:`~lightning_privacy.analysis.estimation.REVERSED_LEVEL`).
     """
 
     values: Dict[str, float]
@@ -78,6 +82,7 @@ class CanaryResult(AuditResult):
     correction: str
     accountant_epsilon: Optional[float] = None
     others: Dict[str, float] = field(default_factory=dict)
+    warnings: Tuple[str, ...] = ()
 
     @property
     def epsilon_lower(self) -> float:
@@ -94,12 +99,17 @@ class CanaryResult(AuditResult):
         return {k: v for k, v in self.values.items() if k not in OPTIMISTIC}
 
     def summary(self) -> str:
+        """The Markdown text: both bounds, the warnings (if any), the table of both methods."""
         eps = self.accountant_epsilon
         lines = [
             f"Canary audit ({self.kind}, m = {self.num_canaries}): ε ≥ {self.values[names.CANARY_EPSILON_LOWER]:.3f} "
             f"(binomial), ≥ {self.values[names.CANARY_EPSILON_LOWER_GDP]:.3f} (Gaussian f-DP); accountant ε "
             + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
             "",
+        ]
+        if self.warnings:
+            lines += [warnings_markdown(self.warnings), ""]
+        lines += [
             "| method | ε lower (valid) | guesses / correct | (k₊, k₋) | ceiling for m | uncorrected best |",
             "|---|---|---|---|---|---|",
         ]
@@ -164,6 +174,7 @@ class CanaryResult(AuditResult):
                 "values": self.values,
                 "details": {method: d.to_dict() for method, d in self.details.items()},
                 "others": self.others,
+                "warnings": list(self.warnings),
             }
         )
 
@@ -215,6 +226,15 @@ def audit_canaries(
         values[bound], values[guesses], values[correct] = res.epsilon_lower, res.num_guesses, res.num_correct
         values[ceiling] = max_epsilon_lower(num_canaries=tested, alpha=per_test, delta=delta, method=method)
         values[optimistic] = res.optimistic
+    orientation = score_orientation(scores, included_arr)
+    found = ()
+    if orientation.reversed:
+        found = (
+            "the canary scores look reversed: included canaries score lower than excluded ones (AUC = "
+            f"{orientation.auc:.3f} < 0.5, one-sided test p = {orientation.pvalue:.2g} < {orientation.level:g}), so "
+            "the guesses ('included' for the highest scores) are wrong and a bound of 0 says nothing about privacy; "
+            "if lower means included (e.g. losses), negate the scores",
+        )
     return CanaryResult(
         values={k: float(v) for k, v in values.items()},
         details=details,
@@ -225,4 +245,5 @@ def audit_canaries(
         correction=correction,
         accountant_epsilon=None if accountant_epsilon is None else float(accountant_epsilon),
         others={str(k): float(v) for k, v in (others or {}).items()},
+        warnings=found,
     )

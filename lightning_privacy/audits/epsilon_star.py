@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -25,23 +25,77 @@ from lightning_privacy.analysis.epsilon_star import (
     epsilon_star_details,
     transform_losses,
 )
-from lightning_privacy.audits._common import AuditResult, jsonable, sequential_loader
+from lightning_privacy.audits._common import AuditResult, jsonable, sequential_loader, warnings_markdown
 
 __all__ = [
+    "KS_LEVEL",
     "EpsilonStarResult",
     "audit_epsilon_star",
     "audit_epsilon_star_from_losses",
+    "fit_warnings",
+    "fits_rejected",
     "summary_text",
     "transformed_fit_figure",
 ]
 
 METHOD_KEYS = (("parametric", names.EPSILON_STAR), ("empirical", names.EPSILON_STAR_EMPIRICAL))
+KS_LEVEL = 0.01
+"""The parametric ε* is flagged when a KS p-value of its Normal fits (Appendix 8.2: ≤ 1,000 held-out
+transformed losses against as many draws from the fit) is below this level: the fit is rejected, and
+ε* read off the fitted tails can be far from the losses' own (e.g. 4.1 against the empirical 2.8 for
+Gamma losses whose fits have p ≈ 0.001). A correct fit is flagged with probability at most about
+``2 × KS_LEVEL`` (two fits)."""
 
 
-def summary_text(values: Mapping[str, float], details: Mapping[str, EpsilonStarDetails]) -> str:
-    """The Markdown table of one Epsilon* audit: the values, the fits, the maximising threshold, the KS checks."""
+def fits_rejected(details: Mapping[str, EpsilonStarDetails], level: float = KS_LEVEL) -> bool:
+    """Whether a KS test rejects one of the parametric Normal fits at ``level`` (``nan`` p-values never do).
+
+    Example::
+
+        >>> rng = np.random.default_rng(0)
+        >>> from lightning_privacy.analysis.epsilon_star import epsilon_star_details
+        >>> fits_rejected({"parametric": epsilon_star_details(rng.gamma(2, 5, 2000), rng.gamma(3, 5, 2000), delta=1e-4)})
+        True
+        >>> fits_rejected({"parametric": epsilon_star_details(rng.normal(1, 1, 2000), rng.normal(2, 1, 2000), delta=1e-4)})
+        False
+    """
+    d = details.get("parametric")
+    if d is None:
+        return False
+    pvalues = [p for p in (d.ks_pvalue_member, d.ks_pvalue_nonmember) if p is not None and np.isfinite(p)]
+    return any(p < level for p in pvalues)
+
+
+def fit_warnings(details: Mapping[str, EpsilonStarDetails], level: float = KS_LEVEL) -> List[str]:
+    """The warnings about the parametric fits: rejected by their KS test (:data:`KS_LEVEL`), or not checkable."""
+    d = details.get("parametric")
+    if d is None:
+        return []
+    if fits_rejected(details, level):
+        empirical = details.get("empirical")
+        value = "" if empirical is None else f" = {empirical.epsilon_star:.3g}"
+        return [
+            f"the Normal fits of Epsilon* are rejected (KS p = {d.ks_pvalue_member:.2g} members / "
+            f"{d.ks_pvalue_nonmember:.2g} non-members < {level:g}); the parametric ε* = {d.epsilon_star:.3g} from "
+            f"them is not reliable: use the empirical ε*{value} (method='empirical', `{names.EPSILON_STAR_EMPIRICAL}`)"
+        ]
+    if not all(p is not None and np.isfinite(p) for p in (d.ks_pvalue_member, d.ks_pvalue_nonmember)):
+        return [
+            f"too few losses to check the Normal fits of Epsilon* ({d.num_members} members / {d.num_nonmembers} "
+            "non-members, the KS check needs 20 of each): ε* from so few examples carries little information"
+        ]
+    return []
+
+
+def summary_text(
+    values: Mapping[str, float], details: Mapping[str, EpsilonStarDetails], warnings: Sequence[str] = ()
+) -> str:
+    """The Markdown table of one Epsilon* audit: the warnings, the values, the fits, the threshold, the KS checks."""
+    rejected = fits_rejected(details)
     lines = ["| quantity | value |", "|---|---|"]
-    lines += [f"| `{key}` | {value:.4f} |" for key, value in values.items()]
+    for key, value in values.items():
+        flag = " (Normal fits rejected: not reliable)" if key == names.EPSILON_STAR and rejected else ""
+        lines.append(f"| `{key}` | {value:.4f}{flag} |")
     for method, d in details.items():
         lines.append(
             f"| {method}: members / non-members / delta | {d.num_members} / {d.num_nonmembers} / {d.delta:.3g} |"
@@ -57,10 +111,13 @@ def summary_text(values: Mapping[str, float], details: Mapping[str, EpsilonStarD
             f"| Normal fits of φ: members / non-members | N({d.member_mean:.4f}, {d.member_std:.4f}²) / "
             f"N({d.nonmember_mean:.4f}, {d.nonmember_std:.4f}²) |"
         )
+        verdict = f" (rejected at {KS_LEVEL:g})" if rejected else ""
         lines.append(
-            f"| KS p-values of the fits: members / non-members | {d.ks_pvalue_member:.3g} / {d.ks_pvalue_nonmember:.3g} |"
+            f"| KS p-values of the fits: members / non-members | {d.ks_pvalue_member:.3g} / "
+            f"{d.ks_pvalue_nonmember:.3g}{verdict} |"
         )
-    return "Epsilon* audit\n\n" + "\n".join(lines)
+    block = warnings_markdown(warnings)
+    return "Epsilon* audit\n\n" + (block + "\n\n" if block else "") + "\n".join(lines)
 
 
 def transformed_fit_figure(details: EpsilonStarDetails, member_losses: Any, nonmember_losses: Any):
@@ -108,6 +165,11 @@ class EpsilonStarResult(AuditResult):
             (a method whose fit failed is missing, see ``notes``).
         mia: the threshold attack's bound, interval, threshold and confusion counts.
         notes: what could not be computed, and why.
+        warnings: why the values may carry little or no information: Normal fits that their KS test
+            rejects at :data:`KS_LEVEL` (then ε* is flagged, see :attr:`fits_rejected`; use the
+            empirical value), sets too small to check the fits, and losses that look reversed (members'
+            higher than non-members' at the one-sided Mann-Whitney level
+            :data:`~lightning_privacy.analysis.estimation.REVERSED_LEVEL`).
     """
 
     member_losses: np.ndarray
@@ -117,11 +179,17 @@ class EpsilonStarResult(AuditResult):
     details: Dict[str, EpsilonStarDetails]
     mia: Dict[str, Any] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    warnings: Tuple[str, ...] = ()
 
     @property
     def epsilon_star(self) -> float:
         """The parametric Epsilon* (``audit/epsilon_star``)."""
         return self.values[names.EPSILON_STAR]
+
+    @property
+    def fits_rejected(self) -> bool:
+        """The flag: a KS test rejects a Normal fit at :data:`KS_LEVEL`, so the parametric ε* is not reliable."""
+        return fits_rejected(self.details)
 
     def metrics(self) -> Dict[str, float]:
         """``{audit/epsilon_star, audit/epsilon_star_empirical, audit/mia_epsilon_lower: float}``."""
@@ -129,7 +197,7 @@ class EpsilonStarResult(AuditResult):
 
     def summary(self) -> str:
         """The Markdown table (what :class:`~lightning_privacy.EpsilonStarAudit` writes and prints)."""
-        return summary_text(self.values, self.details)
+        return summary_text(self.values, self.details, self.warnings)
 
     def figure(self):
         """The transformed losses of both sets with their Normal fits (a ``matplotlib.figure.Figure``).
@@ -158,6 +226,8 @@ class EpsilonStarResult(AuditResult):
         if self.mia:
             out["mia"] = dict(self.mia)
         out["notes"] = list(self.notes)
+        out["fits_rejected"] = self.fits_rejected
+        out["warnings"] = list(self.warnings)
         return jsonable(out)
 
 
@@ -184,7 +254,8 @@ def audit_epsilon_star_from_losses(
         delta: δ of Epsilon*, in ``(0, 0.5)``; ``None`` = ``1 / (n ln n)``, ``n`` = number of members
             (also the δ of the attack's bound).
         mia_alpha: significance of the attack's bound, in ``(0, 1)``.
-        warn: issue a ``UserWarning`` for each method whose fit failed (it is also in ``notes``).
+        warn: issue a ``UserWarning`` for each method whose fit failed (it is also in ``notes``) and for each
+            of the result's ``warnings``.
 
     Returns:
         An :class:`EpsilonStarResult`.
@@ -198,8 +269,10 @@ def audit_epsilon_star_from_losses(
         >>> result = audit_epsilon_star_from_losses(rng.gamma(2, 5, 2000), rng.gamma(3, 5, 2000), delta=1e-4)
         >>> round(result.metrics()["audit/epsilon_star"], 2), round(result.metrics()["audit/mia_epsilon_lower"], 2)
         (4.12, 1.43)
-        >>> print(result.summary().splitlines()[4])
-        | `audit/epsilon_star` | 4.1219 |
+        >>> result.fits_rejected, result.warnings[0].split(";")[0]  # Gamma losses: Normal fits of φ are poor
+        (True, 'the Normal fits of Epsilon* are rejected (KS p = 0.0014 members / 0.00086 non-members < 0.01)')
+        >>> print(result.summary().splitlines()[6])
+        | `audit/epsilon_star` | 4.1219 (Normal fits rejected: not reliable) |
     """
     members, nonmembers = _losses(member_losses), _losses(nonmember_losses)
     if members.size == 0 or nonmembers.size == 0:
@@ -220,7 +293,7 @@ def audit_epsilon_star_from_losses(
             continue
         values[key] = details[method].epsilon_star
 
-    from lightning_privacy.analysis.estimation import epsilon_lower_bound
+    from lightning_privacy.analysis.estimation import epsilon_lower_bound, score_orientation
 
     scores = -np.concatenate([members, nonmembers])  # higher = more likely a member
     is_member = np.concatenate([np.ones(members.size, dtype=bool), np.zeros(nonmembers.size, dtype=bool)])
@@ -228,7 +301,19 @@ def audit_epsilon_star_from_losses(
         scores, is_member, delta=delta, alpha=mia_alpha, method="bayes", selection="holdout", sided="two", seed=0
     ).as_dict()
     values[names.MIA_EPSILON_LOWER] = float(mia["epsilon_lower"])
-    return EpsilonStarResult(members, nonmembers, delta, values, details, mia=mia, notes=notes)
+    found = fit_warnings(details)
+    orientation = score_orientation(scores, is_member)
+    if orientation.reversed:
+        found.append(
+            f"members have higher losses than non-members (AUC of -loss = {orientation.auc:.3f} < 0.5, one-sided "
+            f"test p = {orientation.pvalue:.2g} < {orientation.level:g}): the member and non-member sets look "
+            f"swapped, or the values are not losses (low must mean member-like); `{names.MIA_EPSILON_LOWER}` = 0 "
+            "then says nothing"
+        )
+    if warn:
+        for message in found:
+            warnings.warn(f"audit_epsilon_star: {message}", UserWarning, stacklevel=2)
+    return EpsilonStarResult(members, nonmembers, delta, values, details, mia=mia, notes=notes, warnings=tuple(found))
 
 
 def audit_epsilon_star(

@@ -65,7 +65,10 @@ class PanoramiaAuditResult(PanoramiaResult, AuditResult):
     """A :class:`~lightning_privacy.functional.panoramia.PanoramiaResult` with the four audit views.
 
     ``epsilon`` (ε̃) is NOT a lower bound on ε-DP: it is the measured leakage beyond the generator's
-    own gap ``c_lb`` (see :data:`~lightning_privacy.analysis.panoramia.MEANING`).
+    own gap ``c_lb`` (see :data:`~lightning_privacy.analysis.panoramia.MEANING`). ``warnings`` says when
+    the result carries no information (``{c+ε}_lb = 0``: too few correct guesses at every recall level,
+    :func:`~lightning_privacy.analysis.panoramia.information_warnings`); they lead :meth:`summary` and
+    are in :meth:`to_dict`.
     """
 
     @classmethod
@@ -107,6 +110,7 @@ class PanoramiaAuditResult(PanoramiaResult, AuditResult):
                 "mia_params": self.mia_params,
                 "acceptance_rate": self.acceptance_rate,
                 "meaning": self.meaning,
+                "warnings": list(self.warnings),
             }
         )
 

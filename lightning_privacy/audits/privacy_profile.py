@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lightning_privacy import names
 from lightning_privacy.analysis import privacy_profile as pp
-from lightning_privacy.audits._common import AuditResult, jsonable, progress_stages, sequential_loader
+from lightning_privacy.audits._common import (
+    AuditResult,
+    jsonable,
+    progress_stages,
+    sequential_loader,
+    warnings_markdown,
+)
 
 __all__ = ["PrivacyProfileResult", "audit_privacy_profile", "transition_figure"]
 
@@ -82,6 +88,9 @@ class PrivacyProfileResult(AuditResult):
         epsilon: the ε the losses are expressed in (``None``: losses are ``|l|/β``).
         regularization: ``Λ``.
         notes: caveats found on the way (not at the optimum, rows outside the unit ball).
+
+    ``warnings`` (every audit result has them) are the ``notes``: a head that is not at the optimum of its
+    objective (the gradient criterion of :func:`audit_privacy_profile`) gives a profile that may be wrong.
     """
 
     profile: pp.PrivacyProfile
@@ -104,9 +113,15 @@ class PrivacyProfileResult(AuditResult):
             names.PROFILE_APPROXIMATION_BOUND: float(self.approximation_bound),
         }
 
+    @property
+    def warnings(self) -> Tuple[str, ...]:
+        """The ``notes``, as every audit result's ``warnings``."""
+        return tuple(self.notes)
+
     def summary(self) -> str:
-        """The Markdown table of the most exposed rows and the recommended ε range."""
-        return top_rows_text(self.top_rows, self.transition, self.epsilon)
+        """The warnings (if any), then the Markdown table of the most exposed rows and the recommended ε range."""
+        block = warnings_markdown(self.warnings)
+        return (block + "\n\n" if block else "") + top_rows_text(self.top_rows, self.transition, self.epsilon)
 
     def figure(self):
         """The typical profile across ranks and ε, with the recommended range."""
@@ -123,6 +138,7 @@ class PrivacyProfileResult(AuditResult):
                 "recommended_range": list(self.transition.recommended_range),
                 "top_rows": self.top_rows,
                 "notes": self.notes,
+                "warnings": list(self.warnings),
             }
         )
 

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from matplotlib.figure import Figure
 from torch.utils.data import ConcatDataset, DataLoader, Dataset, IterableDataset, RandomSampler, Subset
@@ -415,6 +415,8 @@ class CanaryAudit(Callback):
         text = self.summary()
         audit.log_text(trainer, names.CANARY_SUMMARY, text)
         rank_zero_info(text.splitlines()[0])
+        for warning in self.result.warnings:
+            rank_zero_warn(f"CanaryAudit: {warning}")
         self._figure_pending = True  # drawn in teardown, after every callback's on_fit_end (ε*, PANORAMIA)
 
     def _input_losses(self, pl_module: pl.LightningModule) -> np.ndarray:

@@ -17,6 +17,7 @@ from lightning_privacy.audits._common import unshard
 from lightning_privacy.audits.epsilon_star import (
     EpsilonStarResult,
     audit_epsilon_star_from_losses,
+    fit_warnings,
     summary_text,
     transformed_fit_figure,
 )
@@ -46,7 +47,9 @@ class EpsilonStarAudit(Callback):
     - ``audit/mia_epsilon_lower``: the ``MembershipEpsilon`` lower bound (Bayesian interval, holdout
       threshold selection) of the same losses used as a threshold attack (score = -loss);
     - on TensorBoard: histograms of both loss sets, a figure of the transformed losses with their Normal
-      fits, and a text summary with the fits, the maximising threshold and the KS p-values.
+      fits, and a text summary with the fits, the maximising threshold and the KS p-values, led by the
+      result's ``warnings`` (e.g. fits the KS test rejects: ε* is then flagged as not reliable), which are
+      also issued as warnings.
 
     The audit itself is :func:`lightning_privacy.audits.audit_epsilon_star_from_losses` (the same as
     :func:`lightning_privacy.audits.audit_epsilon_star` on the same model and loaders): this callback
@@ -157,7 +160,7 @@ class EpsilonStarAudit(Callback):
             )
         except ValueError as err:
             raise MisconfigurationException(str(err)) from err
-        for note in result.notes:
+        for note in (*result.notes, *result.warnings):
             rank_zero_warn(f"EpsilonStarAudit: {note}")
         self.result, self.results, self.details = result, result.metrics(), dict(result.details)
         self._audited_step = trainer.global_step
@@ -178,8 +181,10 @@ class EpsilonStarAudit(Callback):
         rank_zero_info(text)
 
     def summary(self) -> str:
-        """A markdown table of the last audit."""
-        return summary_text(self.results, self.details)
+        """A markdown table of the last audit, its warnings first (e.g. Normal fits that the KS test rejects)."""
+        if self.result is not None:
+            return self.result.summary()
+        return summary_text(self.results, self.details, fit_warnings(self.details))
 
 
 def _gather(trainer: pl.Trainer, member_losses: torch.Tensor, nonmember_losses: torch.Tensor) -> tuple:

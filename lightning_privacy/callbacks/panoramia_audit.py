@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
@@ -34,7 +34,9 @@ class PanoramiaAudit(Callback):
     ``audit/panoramia_epsilon`` (``eps_tilde``), ``audit/panoramia_c_lb``,
     ``audit/panoramia_c_plus_epsilon_lb``; to TensorBoard loggers also a figure (precision–recall of
     baseline vs MIA, and the bounds over recall) and a text block stating what ``eps_tilde`` means
-    (not a lower bound on ε-DP) and listing the rows the baseline finds most obviously real.
+    (not a lower bound on ε-DP) and listing the rows the baseline finds most obviously real. A result
+    that carries no information (``{c+ε}_lb = 0``: too few correct guesses at every recall level) is
+    flagged: its warnings lead the text block and are issued as warnings.
 
     Member data: ``members`` (a table with ``encode``, or ``(x, y)`` arrays), else the datamodule's
     raw ``train_table`` encoded with its ``to_dataset`` (e.g.
@@ -179,9 +181,11 @@ class PanoramiaAudit(Callback):
         audit.log_scalars(trainer, self._last)
         if audit.tensorboard_experiments(trainer):
             audit.log_figure(trainer, FIGURE_TAG, result.figure())
-        text = result.summary()
+        text = result.summary()  # led by the result's warnings, if it carries no information
         audit.log_text(trainer, SUMMARY_TAG, text)
         rank_zero_info(text.splitlines()[0])
+        for warning in result.warnings:
+            rank_zero_warn(f"PanoramiaAudit: {warning}")
 
     @property
     def last_values(self) -> Dict[str, float]:

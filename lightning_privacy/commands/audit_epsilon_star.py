@@ -16,7 +16,8 @@ From files: ``--member-losses F --nonmember-losses F`` (``.npy``, or ``.csv``/``
 line; low loss = looks like a member), e.g. losses computed by another framework.
 
 The audit is :func:`lightning_privacy.audits.audit_epsilon_star`; ``--json`` prints exactly one JSON
-object on stdout.
+object on stdout. The result's warnings (Normal fits rejected by their KS test, losses that look
+reversed, ...) are printed on stderr as ``warning:`` lines and are the JSON's ``"warnings"`` list.
 """
 
 from __future__ import annotations
@@ -173,7 +174,12 @@ def _table(out: dict) -> str:
     rows.append(
         (
             "KS p-values (members / non-members)",
-            f"{_f(p['ks_pvalue_member'], '.3g')} / {_f(p['ks_pvalue_nonmember'], '.3g')}",
+            f"{_f(p['ks_pvalue_member'], '.3g')} / {_f(p['ks_pvalue_nonmember'], '.3g')}"
+            + (
+                "  (fits rejected: epsilon_star not reliable, use the empirical one)"
+                if out.get("fits_rejected")
+                else ""
+            ),
         )
     )
     for label, d in (("parametric", p), ("empirical", e)):
@@ -194,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"lightning-privacy audit epsilon-star: error: {err}", file=sys.stderr)
         return 2
-    for note in out.get("notes", []):
+    for note in (*out.get("notes", []), *out.get("warnings", [])):
         print(f"lightning-privacy audit epsilon-star: warning: {note}", file=sys.stderr)
     print(json.dumps(out, indent=2, allow_nan=False) if args.json else _table(out))
     return 0

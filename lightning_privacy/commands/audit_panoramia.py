@@ -172,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightning-privacy audit panoramia: error: {err}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
+    for warning in result.warnings:
+        print(f"lightning-privacy audit panoramia: warning: {warning}", file=sys.stderr)
     text = result.summary()
     out = {**result.to_dict(), "seconds": seconds, "report": text}
     if args.json:

@@ -17,6 +17,11 @@ the best of all thresholds, uncorrected, marked optimistic)::
 Files are ``.npy`` (no pickles) or text (``.csv``/``.txt``, one value a line, ``#`` comments); labels are
 1 (member) or 0 (non-member). ``--json`` prints exactly one JSON object on stdout (strict JSON: a
 non-finite value, e.g. the upper end of a one-sided interval, is ``null``).
+
+When the attack looks reversed — members scoring significantly lower than non-members (one-sided
+Mann-Whitney test at :data:`~lightning_privacy.analysis.estimation.REVERSED_LEVEL`), or, for counts, guessed
+"member" less often (Fisher's test) — a bound of 0 says nothing: a ``warning:`` line on stderr says so and
+how to fix it (``--lower-is-member``), and the JSON has it in its ``"warnings"`` list (empty otherwise).
 """
 
 from __future__ import annotations
@@ -135,7 +140,7 @@ def _mode(args: argparse.Namespace) -> str:
 
 def estimate(args: argparse.Namespace) -> dict:
     """The three intervals (and the time each took) for the counts in ``args``, as plain values."""
-    from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_interval
+    from lightning_privacy.analysis.estimation import counts_orientation, epsilon_from_rates, epsilon_interval
 
     out = {
         "mode": "counts",
@@ -162,6 +167,17 @@ def estimate(args: argparse.Namespace) -> dict:
         out["intervals"][method] = {"low": low, "high": high, "seconds": time.perf_counter() - start}
     out["point_estimate"] = epsilon_from_rates(
         fnr=args.fn / (args.fn + args.tp), fpr=args.fp / (args.fp + args.tn), delta=args.delta, region=args.region
+    )
+    orientation = counts_orientation(fn=args.fn, tp=args.tp, fp=args.fp, tn=args.tn)
+    out["warnings"] = (
+        [
+            f"the guesses look reversed: members are guessed 'member' less often than non-members (TPR "
+            f"{args.tp / (args.tp + args.fn):.3g} < FPR {args.fp / (args.fp + args.tn):.3g}, one-sided Fisher test "
+            f"p = {orientation.pvalue:.2g} < {orientation.level:g}); the intervals of this attack say nothing about "
+            "privacy: swap its guesses (FN <-> TP and FP <-> TN) if 'member' and 'non-member' were mixed up"
+        ]
+        if orientation.reversed
+        else []
     )
     return out
 
@@ -200,7 +216,7 @@ def read_scores(scores_path: str, labels_path: str, *, lower_is_member: bool = F
 
 def estimate_from_scores(args: argparse.Namespace) -> dict:
     """The threshold attack's lower bound on ε for the files in ``args``, as plain values."""
-    from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_lower_bound
+    from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_lower_bound, score_orientation
 
     lower_is_member = bool(args.lower_is_member)
     selection = args.selection or "holdout"
@@ -244,6 +260,13 @@ def estimate_from_scores(args: argparse.Namespace) -> dict:
         fnr=res.fn / (res.fn + res.tp), fpr=res.fp / (res.fp + res.tn), delta=args.delta, region=args.region
     )
     out["seconds"] = seconds
+    out["warnings"] = []
+    orientation = score_orientation(scores, is_member)  # the bound's own test, worded for the files' units
+    if orientation.reversed and lower_is_member:
+        fix = "if higher values in the file mean member, drop `--lower-is-member`"
+        out["warnings"].append("with `--lower-is-member`, " + orientation.warning(fix))
+    elif orientation.reversed:
+        out["warnings"].append(orientation.warning("if lower means member (e.g. losses), pass `--lower-is-member`"))
     return out
 
 
@@ -310,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as err:
         print(f"lightning-privacy estimate: error: {err}", file=sys.stderr)
         return 2
+    for warning in result["warnings"]:
+        print(f"lightning-privacy estimate: warning: {warning}", file=sys.stderr)
     if args.json:
         print(json.dumps(_strict(result), allow_nan=False))
     else:

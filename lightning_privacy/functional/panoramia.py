@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_privacy._validation import check_int
-from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, panoramia_bounds
+from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, information_warnings, panoramia_bounds
 from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator, _data
 
 __all__ = [
@@ -79,6 +79,9 @@ class PanoramiaResult:
         mia_features: the MIA's features (``"target_loss"`` or ``"calibrated"``).
         column_names: ``(numeric names, categorical names)`` of table rows for the report (``None``:
             ``num0, ...`` / ``cat0, ...``).
+        warnings: why the result carries no information, if it does not
+            (:func:`~lightning_privacy.analysis.panoramia.information_warnings`: ``{c+eps}_lb = 0``, too
+            few correct guesses at every recall level, so ``eps_tilde = 0`` is not evidence of privacy).
     """
 
     bounds: PanoramiaBounds
@@ -108,6 +111,7 @@ class PanoramiaResult:
 
     meaning: str = MEANING
     column_names: Optional[tuple] = None
+    warnings: tuple = ()
 
 
 # ----------------------------------------------------------------------------- torch helpers
@@ -585,6 +589,7 @@ def _audit(
         acceptance_rate=float(getattr(generator, "acceptance_rate", float("nan"))),
         mia_features=mia_features,
         column_names=column_names,
+        warnings=information_warnings(bounds),
     )
 
 
@@ -631,16 +636,26 @@ def summary_text(result: PanoramiaResult) -> str:
         ### PANORAMIA audit: eps_tilde = 2.191 (c_lb = 0.000, {c+eps}_lb = 2.191, confidence 95%)
     """
     b = result.bounds
+
+    def best(bound: float, true_positives: np.ndarray, guesses: np.ndarray, index: int, what: str) -> str:
+        if bound <= 0:  # every level gave 0: argmax is the first, "best at 1/1" would mislead
+            return f"no recall level rejects {what} = 0"
+        return f"best at {true_positives[index]}/{guesses[index]} correct guesses"
+
     lines = [
         f"### PANORAMIA audit: eps_tilde = {b.epsilon:.3f} (c_lb = {b.c_lb:.3f}, "
         f"{{c+eps}}_lb = {b.c_plus_epsilon_lb:.3f}, confidence {100 * (1 - b.beta):.0f}%)",
         "",
+    ]
+    for warning in result.warnings:  # as lightning_privacy.audits._common.warnings_markdown writes them
+        lines += [f"> **Warning:** {warning}", ""]
+    lines += [
         f"**What this means.** {MEANING}",
         "",
         f"Audit game: m = {len(result.labels)} points, {b.members} real members; "
         f"{len(b.counts)} recall levels, each test at beta' = {b.per_threshold_beta:.2e}. "
-        f"Baseline best at {b.baseline_true_positives[b.baseline_best]}/{b.baseline_guesses[b.baseline_best]} "
-        f"correct guesses, MIA best at {b.mia_true_positives[b.mia_best]}/{b.mia_guesses[b.mia_best]}.",
+        f"Baseline {best(b.c_lb, b.baseline_true_positives, b.baseline_guesses, b.baseline_best, 'c')}, "
+        f"MIA {best(b.c_plus_epsilon_lb, b.mia_true_positives, b.mia_guesses, b.mia_best, 'c+eps')}.",
     ]
     if result.sizes:
         lines += ["", "Sizes: " + ", ".join(f"{k}={v}" for k, v in result.sizes.items())]
