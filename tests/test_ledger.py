@@ -13,11 +13,11 @@ from lightning_privacy.analysis import bayes_security as bs
 from lightning_privacy.ledger import PrivacyLedger
 
 
-def dp_accounting_betas(segments, *, pessimistic, grid=1e-4, reads=None):
+def dp_accounting_betas(segments, *, pessimistic, grid=1e-4, reads=None, relation="replace"):
     """1 − δ(0) straight from dp_accounting after each segment (one PLD per segment, self-composed and composed on).
 
     ``pessimistic=False`` gives dp_accounting's optimistic estimate: a lower bound on δ(0), so an UPPER bound on the
-    true β* that a safe value must never exceed.
+    true β* that a safe value must never exceed. ``relation="add_remove"`` uses ``ADD_OR_REMOVE_ONE`` (sensitivity C).
     """
     from dp_accounting import NeighboringRelation
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -31,7 +31,9 @@ def dp_accounting_betas(segments, *, pessimistic, grid=1e-4, reads=None):
             value_discretization_interval=grid,
             pessimistic_estimate=pessimistic,
             use_connect_dots=pessimistic,
-            neighboring_relation=NeighboringRelation.REPLACE_ONE,
+            neighboring_relation=(
+                NeighboringRelation.REPLACE_ONE if relation == "replace" else NeighboringRelation.ADD_OR_REMOVE_ONE
+            ),
         ).self_compose(steps)
         composed = pld if composed is None else composed.compose(pld)
         out.append(1.0 - composed.get_delta_for_epsilon(0.0))

@@ -128,7 +128,8 @@ class AttributeInferenceMonitor(Callback):
             the name until setup, then what the datamodule returned).
         tracked_attribute: ``attribute`` restricted to ``values`` (``None`` until a name is looked up).
         ledger: the :class:`~lightning_privacy.attribute_ledger.AttributeLedger` of the run (R_t rounded up onto
-            levels and composed incrementally; Σ R_t² per segment for the closed form).
+            levels and composed incrementally; Σ R_t² per segment for the closed form). A new one at every fit (a
+            resumed fit restores the checkpoint's), so a monitor reused for another fit holds that fit's steps only.
         segments: the ledger's run-length record ``[{noise_multiplier, sample_rate, steps, sum_sq, measured}]``.
         max_sensitivity: the largest measured R_t.
 
@@ -331,6 +332,8 @@ class AttributeInferenceMonitor(Callback):
     # ------------------------------------------------------------------------------ hooks
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a reused monitor starts over; a resumed fit gets its ledger back in load_state_dict
+            self.ledger = AttributeLedger()
         if self._attribute_name is not None:  # looked up again at every fit: the datamodule may differ
             self.attribute = look_up_attribute(trainer, self._attribute_name)
             self.tracked_attribute = self._select(self.attribute)

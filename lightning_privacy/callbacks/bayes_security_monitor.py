@@ -76,10 +76,12 @@ class BayesSecurityMonitor(Callback):
         exact: deprecated and ignored: the logged β* is the safe exact value every epoch.
 
     Attributes:
-        epochs: one record per epoch, ``{"epoch", "safe", "closed"}`` (for the figure and the report).
-        final: every logged value at the end of fit (``privacy/mia_bayes_security_exact`` is the safe value too).
-        final_closed_form: the closed-form β*_MIA at the end of fit.
-        ledger: the ledger the values come from.
+        epochs: one record per epoch of the current fit, ``{"epoch", "safe", "closed"}`` (for the figure and the
+            report; a monitor reused for another fit starts over, a resumed fit gets its records back).
+        final: every logged value at the end of fit (``privacy/mia_bayes_security_exact`` is the safe value too);
+            empty when the fit took no step.
+        final_closed_form: the closed-form β*_MIA at the end of fit (``None`` when it took no step).
+        ledger: the ledger the values come from (found again at every fit).
 
     Example::
 
@@ -112,6 +114,8 @@ class BayesSecurityMonitor(Callback):
         self.relation = relation
         self.accountant = accountant
         self.epochs: List[Dict[str, Any]] = []
+        self.final: Dict[str, float] = {}
+        self.final_closed_form: Optional[float] = None
         self.ledger: Optional[PrivacyLedger] = None
         self._computed: Optional[Tuple[int, Dict[str, float]]] = None  # (steps, values) of the last compute
         self._warned = False
@@ -159,6 +163,11 @@ class BayesSecurityMonitor(Callback):
         return values
 
     # ------------------------------------------------------------------------------ hooks
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # a reused monitor starts over (before a checkpoint's records are restored)
+            self.epochs, self.final, self.final_closed_form = [], {}, None
+
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.ledger, self._computed = None, None

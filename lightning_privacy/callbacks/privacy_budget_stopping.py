@@ -162,6 +162,7 @@ class PrivacyBudgetStopping(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        self.stopped_at_step = None  # a reused stopper starts over (a checkpoint's value is restored after setup)
         min_epochs = trainer.fit_loop.min_epochs or 0
         min_steps = trainer.fit_loop.epoch_loop.min_steps or 0
         if min_epochs > 0 or min_steps > 0:
