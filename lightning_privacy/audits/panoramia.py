@@ -20,7 +20,74 @@ from lightning_privacy.audits._common import AuditResult, jsonable, progress_sta
 from lightning_privacy.functional.panoramia import PHASES, PanoramiaResult, panoramia_audit, summary_text
 from lightning_privacy.generators import _data
 
-__all__ = ["FloatRows", "PanoramiaAuditResult", "audit_panoramia", "member_arrays", "panoramia_figure"]
+__all__ = [
+    "SUPPORTED",
+    "FloatRows",
+    "PanoramiaAuditResult",
+    "audit_panoramia",
+    "member_arrays",
+    "panoramia_figure",
+    "unsupported_members",
+]
+
+SUPPORTED = (
+    "tables (a datamodule with `train_table`/`to_dataset`, or a table with `encode=`), rows of float features "
+    "(N, d) and float images (N, H, W) or (N, C, H, W) with H, W >= 2"
+)
+"""What PANORAMIA's default generators can make non-members of (anything else needs a ``generator``)."""
+
+
+def _dtype_kind(x: Any) -> tuple:
+    """``(numpy kind letter, dtype name)`` of an array or a torch tensor (without importing torch)."""
+    if hasattr(x, "is_floating_point") and hasattr(x, "is_complex"):  # a torch tensor
+        name = str(x.dtype).removeprefix("torch.")
+        if x.is_floating_point():
+            return "f", name
+        return ("c" if x.is_complex() else "b" if name == "bool" else "i"), name
+    dtype = np.asarray(x).dtype
+    return dtype.kind, str(dtype)
+
+
+def unsupported_members(x: Any, *, generator: Any = None) -> Optional[str]:
+    """The one-line refusal for member inputs ``x`` (``(N, ...)``) that no default generator can imitate, else None.
+
+    Checked before any work (:func:`member_arrays` on the first batch, :func:`audit_panoramia` on arrays).
+    Without a ``generator`` the defaults make only :data:`SUPPORTED`, so these are refused:
+
+    - integer or boolean inputs of shape ``(N,)`` or ``(N, L)``: token ids or codes (a model with an
+      embedding needs ids, and a generator of valid sequences is a language model, not a table generator);
+    - inputs of more than 4 dimensions, images with a side below 2 pixels, or a dtype that is not a number.
+
+    With a ``generator`` the caller vouches for the data: nothing is refused here.
+
+    Example::
+
+        >>> unsupported_members(np.zeros((8, 16), dtype=np.int64)).split(":")[0]
+        'PANORAMIA cannot generate non-members like these members'
+        >>> unsupported_members(np.zeros((8, 3, 32, 32), dtype=np.float32)) is None
+        True
+        >>> unsupported_members(np.zeros((8, 16), dtype=np.int64), generator=object()) is None
+        True
+    """
+    kind, dtype = _dtype_kind(x)
+    shape = tuple(x.shape[1:])
+    if generator is not None:
+        return None
+    if kind not in "iubf":
+        what = f"x holds values of dtype {dtype}"
+    elif kind in "iub" and len(shape) <= 1:
+        what = f"x holds integers ({dtype}) of shape {shape} per example (token ids?)"
+    elif len(shape) > 3:
+        what = f"x has shape {shape} per example ({len(shape) + 1}-d inputs)"
+    elif len(shape) >= 2 and min(shape[-2:]) < 2:
+        what = f"x has shape {shape} per example (an image side below 2 pixels)"
+    else:
+        return None
+    return (
+        f"PANORAMIA cannot generate non-members like these members: {what}, and its default generators make only "
+        f"{SUPPORTED}; pass a generator whose sample(n) returns (x, y) like yours: `--generator pkg.module:Class` "
+        "on the command line, `generator=` in Python"
+    )
 
 
 def panoramia_figure(result: PanoramiaResult):
@@ -152,14 +219,20 @@ def member_arrays(batches: Any, *, generator: Any = None, allow_flat: bool = Fal
     """``(x, y)`` numpy arrays from one pass over batches of ``(x, y)`` tensors (dataset order).
 
     Raises:
-        ValueError: for batches that are not ``(x, y)`` pairs, no data, or flat features without a
-            ``generator`` (the default generators make tables or images, not encoded feature vectors;
-            ``allow_flat=True`` lets the caller treat them as :class:`FloatRows`).
+        ValueError: for batches that are not ``(x, y)`` pairs, no data, inputs no default generator can
+            imitate without a ``generator`` (:func:`unsupported_members`, checked on the first batch,
+            before the others are read), or flat features without a ``generator`` (the default
+            generators make tables or images, not encoded feature vectors; ``allow_flat=True`` lets the
+            caller treat them as :class:`FloatRows`).
     """
     xs, ys = [], []
     for batch in sequential_loader(batches):
         if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
             raise ValueError("PANORAMIA needs (x, y) batches, or member rows as a table or (x, y) arrays")
+        if not xs:
+            refusal = unsupported_members(batch[0], generator=generator)
+            if refusal is not None:
+                raise ValueError(refusal)
         xs.append(batch[0].detach().cpu().numpy())
         ys.append(batch[1].detach().cpu().numpy())
     if not xs:
@@ -223,8 +296,9 @@ def audit_panoramia(
         A :class:`PanoramiaAuditResult`: ``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``.
 
     Raises:
-        TypeError, ValueError: for unsupported members, too little data or a bad setting (named with
-            its value).
+        TypeError, ValueError: for unsupported members (e.g. token ids without a ``generator``, see
+            :func:`unsupported_members`; refused before any work), too little data or a bad setting
+            (named with its value).
 
     Example::
 
@@ -247,6 +321,10 @@ def audit_panoramia(
     )
     if not is_rows:
         members = member_arrays(members, generator=generator)
+    elif isinstance(members, tuple):
+        refusal = unsupported_members(np.asarray(members[0]), generator=generator)
+        if refusal is not None:
+            raise ValueError(refusal)
     n = _data.length(members)
     kept = int(round(member_fraction * n))
     if kept < n:

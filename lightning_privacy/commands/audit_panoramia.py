@@ -9,8 +9,12 @@ Members come from ``--datamodule pkg.module:Class`` (default: the bundled Adult 
   ``train_dataloader()``): image-shaped inputs use the digits generator, flat float rows are audited as
   a numeric table with the default tabular generator.
 
-``--generator pkg.module:Class`` (with ``--generator-args`` JSON) replaces the default generator. The
-checkpoint is read by torch's weights-only loader: a file that holds more than plain weights is refused.
+``--generator pkg.module:Class`` (with ``--generator-args`` JSON) replaces the default generator. Without
+it, inputs no default generator can imitate — integer token ids, inputs of more than 4 dimensions — are
+refused on the first batch, before any work, with one line naming what is supported and ``--generator``
+(exit status 2). The checkpoint is read by torch's weights-only loader: a file that holds more than plain
+weights is refused. A result that carries no information (too few correct guesses at every recall level)
+says so: ``warning:`` lines on stderr, the JSON's ``"warnings"`` list and the report's text.
 As in ``audit epsilon-star``, the datamodule is rebuilt with the hyperparameters the checkpoint saved for it
 (options override them, with a warning naming each change), members of another size than DPSGD's recorded
 training set are refused, and the modules ``DPSGD(fix_modules=True)`` replaced are replaced before loading.
@@ -103,9 +107,9 @@ def _members(args: argparse.Namespace, dm) -> tuple:
     if hasattr(dm, "train_table") and callable(getattr(dm, "to_dataset", None)):
         members, encode = dm.train_table, (lambda rows: dm.to_dataset(rows).tensors)
         tabular = True
-    else:
+    else:  # inputs no default generator can imitate (token ids, ...) are refused on the first batch
         x, y = member_arrays(io.member_batches(dm), generator=generator, allow_flat=True)
-        tabular = x.ndim < 3
+        tabular = x.ndim < 3 and x.dtype.kind == "f"  # integer rows (token ids) stay arrays for --generator
         members, encode = (FloatRows.of(x, y), FloatRows.encode) if tabular else ((x, y), None)
     if generator is None and tabular:
         generator = TabularGenerator(seed=args.seed)

@@ -329,9 +329,10 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def _default_encode(data: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.as_tensor(np.asarray(data[0]), dtype=torch.float32), torch.as_tensor(
-        np.asarray(data[1]), dtype=torch.long
-    )
+    """``(x, y)`` arrays as the model's tensors: integer ``x`` (token ids from a user's generator) as int64, else float32."""
+    x = np.asarray(data[0])
+    x_dtype = torch.long if x.dtype.kind in "iub" else torch.float32
+    return torch.as_tensor(x, dtype=x_dtype), torch.as_tensor(np.asarray(data[1]), dtype=torch.long)
 
 
 def panoramia_audit(
@@ -373,7 +374,8 @@ def panoramia_audit(
         generator_size: ``|D_G|`` (default: a third of the members); the rest is ``D_in^tr``.
         beta: overall confidence level of ``(c_lb, {c + eps}_lb)`` (paper: 0.05).
         num_thresholds: recall levels tried (each test at ``beta / (2 * num_thresholds)``).
-        classifier: ``"hgb"``, ``"torch"`` or ``"auto"`` (``"torch"`` for image-shaped inputs).
+        classifier: ``"hgb"``, ``"torch"`` or ``"auto"`` (``"torch"`` for float image inputs ``(N, H, W)``
+            or ``(N, C, H, W)``, ``"hgb"`` on flattened inputs otherwise).
         helper: the helper's architecture; default :func:`fresh_copy` of ``target``.
         helper_epochs, helper_lr, helper_batch_size: Adam training of the helper on synthetic rows
             (the epoch with the lowest synthetic validation loss is kept, as in the paper).
@@ -538,8 +540,8 @@ def _audit(
     # Phase 2b: baseline b (x + helper loss) and MIA (x + target loss), the same classifier family.
     clock = time.perf_counter()
     kind = classifier
-    if kind == "auto":
-        kind = "torch" if (data_kind == _data.ARRAYS and x_tr.ndim >= 3) else "hgb"
+    if kind == "auto":  # the CNN for images; trees for anything else (flattened)
+        kind = "torch" if (data_kind == _data.ARRAYS and x_tr.ndim in (3, 4) and x_tr.is_floating_point()) else "hgb"
     if kind == "torch" and x_tr.ndim not in (3, 4):
         raise ValueError(f"`classifier`='torch' needs image inputs (N, H, W) or (N, C, H, W), got {tuple(x_tr.shape)}")
     mask = None
