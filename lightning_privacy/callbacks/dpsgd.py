@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
@@ -76,7 +77,8 @@ class DPSGD(Callback):
     An Opacus accountant (``accountant``, default RDP) records every optimizer step that happens; its
     ε at ``delta`` (default ``1e-5``) is a reference value only — the Bayes-security bounds of
     :class:`~lightning_privacy.BayesSecurityMonitor` use the same history. The history is saved in
-    the callback's ``state_dict`` and a resumed run continues it.
+    the callback's ``state_dict`` and a resumed run continues it. The same DPSGD passed to another ``fit`` of the same
+    module continues its ledger (that model's privacy loss composes); a fit of another module starts a new one.
 
     Args:
         noise_multiplier: σ, the noise standard deviation relative to ``max_grad_norm``.
@@ -227,6 +229,7 @@ class DPSGD(Callback):
         self._param_names: Dict[int, str] = {}
         self._checks_left = 0
         self._noise_steps_left = 0
+        self._module: Optional[weakref.ref] = None  # the module of the last fit
         self._fsdp = False
         self._noise_check: Optional[_dp_checks.NoiseCheck] = None
         self._trainer: Optional[pl.Trainer] = None
@@ -259,6 +262,12 @@ class DPSGD(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
+        # Reused for another module: that model's privacy starts at 0 (a checkpoint's ledger is loaded after setup).
+        # Fitted again on the same module: its privacy loss composes with what it already spent.
+        trained = self._module() if self._module is not None else None
+        if trained is not None and trained is not pl_module and self.ledger.steps:
+            self.ledger = PrivacyLedger(accountant=self.accountant_mechanism, delta=self.delta)
+        self._module = weakref.ref(pl_module)
         if trainer.accumulate_grad_batches != 1:
             raise MisconfigurationException(
                 f"DPSGD does not support gradient accumulation (Trainer(accumulate_grad_batches="

@@ -336,3 +336,19 @@ def test_stopper_accepts_min_epochs_and_min_steps_of_zero(tmp_path):
 def test_delta_outside_the_open_unit_interval_is_refused(make, delta):
     with pytest.raises(MisconfigurationException, match="`delta` must be a float in"):
         make(delta)
+
+
+def test_a_reused_dpsgd_composes_for_the_same_module_and_starts_over_for_another(tmp_path):
+    dpsgd, model = DPSGD(noise_multiplier=1.0), tiny_module()
+    trainer([dpsgd], tmp_path, max_epochs=1).fit(model, datamodule=TinyDataModule())
+    reference = RDPAccountant()
+    reference.history = [(1.0, P, STEPS_PER_EPOCH)]
+    one_epoch = reference.get_epsilon(delta=1e-5)
+    assert dpsgd.epsilon() == pytest.approx(one_epoch, rel=1e-9)
+    trainer([dpsgd], tmp_path, max_epochs=1).fit(model, datamodule=TinyDataModule())  # the same model, trained on
+    reference.history = [(1.0, P, 2 * STEPS_PER_EPOCH)]
+    assert dpsgd.steps == 2 * STEPS_PER_EPOCH and dpsgd.epsilon() == pytest.approx(
+        reference.get_epsilon(1e-5), rel=1e-9
+    )
+    trainer([dpsgd], tmp_path, max_epochs=1).fit(tiny_module(), datamodule=TinyDataModule())  # another model
+    assert dpsgd.steps == STEPS_PER_EPOCH and dpsgd.epsilon() == pytest.approx(one_epoch, rel=1e-9)
