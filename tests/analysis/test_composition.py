@@ -151,14 +151,27 @@ def test_property_safe_incremental_and_rebuilt(segments, relation):
 @given(segments=st.lists(segment_strategy, min_size=1, max_size=2), relation=st.sampled_from(["replace", "add_remove"]))
 def test_property_close_to_dp_accounting_on_a_finer_grid(segments, relation):
     """The automatic grid against an independent reference on a grid half as wide (nested, so the coarser
-    connect-the-dots pair is the more pessimistic one)."""
+    connect-the-dots pair is the more pessimistic one), up to the spurious mass dp_accounting's discretisation adds
+    (see the test above): each unit of it can lower the reference's β* by at most one unit, and it grows with finer
+    grids and more steps (9.1e-6 at p = 0.092, σ = 2, 296 steps on a 5e-5 grid, where our β* was 2.1e-6 above the
+    reference: a hypothesis draw that failed the former fixed 1e-6 allowance)."""
     plain = [(p, sigma, steps) for p, sigma, steps, _ in segments]
     pld = ComposedPLD(relation=relation).compose(
         sample_rate=[s[0] for s in plain], noise_multiplier=[s[1] for s in plain], steps=[s[2] for s in plain]
     )
-    finer = _dp_accounting_beta(plain, relation=relation, grid=pld.value_discretization_interval / 2)
-    assert pld.bayes_security() <= finer + 1e-6
+    reference = _dp_accounting_pld(plain, relation=relation, grid=pld.value_discretization_interval / 2)
+    finer = 1.0 - float(reference.get_delta_for_epsilon(0.0))
+    spurious = max(_excess_mass(getattr(reference, name, None)) for name in ("_pmf_remove", "_pmf_add"))
+    assert pld.bayes_security() <= finer + 1e-6 + spurious
     assert pld.bayes_security() >= finer - 5e-4
+
+
+def _excess_mass(pmf):
+    """Total mass above 1 of a dp_accounting PMF (0 if it has none, or for no PMF)."""
+    if pmf is None:
+        return 0.0
+    dense = pmf.to_dense_pmf()
+    return max(0.0, float(np.sum(dense._probs)) + dense._infinity_mass - 1.0)
 
 
 @pytest.mark.slow
