@@ -148,23 +148,25 @@ def test_every_callback_on_the_architecture_in_both_modes(case, device):
     assert first <= sensitivity_rounding_allowance(torch.float32, max_grad_norm=dpsgd.max_grad_norm)
     if case != "bf16_mixed":
         # float32: both modes compute the same clipped gradients up to float32 rounding, so the runs stay together
-        # (weights within 7e-8 relative after the 16 steps) and every step's R_t agrees to rel 1e-5 (measured at most
-        # 6.3e-7 with ATEN_CPU_CAPABILITY=default, avx2, avx512). β*_AI rounds each R_t up onto the ledger's levels
-        # (0.55 % apart): an R_t that straddles a level moves β*_AI by ~1e-4, far more than the R_t gap. So β*_AI is
-        # bracketed instead, exactly, by monotonicity: between the ledger's values for the hooks run's R_t scaled by
-        # 1 + 1e-5 and 1 - 1e-5.
+        # (weights within 7e-8 relative after the 16 steps) and every step's R_t agrees to rel 1e-5: the largest gap
+        # over 20 seeds per model was 9.2e-7 with ATEN_CPU_CAPABILITY=default and 1.3e-6 with avx2 (seed 0: 6.3e-7,
+        # also with avx512). β*_AI rounds each R_t up onto the ledger's levels (0.55 % apart): an R_t that straddles a
+        # level moves β*_AI by ~1e-4, far more than the R_t gap. So β*_AI is bracketed instead, exactly, by
+        # monotonicity: between the ledger's values for the hooks run's R_t scaled by 1 + 1e-5 and 1 - 1e-5.
         assert ghost_r.values == pytest.approx(hooks_r.values, rel=1e-5)
         ghost_value = _bayes_security(ghost_r.values, dpsgd=dpsgd)
         low, high = (_bayes_security(hooks_r.values, dpsgd=dpsgd, scale=1 + f) for f in (1e-5, -1e-5))
         assert low <= ghost_value <= high
     else:
         # bf16-mixed: hooks mode takes per-sample gradients from one bf16 forward/backward, ghost mode takes the norms
-        # from one bf16 pass and the clipped sum from a second, so every update differs by bf16 rounding and the two
-        # runs drift apart (weights 4.7e-3 ≈ 1.2u apart after 16 steps, u = 2⁻⁸ bf16's unit roundoff). R_t is only
-        # piecewise smooth in the weights (ReLU patterns flip), so single steps' R_t differ by up to 18 % between the
-        # runs; β*_AI composes all of them. A bf16 run determines β*_AI to about bf16 precision: each run within u
-        # (relative) of what exact arithmetic would give, hence the two within 2u. Measured |Δβ*_AI|/β*_AI: 1.45e-3
-        # (0.37u) with ATEN_CPU_CAPABILITY=default, 6.6e-4 (0.17u) with avx2, avx512 and unset (AMD EPYC with
-        # avx512_bf16): a margin of 5.4× or more.
+        # from one bf16 pass and the clipped sum from a second, so every update differs by bf16 rounding (u = 2⁻⁸, the
+        # unit roundoff) and the runs drift apart: ‖Δθ‖ ≈ 1.3u·‖θ‖ after the 16 steps (median over 40 seeds; 3.8u at
+        # most). R_t is only piecewise smooth in the weights (ReLU patterns flip), so single steps' R_t differ by up to
+        # 24 % between the runs, and β*_AI, which composes them, is a bf16-noisy quantity: no bound follows from u
+        # alone, so the tolerance is set in units of u from the measured spread. |Δβ*_AI|/β*_AI over seeds 0-39
+        # (torch.manual_seed and sampling_seed): median 0.45u / 0.43u / 0.49u, largest 2.2u / 2.1u / 1.9u with
+        # ATEN_CPU_CAPABILITY=default / avx2 / avx512; seed 0 (this test) 0.51u / 0.52u / 0.52u (and 0.52u with the
+        # variable unset on this AMD EPYC with avx512_bf16). Tolerance 8u (3.1 %): 3.7× the largest of those 120 runs,
+        # 15× this test's value. The exact agreements above (accounting, first-step R_t) hold under bf16 as well.
         ai, ghost_ai = hooks_callbacks[2].bayes_security(), ghost_callbacks[2].bayes_security()
-        assert ghost_ai == pytest.approx(ai, rel=2 * BF16_UNIT_ROUNDOFF)
+        assert ghost_ai == pytest.approx(ai, rel=8 * BF16_UNIT_ROUNDOFF)
