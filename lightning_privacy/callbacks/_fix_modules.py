@@ -12,24 +12,67 @@ checkpoint is loaded into the user's class (DPSGD saves :func:`fixed_modules_rec
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, NamedTuple
+import math
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
+from opacus.utils.module_utils import trainable_modules
 from opacus.validators import ModuleValidator
 from torch import nn
 
 from lightning_privacy.checkpoints import fixable_module_names, replace_module
 
-__all__ = ["Replacement", "attention_fix_changes_outputs", "fix_modules_in_place", "fixed_modules_record"]
+__all__ = [
+    "Incompatible",
+    "Replacement",
+    "attention_fix_changes_outputs",
+    "fix_modules_in_place",
+    "fixed_modules_record",
+    "incompatible_layers",
+    "incompatible_layers_message",
+    "replacements_warning",
+]
+
+#: Opacus' replacement of each layer type it has a fixer for (opacus/validators/*.py), for messages only.
+_REPLACED_BY = {
+    nn.BatchNorm1d: "GroupNorm",
+    nn.BatchNorm2d: "GroupNorm",
+    nn.BatchNorm3d: "GroupNorm",
+    nn.SyncBatchNorm: "GroupNorm",
+    nn.MultiheadAttention: "DPMultiheadAttention",
+    nn.LSTM: "DPLSTM",
+    nn.GRU: "DPGRU",
+}
+_FUSED = (
+    "Opacus cannot compute per-example gradients through the fused implementation; the replacement is the same "
+    "layer built from Linear layers, with the same weights"
+)
+_BATCH = (
+    "BatchNorm normalises each example with the statistics of its batch, so one example's gradient depends on the "
+    "others; GroupNorm normalises each example on its own"
+)
+_RUNNING = (
+    "Running statistics over the batches (track_running_stats=True) would need noise of their own; the fix turns "
+    "them off"
+)
+#: Why each layer type cannot be trained as it is (one sentence instead of Opacus' paragraph per layer).
+_REASONS = {
+    **dict.fromkeys((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm), _BATCH),
+    **dict.fromkeys((nn.MultiheadAttention, nn.LSTM, nn.GRU), _FUSED),
+    **dict.fromkeys((nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), _RUNNING),
+}
+_NAMES_SHOWN = 24  # layers named per kind in a message; more are counted
 
 
 class Replacement(NamedTuple):
-    """One replaced submodule: its name, the old and new type names, and a caveat ("" when none)."""
+    """One replaced submodule: its name, the old and new type names, a caveat ("" when none), and whether the new
+    layer starts from fresh weights (the replaced layer's trained values could not be carried over)."""
 
     name: str
     old: str
     new: str
     caveat: str = ""
+    fresh: bool = False
 
     def __str__(self) -> str:
         return f"{self.name} ({self.old} → {self.new})"
@@ -71,6 +114,7 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
     replaced: List[Replacement] = []
     for name in fixable_module_names(module):
         sub = module.get_submodule(name)
+        before = _fingerprint(sub)
         new = replace_module(module, name)
         caveat = ""
         if (
@@ -84,8 +128,139 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
                 "output (meta-pytorch/opacus#825); examples stay apart, so DP holds, but the layer computes another "
                 "function than the nn.MultiheadAttention it replaces (same weights, different outputs)"
             )
-        replaced.append(Replacement(name, type(sub).__name__, type(new).__name__, caveat))
+        fresh = not _same_values(_fingerprint(new), before)
+        replaced.append(Replacement(name, type(sub).__name__, type(new).__name__, caveat, fresh))
     return replaced
+
+
+def _fingerprint(module: nn.Module) -> tuple:
+    """The multiset of ``module``'s parameter values, summarised: count, sum and sum of squares (float64).
+
+    A fixer that carries the weights over (DPLSTM, DPMultiheadAttention: same values under other names and shapes)
+    keeps it; one that builds a fresh layer (BatchNorm → GroupNorm) changes it unless the old values were the
+    fresh layer's initial ones, in which case nothing was lost either.
+    """
+    values = [p.detach().double().reshape(-1) for p in module.parameters()]
+    if not values:
+        return (0, 0.0, 0.0)
+    flat = torch.cat(values)
+    return (flat.numel(), float(flat.sum()), float((flat * flat).sum()))
+
+
+def _same_values(a: tuple, b: tuple) -> bool:
+    """Fingerprints of the same values, up to the rounding of summing them in another order."""
+    return a[0] == b[0] and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) for x, y in zip(a[1:], b[1:]))
+
+
+def replacements_warning(replaced: Sequence[Replacement]) -> str:
+    """``DPSGD(fix_modules=True)``'s warning: what was replaced, which layers start afresh, the caveats.
+
+    Example::
+
+        >>> replacements_warning([Replacement("lstm", "LSTM", "DPLSTM")])
+        'DPSGD(fix_modules=True) replaced 1 module(s) DP-SGD cannot train: lstm (LSTM → DPLSTM).'
+        >>> print(replacements_warning([Replacement("bn", "BatchNorm1d", "GroupNorm", fresh=True)]))
+        DPSGD(fix_modules=True) replaced 1 module(s) DP-SGD cannot train: bn (BatchNorm1d → GroupNorm). bn starts from GroupNorm's initial weights: its trained values could not be carried over.
+    """
+    text = f"DPSGD(fix_modules=True) replaced {len(replaced)} module(s) DP-SGD cannot train: "
+    text += ", ".join(map(str, replaced)) + "."
+    fresh = [r for r in replaced if r.fresh]
+    if fresh:
+        news = sorted({r.new for r in fresh})
+        text += (
+            f" {', '.join(r.name for r in fresh)} {'starts' if len(fresh) == 1 else 'start'} from "
+            f"{' / '.join(news)}'s initial weights: {'its' if len(fresh) == 1 else 'their'} trained values could not "
+            "be carried over."
+        )
+    return text + "".join(f" Caveat: {r.caveat}." for r in replaced if r.caveat)
+
+
+class Incompatible(NamedTuple):
+    """A trainable layer Opacus' validator rejects: its name, type, Opacus' replacement (``None``: no fixer) and why."""
+
+    name: str
+    kind: str
+    replacement: Optional[str]
+    reason: str
+
+
+def incompatible_layers(module: nn.Module) -> List[Incompatible]:
+    """The trainable layers of ``module`` that ``ModuleValidator.validate`` rejects, named, in module order.
+
+    Opacus' ``validate`` returns one long paragraph per layer without its name; this walks the same trainable
+    submodules with the same registered validators and keeps the name, the replacement ``ModuleValidator.fix``
+    would make and a one-sentence reason.
+
+    Example::
+
+        >>> model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.LSTM(8, 8))
+        >>> [(i.name, i.kind, i.replacement) for i in incompatible_layers(model)]
+        [('1', 'BatchNorm1d', 'GroupNorm'), ('2', 'LSTM', 'DPLSTM')]
+    """
+    found: List[Incompatible] = []
+    for name, sub in trainable_modules(module):
+        validator = ModuleValidator.VALIDATORS.get(type(sub))
+        errors = validator(sub) if validator is not None else []
+        if not errors:
+            continue
+        kind = type(sub).__name__
+        if type(sub) not in ModuleValidator.FIXERS:
+            replacement = None
+        elif type(sub) in _REPLACED_BY:
+            replacement = _REPLACED_BY[type(sub)]
+        elif isinstance(sub, nn.modules.instancenorm._InstanceNorm):
+            replacement = f"{kind}(track_running_stats=False)"
+        else:
+            replacement = "Opacus' replacement"
+        reason = _REASONS.get(type(sub)) or str(errors[0]).split(". ")[0].rstrip(".")  # Opacus' first sentence
+        found.append(Incompatible(name or "(the module itself)", kind, replacement, reason))
+    return found
+
+
+def incompatible_layers_message(
+    owner: str, layers: Sequence[Incompatible], *, fix_modules: bool, other: Sequence[str] = ()
+) -> str:
+    """The error for layers DP-SGD cannot train: the fix first, then each layer once, grouped by kind.
+
+    ``other``: the validator's errors that are not about one layer (a module in eval mode), already worded.
+
+    Example::
+
+        >>> layers = [Incompatible(name, "BatchNorm2d", "GroupNorm", "It mixes examples") for name in ("bn1", "bn2")]
+        >>> print(incompatible_layers_message("Net", layers, fix_modules=False))
+        Pass `DPSGD(fix_modules=True)`: it replaces the 2 layers of Net that DP-SGD cannot train, in setup, as listed (or apply `model = opacus.validators.ModuleValidator.fix(model)` before `fit`).
+        - BatchNorm2d → GroupNorm: bn1, bn2. It mixes examples.
+    """
+    fixable = [layer for layer in layers if layer.replacement is not None]
+    stuck = [layer for layer in layers if layer.replacement is None]
+    lines: List[str] = []
+    if fixable and not fix_modules:
+        lines.append(
+            f"Pass `DPSGD(fix_modules=True)`: it replaces the {len(fixable)} layer{'s' * (len(fixable) != 1)} of "
+            f"{owner} that DP-SGD cannot train, in setup, as listed (or apply "
+            "`model = opacus.validators.ModuleValidator.fix(model)` before `fit`)."
+        )
+    if stuck:
+        after = " after DPSGD(fix_modules=True)" if fix_modules else ""
+        lines.append(
+            f"{owner} has {len(stuck)} layer{'s' * (len(stuck) != 1)} DP-SGD cannot train{after} and Opacus has no "
+            "replacement for: replace them with layers that treat each example on its own, or freeze them "
+            "(requires_grad=False)."
+        )
+    groups: Dict[str, Dict[tuple, List[str]]] = {}  # reason -> (kind, replacement) -> names
+    for layer in [*fixable, *stuck]:
+        groups.setdefault(layer.reason, {}).setdefault((layer.kind, layer.replacement), []).append(layer.name)
+    for reason, kinds in groups.items():
+        parts = []
+        for (kind, replacement), names in kinds.items():
+            shown = ", ".join(names[:_NAMES_SHOWN])
+            if len(names) > _NAMES_SHOWN:
+                shown += f" and {len(names) - _NAMES_SHOWN} more"
+            parts.append(f"{kind} → {replacement}: {shown}" if replacement else f"{kind} (no replacement): {shown}")
+        lines.append(f"- {'; '.join(parts)}. {reason}.")
+    if other:
+        lines.append(("Also: " if lines else "") + "; ".join(other))
+    return "\n".join(lines)
 
 
 def fixed_modules_record(replaced: List[Replacement]) -> List[Dict[str, str]]:

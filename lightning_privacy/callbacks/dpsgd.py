@@ -21,7 +21,13 @@ from lightning_privacy._validation import check_bool, check_choice, check_int, c
 from lightning_privacy.callbacks import _dp_checks, _strategies
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._backward import PerExampleBackward, is_empty_batch
-from lightning_privacy.callbacks._fix_modules import fix_modules_in_place, fixed_modules_record
+from lightning_privacy.callbacks._fix_modules import (
+    fix_modules_in_place,
+    fixed_modules_record,
+    incompatible_layers,
+    incompatible_layers_message,
+    replacements_warning,
+)
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
@@ -69,10 +75,11 @@ class DPSGD(Callback):
     what was returned; ``self.log`` takes a scalar, so log ``losses.mean()``. DPSGD performs the backward through
     the module's ``backward`` hook, which ghost mode does not allow to be overridden.
 
-    Layers DP-SGD cannot train (BatchNorm, ``nn.MultiheadAttention``, ``nn.LSTM``, …) are an error naming
-    ``ModuleValidator.fix``; with ``fix_modules=True`` DPSGD applies Opacus' fixers to them in ``setup``, before the
-    optimizer exists (BatchNorm → GroupNorm, attention and RNNs → Opacus' DP layers with the same weights), and
-    warns with the list of replaced modules.
+    Layers DP-SGD cannot train (BatchNorm, ``nn.MultiheadAttention``, ``nn.LSTM``, …) are an error that starts with
+    the fix (``DPSGD(fix_modules=True)``) and names each such layer once, with its replacement and why; with
+    ``fix_modules=True`` DPSGD applies Opacus' fixers to them in ``setup``, before the optimizer exists (BatchNorm →
+    GroupNorm, attention and RNNs → Opacus' DP layers with the same weights), and warns with the list of replaced
+    modules, naming those that start from fresh weights (a trained BatchNorm's scale and shift).
 
     An Opacus accountant (``accountant``, default RDP) records every optimizer step that happens; its
     ε at ``delta`` (default ``1e-5``) is a reference value only — the Bayes-security bounds of
@@ -278,19 +285,14 @@ class DPSGD(Callback):
             replaced = fix_modules_in_place(pl_module)
             self.fixed_modules = fixed_modules_record(replaced)
             if replaced:
-                caveats = "".join(f" Caveat: {r.caveat}." for r in replaced if r.caveat)
-                rank_zero_warn(
-                    f"DPSGD(fix_modules=True) replaced {len(replaced)} module(s) DP-SGD cannot train: "
-                    f"{', '.join(map(str, replaced))}. Layers without a weight-preserving replacement (BatchNorm → "
-                    f"GroupNorm) start from fresh weights.{caveats}"
-                )
-        errors = ModuleValidator.validate(pl_module, strict=False)
-        if errors:
-            listed = "; ".join(str(e) for e in errors[:5])
+                rank_zero_warn(replacements_warning(replaced))
+        if ModuleValidator.validate(pl_module, strict=False):
+            owner = type(pl_module).__name__
+            other = [] if pl_module.training else [f"{owner} is in eval mode: call `model.train()` before `fit`."]
             raise MisconfigurationException(
-                f"{type(pl_module).__name__} has layers DP-SGD cannot train ({listed}). Replace them, e.g. "
-                "BatchNorm by GroupNorm with `model = opacus.validators.ModuleValidator.fix(model)`, or pass "
-                "`DPSGD(fix_modules=True)`."
+                incompatible_layers_message(
+                    owner, incompatible_layers(pl_module), fix_modules=self.fix_modules, other=other
+                )
             )
         _strategies.check_strategy(trainer)
         if _strategies.is_fsdp(trainer):

@@ -1,16 +1,24 @@
 """DPSGD(fix_modules=True): Opacus' fixers applied in setup, in place, with a warning listing them."""
 
+import re
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.layers import DPLSTM, DPMultiheadAttention
+from opacus.validators import ModuleValidator
+from opacus.validators.errors import UnsupportedModuleError
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from lightning_privacy import DPSGD
-from lightning_privacy.callbacks._fix_modules import attention_fix_changes_outputs, fix_modules_in_place
+from lightning_privacy.callbacks._fix_modules import (
+    attention_fix_changes_outputs,
+    fix_modules_in_place,
+    replacements_warning,
+)
 from tests.callbacks._architectures import VOCAB, token_datasets
 from tests.callbacks._tiny import trainer
 
@@ -131,3 +139,100 @@ def test_the_state_records_what_was_replaced_and_the_training_set_size_across_a_
         )
     assert resumed.steps > dp.steps
     assert (resumed.state_dict()["fixed_modules"], resumed.state_dict()["dataset_size"]) == (listed, 96)
+
+
+class ResNetStyle(pl.LightningModule):
+    """Four BatchNorm2d in nested blocks and one attention layer: the error names each once."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8))
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict({"conv": nn.Conv2d(8, 8, 3, padding=1), "bn1": nn.BatchNorm2d(8), "bn2": nn.BatchNorm2d(8)})
+            for _ in range(2)
+        )
+        self.pool = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.head = nn.Linear(8, 10)
+
+    def training_step(self, batch, batch_idx):  # never reached: setup refuses the model
+        raise AssertionError
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _setup_error(model, **dpsgd) -> str:
+    data = DataLoader(token_datasets()[0], batch_size=32)
+    with pytest.raises(MisconfigurationException) as info:
+        trainer([DPSGD(noise_multiplier=1.0, **dpsgd)], max_epochs=1).fit(model, train_dataloaders=data)
+    return str(info.value)
+
+
+def test_the_validator_error_puts_the_fix_first_and_names_each_layer_once_with_its_replacement():
+    message = _setup_error(ResNetStyle())
+    assert message.startswith("Pass `DPSGD(fix_modules=True)`: it replaces the 6 layers of ResNetStyle")
+    batch_norms = ["stem.1", "blocks.0.bn1", "blocks.0.bn2", "blocks.1.bn1", "blocks.1.bn2"]
+    assert f"BatchNorm2d → GroupNorm: {', '.join(batch_norms)}." in message
+    assert "MultiheadAttention → DPMultiheadAttention: pool." in message
+    for name in [*batch_norms, "pool"]:  # each layer once, Opacus' paragraph not at all
+        assert len(re.findall(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message)) == 1, name
+    assert "GN-ResNet" not in message and message.count("BatchNorm normalises") == 1
+    assert len(message) < 800
+
+
+def test_an_attention_model_is_not_told_about_batchnorm():
+    holder = ResNetStyle()
+    holder.stem, holder.blocks = nn.Conv2d(1, 8, 3), nn.ModuleList()
+    message = _setup_error(holder)
+    assert "BatchNorm" not in message and "GroupNorm" not in message
+    assert message.startswith("Pass `DPSGD(fix_modules=True)`: it replaces the 1 layer of ResNetStyle")
+    assert "MultiheadAttention → DPMultiheadAttention: pool." in message
+
+
+class Gated(nn.Linear):
+    """A layer with a (test-registered) Opacus validator and no fixer."""
+
+
+def test_a_layer_without_replacement_is_named_and_fix_modules_is_not_suggested_again(monkeypatch):
+    monkeypatch.setitem(
+        ModuleValidator.VALIDATORS, Gated, lambda module: [UnsupportedModuleError("Gated layers mix examples. Long.")]
+    )
+    model = ResNetStyle()
+    model.head = Gated(8, 10)
+    with pytest.warns(UserWarning, match="replaced 6 module"):
+        message = _setup_error(model, fix_modules=True)
+    assert message.startswith(
+        "ResNetStyle has 1 layer DP-SGD cannot train after DPSGD(fix_modules=True) and Opacus has no replacement"
+    )
+    assert "- Gated (no replacement): head. Gated layers mix examples." in message
+    assert "Pass `DPSGD(fix_modules=True)`" not in message
+
+
+def test_a_model_left_in_eval_mode_is_told_to_call_train():
+    model = ResNetStyle()
+    model.eval()
+    assert _setup_error(model).endswith("Also: ResNetStyle is in eval mode: call `model.train()` before `fit`.")
+
+
+def test_the_warning_speaks_of_fresh_weights_only_for_layers_that_lost_their_trained_values():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LSTM(4, 4), nn.BatchNorm1d(4), nn.BatchNorm1d(4))
+    with torch.no_grad():
+        model[2].weight.uniform_(0.5, 1.5)  # a trained BatchNorm: its scale cannot be carried over to GroupNorm
+    replaced = fix_modules_in_place(model)
+    assert [(r.name, r.fresh) for r in replaced] == [("0", False), ("1", False), ("2", True)]
+    warning = replacements_warning(replaced)
+    assert "2 starts from GroupNorm's initial weights: its trained values could not be carried over." in warning
+    lstm_only = replacements_warning(fix_modules_in_place(nn.Sequential(nn.LSTM(4, 4))))
+    assert lstm_only == "DPSGD(fix_modules=True) replaced 1 module(s) DP-SGD cannot train: 0 (LSTM → DPLSTM)."
+
+
+def test_the_warning_of_a_fit_with_attention_and_lstm_says_nothing_of_batchnorm():
+    model = Unfixed()
+    model.head = nn.Sequential(nn.Linear(8, 2))
+    with pytest.warns(UserWarning, match="replaced 2 module") as record:
+        trainer([DPSGD(noise_multiplier=1.0, fix_modules=True)], max_epochs=1, max_steps=1).fit(
+            model, train_dataloaders=DataLoader(token_datasets()[0], batch_size=32)
+        )
+    message = next(str(w.message) for w in record if "replaced 2 module" in str(w.message))
+    assert "BatchNorm" not in message and "fresh" not in message and "initial weights" not in message
