@@ -64,7 +64,7 @@ class AttributeInferenceMonitor(Callback):
     float32, :func:`~lightning_privacy.functional.attribute_sensitivity.sensitivity_rounding_allowance`), so that
     float rounding cannot put it below the exact value for the step's weights and batch (tested against a float64
     brute force under bf16-mixed on CNN, attention, LSTM and frozen-backbone models, where float32 alone came out up
-    to 5e-8·C below). The allowance lowers β*_AI by 6e-6 (approximate Rₜ) and 9e-6 (exact) in the 30-epoch Adult
+    to 2.1e-7·C below). The allowance lowers β*_AI by 6e-6 (approximate Rₜ) and 9e-6 (exact) in the 30-epoch Adult
     reproduction and by at most 6e-5 on those test models (2 epochs at σ = 1): for Rₜ ≥ 0.023·C it moves Rₜ up by at
     most one of the levels below.
 

@@ -166,8 +166,9 @@ def sensitivity_rounding_allowance(dtype: torch.dtype, *, max_grad_norm: float) 
     covers ρ ≤ 128·eps (256 unit roundoffs: a worst-case error accumulated over 256 roundings in a row, or
     the typical √n growth over far more). This is an engineering margin, not a proof: a badly conditioned
     network can amplify rounding further. Measured on the end-to-end test architectures (CNN + GroupNorm,
-    attention, DPLSTM, frozen backbone) in float32 against float64: sensitivities at most 5.1e-8·C below the
-    float64 value, i.e. the allowance is ~2,400× the observed rounding.
+    attention, DPLSTM, frozen backbone) in float32 against float64 over ~320 bf16-mixed training steps each with
+    ATEN_CPU_CAPABILITY=default, avx2 and avx512: sensitivities at most 2.1e-7·C below the float64 value and never
+    further from it than 1.7e-3 of the allowance, i.e. the allowance is ~570× the largest observed rounding.
 
     Args:
         dtype: the parameters' dtype.

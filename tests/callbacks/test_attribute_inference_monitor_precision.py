@@ -83,7 +83,8 @@ def float64_reference(make, state, inputs, targets, attribute, max_grad_norm):
 def test_r_t_of_a_bf16_mixed_step_is_never_below_its_float64_value(case, method):
     make, data, attribute = ARCHITECTURES[case]
     torch.manual_seed(0)
-    dpsgd, monitor = DPSGD(noise_multiplier=1.0), AttributeInferenceMonitor(attribute=attribute, method=method)
+    dpsgd = DPSGD(noise_multiplier=1.0, sampling_seed=0)
+    monitor = AttributeInferenceMonitor(attribute=attribute, method=method)
     recorder = StepRecorder(monitor)
     trainer([dpsgd, monitor, recorder], max_epochs=1, precision="bf16-mixed").fit(make(), *loaders(data()))
     assert recorder.output_dtypes == {torch.bfloat16}  # the training steps did run under bf16 autocast
@@ -94,5 +95,6 @@ def test_r_t_of_a_bf16_mixed_step_is_never_below_its_float64_value(case, method)
         diameter, centre_bound = float64_reference(make, state, x, y, attribute, c)
         assert r >= diameter  # never below the exact sensitivity of the step
         expected = min((diameter if method == "exact" else centre_bound) + allowance, 2 * c)
-        # float32 rounding of R_t measured ≤ 5.1e-8·C on these models: 1/16 of the allowance leaves a 150× margin
+        # float32 rounding of R_t measured ≤ 1.7e-3 of the allowance (5 seeds, ATEN_CPU_CAPABILITY=default, avx2 and
+        # avx512): 1/16 of the allowance leaves a 36× margin
         assert abs(r - expected) <= allowance / 16
