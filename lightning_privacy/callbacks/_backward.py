@@ -20,7 +20,9 @@ hook for "perform backward on the loss returned in training_step"; DPSGD replace
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+import contextlib
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -32,6 +34,23 @@ from lightning_privacy import _compat
 __all__ = ["PerExampleBackward", "is_empty_batch"]
 
 EXAMPLE = "e.g. `F.cross_entropy(logits, y, reduction='none')`"
+# torch/utils/hooks.py, BackwardHook: a full backward hook fired on a module none of whose inputs needs a gradient
+FULL_BACKWARD_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
+
+
+@contextlib.contextmanager
+def opacus_hooks_backward() -> Iterator[None]:
+    """A backward pass through Opacus' per-example hooks, without torch's "Full backward hook is firing…" warning.
+
+    Opacus registers a full backward hook on every trainable layer; on the first one (whose input is data and needs
+    no gradient) torch warns that the hook's ``grad_input`` will be ``None``. Opacus' hooks
+    (``capture_backprops_hook``) read only ``grad_output``, which torch still passes, so the warning says nothing
+    about the run. Only that message is ignored, and only during the backward passes DPSGD runs (the filters are
+    restored after), so a user's own hooks elsewhere still warn.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=FULL_BACKWARD_HOOK_WARNING, category=UserWarning)
+        yield
 
 
 def _describe(loss: Any) -> str:
@@ -140,9 +159,11 @@ class PerExampleBackward:
                     "DPSGD expects `training_step` to return a reduced loss or one loss per example (shape "
                     f"[batch_size]); it returned {_describe(loss)}."
                 )
-            self._original(loss, *args, **kwargs)
+            with opacus_hooks_backward():
+                self._original(loss, *args, **kwargs)
             return
-        self._ghost(loss, *args, **kwargs)
+        with opacus_hooks_backward():
+            self._ghost(loss, *args, **kwargs)
 
     def _name(self, param: torch.Tensor) -> str:
         return self.param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")

@@ -1,5 +1,7 @@
 """DPSGD(grad_sample_mode="ghost"): the same clipped and noised updates as hooks, the per-example-loss contract, checks."""
 
+import warnings
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -228,3 +230,24 @@ def test_norm_sample_attribute_fails_loudly_if_opacus_renames_it():
         _compat.clear_norm_sample(p)
         assert _compat.norm_sample(p) is None
     hooks.cleanup()
+
+
+@pytest.mark.parametrize("mode", ["ghost", "hooks"])
+def test_torchs_full_backward_hook_warning_is_silenced_only_in_dpsgds_backward(mode):
+    """Opacus' hooks on the first layer (input: data) make torch warn at every fit; only that warning, only there."""
+    model = MLP() if mode == "ghost" else tiny_module()
+
+    def first_layer_hook(module, grad_input, grad_output):  # a user's own full backward hook, outside DPSGD
+        return None
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")  # (pyproject's filterwarnings ignores this warning in every other test)
+        trainer([DPSGD(noise_multiplier=SIGMA, max_grad_norm=C, grad_sample_mode=mode)], max_epochs=1).fit(
+            model, train_dataloaders=tiny_loader()
+        )
+        during_fit = [str(w.message) for w in record]
+        plain = nn.Linear(8, 2)
+        plain.register_full_backward_hook(first_layer_hook)
+        plain(torch.randn(4, 8)).sum().backward()  # the same warning after the fit: the filter did not outlive it
+    assert not [m for m in during_fit if m.startswith("Full backward hook is firing")]
+    assert [str(w.message) for w in record[len(during_fit) :] if "Full backward hook is firing" in str(w.message)]
