@@ -85,6 +85,17 @@ def _main(spec_path: str) -> None:
     module, name = spec["target"].split(":")
     result = getattr(importlib.import_module(module), name)(**spec["kwargs"])
     torch.save(result, Path(spec["out"]) / f"rank{os.environ['RANK']}.pt")
+    # Leave the process group in step and skip the interpreter's teardown: on a loaded 2-core machine a gloo/FSDP2
+    # background thread was seen to abort the process at exit ("terminate called without an active exception")
+    # after its result was saved, failing a run that had finished.
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
