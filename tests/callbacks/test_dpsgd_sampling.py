@@ -141,31 +141,36 @@ def test_global_mask_is_a_function_of_seed_and_step_only():
 
 
 # ---------------------------------------------------------------------------------------------- DDP (torchrun)
-def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0):
+def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0, fsdp=False):
+    """One rank of DDP (or, with ``fsdp``, of FSDP2 through ModelParallelStrategy) training the small MLP."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
     torch.set_num_threads(1)
     pl.seed_everything(0)  # every rank: same init, same noise seed (rank 0 adds the noise)
     record = RecordBatches(n)
     dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode=mode)
     monitor = BayesSecurityMonitor()
-    model = _module()
+    model = _ShardedMLP() if fsdp else _module()
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = trainer(
             [dpsgd, monitor, record],
             max_epochs=epochs,
-            strategy="ddp",
+            strategy=strategy,
             devices=devices,
             num_nodes=nodes,
             use_distributed_sampler=False,
         )
         t.fit(model, train_dataloaders=seeded_loader(n, batch))
+    full = [p.detach().full_tensor() if fsdp else p.detach() for p in model.parameters()]
     return {
         "rank": t.global_rank,
         "batches": record.batches,
         "steps": t.global_step,
         "epsilon": dpsgd.epsilon(),
         "beta": float(t.callback_metrics[names.MIA_BAYES_SECURITY]),
-        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
+        "weights": torch.cat([p.flatten() for p in full]),
         "sample_rate": dpsgd.sample_rate,
         "report": privacy_report(t),
         "ledger": dpsgd.ledger.state_dict(),
@@ -255,34 +260,7 @@ class _ShardedMLP(_MLP):
 
 
 def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0):
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    torch.set_num_threads(1)
-    pl.seed_everything(0)
-    record = RecordBatches(n)
-    dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode="ghost")
-    monitor = BayesSecurityMonitor()
-    model = _ShardedMLP()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        t = trainer(
-            [dpsgd, monitor, record],
-            max_epochs=epochs,
-            strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
-            devices=2,
-            use_distributed_sampler=False,
-        )
-        t.fit(model, train_dataloaders=seeded_loader(n, batch))
-    weights = torch.cat([p.detach().full_tensor().flatten() for p in model.parameters()])
-    return {
-        "rank": t.global_rank,
-        "batches": record.batches,
-        "steps": t.global_step,
-        "epsilon": dpsgd.epsilon(),
-        "beta": float(t.callback_metrics[names.MIA_BAYES_SECURITY]),
-        "weights": weights,
-        "sample_rate": dpsgd.sample_rate,
-    }
+    return _ddp_worker(n, batch, epochs=epochs, seed=seed, mode="ghost", sigma=sigma, fsdp=True)
 
 
 @pytest.mark.slow
