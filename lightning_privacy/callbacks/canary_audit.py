@@ -30,6 +30,7 @@ __all__ = ["CanaryAudit", "theory_vs_practice_figure"]
 KINDS = ("gradient", "input")
 SCORES = ("released_minus_batch", "released")
 DEFAULT_DELTA = 1e-5
+DEFAULT_NUM_CANARIES = 1000  # num_canaries=None: this many, or one per trainable coordinate when the model has fewer
 STATE_VERSION = 1
 SCORE_BATCH_SIZE = 256
 _DRAW, _SAMPLE = 0, 1  # seed streams: the canary set and inclusion; the per-step Poisson sampling
@@ -99,7 +100,9 @@ class CanaryAudit(Callback):
 
     Args:
         kind: ``"gradient"`` or ``"input"``.
-        num_canaries: m ≥ 1 (gradient: at most the number of trainable coordinates; input: of rows).
+        num_canaries: m ≥ 1 (gradient: at most the number of trainable coordinates; input: of rows). ``None``
+            (default): 1000, and for gradient canaries on a model with fewer trainable coordinates (LoRA adapters,
+            a head fine-tuned on a frozen backbone) one canary on every coordinate (said at fit start).
         seed: non-negative int; the canaries, inclusion, per-step sampling and tie-breaking derive from it.
         alpha: significance of the bound, in (0, 1).
         delta: δ of the (ε, δ) claim tested, in (0, 1); default DPSGD's δ, else 1e-5.
@@ -117,7 +120,8 @@ class CanaryAudit(Callback):
 
     Raises:
         MisconfigurationException: a bad argument (at construction); ``"gradient"`` without DPSGD, more
-            canaries than coordinates or rows, or a train loader that cannot take canary rows (at fit).
+            canaries than coordinates or rows (naming ``num_canaries=`` and the largest allowed), or a train loader
+            that cannot take canary rows (at fit).
 
     Example::
 
@@ -137,7 +141,7 @@ class CanaryAudit(Callback):
         self,
         kind: str = "gradient",
         *,
-        num_canaries: int = 1000,
+        num_canaries: Optional[int] = None,
         seed: int = 0,
         alpha: float = 0.05,
         delta: Optional[float] = None,
@@ -148,8 +152,8 @@ class CanaryAudit(Callback):
     ) -> None:
         if kind not in KINDS:
             raise _bad("kind", f"one of {KINDS}", kind)
-        if not _is_int(num_canaries) or num_canaries < 1:
-            raise _bad("num_canaries", "a positive int", num_canaries)
+        if num_canaries is not None and (not _is_int(num_canaries) or num_canaries < 1):
+            raise _bad("num_canaries", "None or a positive int", num_canaries)
         if not _is_int(seed) or seed < 0:
             raise _bad("seed", "a non-negative int", seed)
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
@@ -162,7 +166,10 @@ class CanaryAudit(Callback):
             raise _bad("score", f"one of {SCORES}", score)
         if num_classes is not None and (not _is_int(num_classes) or num_classes < 2):
             raise _bad("num_classes", "None or an int >= 2", num_classes)
-        self.kind, self.num_canaries, self.seed = kind, int(num_canaries), int(seed)
+        self._adaptive = num_canaries is None  # the default: 1000, fewer on a model with fewer coordinates
+        self.num_canaries = DEFAULT_NUM_CANARIES if num_canaries is None else int(num_canaries)
+        self._requested = self.num_canaries  # the state key's value: fixed at construction, whatever the run adapts
+        self.kind, self.seed = kind, int(seed)
         self.alpha, self.delta, self.correction = float(alpha), None if delta is None else float(delta), correction
         self.score, self.num_classes, self.forward_fn = score, num_classes, forward_fn
         # the run's canaries (plain Python, in state_dict); drawn from the seed at the first fit
@@ -193,15 +200,21 @@ class CanaryAudit(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(kind=self.kind, num_canaries=self.num_canaries, seed=self.seed)
+        return self._generate_state_key(kind=self.kind, num_canaries=self._requested, seed=self.seed)
 
     # ------------------------------------------------------------------------------ the canaries
     def _draw(self, space: int, what: str) -> None:
         """Draw (or, after a resume, check) the canary set and inclusion for ``space`` coordinates or rows."""
-        if space < self.num_canaries:
-            raise MisconfigurationException(
-                f"`num_canaries`={self.num_canaries} needs at least as many {what}, but the run has {space}"
-            )
+        if space < self.num_canaries and self._canaries is None:
+            if self._adaptive and self.kind == "gradient":
+                rank_zero_info(
+                    f"CanaryAudit: the model has {space} trainable coordinates, fewer than the default "
+                    f"{DEFAULT_NUM_CANARIES} canaries: one canary on each (num_canaries={space})."
+                )
+                self.num_canaries = int(space)
+                self._scores = np.zeros(self.num_canaries)
+            else:
+                raise MisconfigurationException(self._too_many(space, what))
         if self._canaries is not None:
             if self._space != space:
                 raise RuntimeError(
@@ -212,6 +225,19 @@ class CanaryAudit(Callback):
         self._space = int(space)
         self._canaries = [int(i) for i in rng.choice(space, size=self.num_canaries, replace=False)]
         self._included = rng.random(self.num_canaries) < 0.5
+
+    def _too_many(self, space: int, what: str) -> str:
+        given = "the default " if self._adaptive else ""
+        text = (
+            f"CanaryAudit(kind={self.kind!r}): {given}num_canaries={self.num_canaries} needs as many {what}, but the "
+            f"run has {space}. Pass `CanaryAudit({self.kind!r}, num_canaries=m)` with m ≤ {space}"
+        )
+        if self.kind == "input":
+            return text + (
+                f" (each included canary is a mislabelled copy of a training row: about m/2 of them join the "
+                f"{space} rows, so keep m well below {space})."
+            )
+        return text + " (at most one canary per trainable coordinate)."
 
     @property
     def included(self) -> Optional[np.ndarray]:
@@ -464,6 +490,12 @@ class CanaryAudit(Callback):
             raise RuntimeError(f"CanaryAudit state is missing {sorted(missing)}: refusing to restart the audit")
         if state_dict["version"] != STATE_VERSION:
             raise RuntimeError(f"CanaryAudit state version {state_dict['version']!r} is not {STATE_VERSION}")
+        if (
+            self._adaptive
+            and _is_int(state_dict["num_canaries"])
+            and 1 <= state_dict["num_canaries"] <= self._requested
+        ):
+            self.num_canaries = int(state_dict["num_canaries"])  # the default, adapted to that run's coordinates
         for key in ("kind", "num_canaries", "seed", "score"):
             if state_dict[key] != getattr(self, key):
                 raise RuntimeError(

@@ -64,9 +64,9 @@ def _counts(audit, steps):
     ("kwargs", "match"),
     [
         (dict(kind="labels"), "`kind` must be one of .*got 'labels'"),
-        (dict(num_canaries=0), "`num_canaries` must be a positive int, got 0"),
-        (dict(num_canaries=10.0), "`num_canaries` must be a positive int, got 10.0"),
-        (dict(num_canaries=True), "`num_canaries` must be a positive int, got True"),
+        (dict(num_canaries=0), "`num_canaries` must be None or a positive int, got 0"),
+        (dict(num_canaries=10.0), "`num_canaries` must be None or a positive int, got 10.0"),
+        (dict(num_canaries=True), "`num_canaries` must be None or a positive int, got True"),
         (dict(seed=-1), "`seed` must be a non-negative int, got -1"),
         (dict(alpha=1.0), r"`alpha` must be in \(0, 1\), got 1.0"),
         (dict(delta=0.0), r"`delta` must be None or in \(0, 1\), got 0.0"),
@@ -92,9 +92,45 @@ def test_gradient_canaries_need_dpsgd():
         _fit([CanaryAudit(num_canaries=10)], epochs=1)
 
 
-def test_more_canaries_than_coordinates_raises():
-    with pytest.raises(MisconfigurationException, match=f"num_canaries`={COORDS + 1} needs at least as many trainable"):
+def test_more_canaries_than_coordinates_raises_naming_the_argument_and_the_largest_value():
+    with pytest.raises(MisconfigurationException) as info:
         _fit([DPSGD(noise_multiplier=1.0), CanaryAudit(num_canaries=COORDS + 1)], epochs=1)
+    assert str(info.value) == (
+        f"CanaryAudit(kind='gradient'): num_canaries={COORDS + 1} needs as many trainable coordinates, but the run has "
+        f"{COORDS}. Pass `CanaryAudit('gradient', num_canaries=m)` with m ≤ {COORDS} (at most one canary per "
+        "trainable coordinate)."
+    )
+
+
+SMALL = D * 16 + 16 + 16 * 2 + 2  # TabularMLP(8, hidden=(16,)): 178 trainable coordinates, below the default 1000
+
+
+def test_the_default_adapts_to_a_model_with_fewer_trainable_coordinates(tmp_path):
+    """Head-only or LoRA fine-tuning: the default 1000 canaries would not fit; one canary per coordinate instead."""
+    audit = CanaryAudit(seed=0)
+    assert audit.state_key == "CanaryAudit{'kind': 'gradient', 'num_canaries': 1000, 'seed': 0}"
+    torch.manual_seed(0)
+    t = trainer([DPSGD(noise_multiplier=1.0), audit], tmp_path, max_epochs=2)
+    t.fit(TabularMLP(D, hidden=(16,), lr=0.5), _loader())
+    assert audit.num_canaries == SMALL and sorted(audit._canaries) == list(range(SMALL))
+    assert audit.result is not None and audit.result.num_canaries == SMALL and audit.scores.shape == (SMALL,)
+    assert audit.state_key.endswith("'num_canaries': 1000, 'seed': 0}")  # the key stays what was constructed
+    state = audit.state_dict()
+    resumed = CanaryAudit(seed=0)  # the default resumes the adapted set
+    resumed.load_state_dict(state)
+    assert resumed.num_canaries == SMALL and np.array_equal(resumed.included, audit.included)
+    with pytest.raises(RuntimeError, match=f"num_canaries={SMALL}, this CanaryAudit has 1000"):
+        CanaryAudit(num_canaries=1000, seed=0).load_state_dict(state)  # an explicit 1000 is another audit
+
+
+def test_input_canaries_do_not_adapt_and_name_the_argument_and_the_largest_value():
+    """A mislabelled copy per canary: all rows would make half the training set wrong, so no silent default."""
+    with pytest.raises(MisconfigurationException) as info:
+        _fit([CanaryAudit("input")], epochs=1)
+    assert str(info.value).startswith(
+        f"CanaryAudit(kind='input'): the default num_canaries=1000 needs as many training rows, but the run has {N}. "
+        f"Pass `CanaryAudit('input', num_canaries=m)` with m ≤ {N} (each included canary is a mislabelled copy"
+    )
 
 
 # ------------------------------------------------------------------------------------------ the canaries
