@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 ADULT_DATAMODULE = "lightning_privacy.data.datamodule:AdultDataModule"
 
@@ -100,6 +100,20 @@ def read_checkpoint(path: str) -> Any:
         ) from None
     except Exception as err:  # not a torch file at all (zip/pickle errors of many kinds)
         raise ValueError(f"`--checkpoint` {path!r} is not a checkpoint torch can read: {err}") from None
+
+
+def load_checkpoint_model(args: Any, model_class: Any, *, warn: Any) -> Tuple[Any, Dict[str, Any]]:
+    """The model of ``--checkpoint`` (with ``--model-args``, ``--fix-modules``) and the checkpoint's contents."""
+    contents = read_checkpoint(args.checkpoint)
+    model = load_model(
+        model_class,
+        args.checkpoint,
+        json_object(args.model_args, "--model-args"),
+        contents=contents,
+        fix_modules=True if args.fix_modules else None,
+        warn=warn,
+    )
+    return model, contents
 
 
 def load_model(

@@ -125,15 +125,7 @@ def audit(args: argparse.Namespace) -> dict:
     else:
         model_class = io.load_class(args.model, "--model")
         dm_args = _datamodule_args(args)
-        contents = io.read_checkpoint(args.checkpoint)
-        model = io.load_model(
-            model_class,
-            args.checkpoint,
-            io.json_object(args.model_args, "--model-args"),
-            contents=contents,
-            fix_modules=True if args.fix_modules else None,
-            warn=_warn,
-        )
+        model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
         dm = io.datamodule(
             args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args
         )

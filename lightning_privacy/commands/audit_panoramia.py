@@ -136,15 +136,7 @@ def audit(args: argparse.Namespace):
         defaults = {"path": None, "val_fraction": 0.1, "seed": 0}
         options = {k: names[k] for k in flags if k not in dm_args}
         dm_args = {**flags, **dm_args}
-    contents = io.read_checkpoint(args.checkpoint)
-    model = io.load_model(
-        model_class,
-        args.checkpoint,
-        io.json_object(args.model_args, "--model-args"),
-        contents=contents,
-        fix_modules=True if args.fix_modules else None,
-        warn=_warn,
-    )
+    model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
     dm = io.datamodule(args.datamodule, dm_args, contents=contents, defaults=defaults, options=options, warn=_warn)
     io.check_member_count(dm, contents)
     members, encode, generator = _members(args, dm)
