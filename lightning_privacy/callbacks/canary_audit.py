@@ -202,6 +202,13 @@ class CanaryAudit(Callback):
     def state_key(self) -> str:
         return self._generate_state_key(kind=self.kind, num_canaries=self._requested, seed=self.seed)
 
+    def _start_over(self) -> None:
+        """Forget the last model's canaries, scores and audit (as at construction)."""
+        self.num_canaries = DEFAULT_NUM_CANARIES if self._adaptive else self._requested
+        self._space, self._canaries, self._labels, self._included = None, None, None, None
+        self._scores, self._steps = np.zeros(self.num_canaries), 0
+        self.result, self.results, self.details, self.accountant_epsilon = None, {}, {}, None
+
     # ------------------------------------------------------------------------------ the canaries
     def _draw(self, space: int, what: str) -> None:
         """Draw (or, after a resume, check) the canary set and inclusion for ``space`` coordinates or rows."""
@@ -268,6 +275,8 @@ class CanaryAudit(Callback):
             return
         from lightning_privacy.callbacks.dpsgd import DPSGD
 
+        if self._module is not None and self._module is not pl_module and self._steps:
+            self._start_over()  # reused for another model: its own canaries and scores (a checkpoint loads after)
         self._module = pl_module
         found = [cb for cb in trainer.callbacks if isinstance(cb, DPSGD)]
         self._dpsgd = found[0] if found else None

@@ -379,3 +379,17 @@ def test_figure_without_dpsgd_or_other_audits():
     _fit([audit], epochs=2)
     fig = module.theory_vs_practice_figure(audit, {})
     assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 2  # the two canary bounds only
+
+
+def test_a_reused_audit_starts_over_for_another_model_and_continues_for_the_same():
+    fresh = CanaryAudit(num_canaries=400, seed=2)
+    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0), fresh], epochs=2)
+    reused = CanaryAudit(num_canaries=400, seed=2)
+    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=5), reused], epochs=1, seed=3)  # another model first
+    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0), reused], epochs=2)  # then the fresh audit's fit
+    assert reused.state_dict() == fresh.state_dict()  # the second model's audit alone (it held 10 + 20 steps)
+    assert reused.results == fresh.results
+    model, dpsgd = _model(), DPSGD(noise_multiplier=1.0)
+    for _ in range(2):  # the same model fitted twice: one audit over both fits
+        trainer([dpsgd, reused], max_epochs=1).fit(model, _loader())
+    assert reused.state_dict()["steps"] == 2 * 10
