@@ -12,7 +12,7 @@ from opacus.accountants import IAccountant
 from typing_extensions import override
 
 from lightning_privacy._validation import check_choice, check_open_unit, check_positive
-from lightning_privacy.callbacks._opacus import next_step_mechanism, run_ledger
+from lightning_privacy.callbacks._opacus import find_dpsgd, next_step_mechanism, run_ledger
 from lightning_privacy.ledger import PrivacyLedger
 
 THREATS = ("mia", "ai")
@@ -40,6 +40,12 @@ class PrivacyBudgetStopping(Callback):
 
     The decision is reduced across processes: if any rank stops, all stop. Lightning ignores ``should_stop`` until
     ``min_epochs``/``min_steps`` are reached, so :meth:`setup` raises when those would force training past the budget.
+    A budget that the run's very first step would already break is refused at train start, before any step (a stop
+    there would return an untrained model as if training had ended normally): the error gives what one step costs
+    and the noise multiplier that would allow one epoch within the budget (from
+    :meth:`~lightning_privacy.ledger.PrivacyLedger.calibrate`). The noise and the sample rate are known only once
+    DPSGD has built the Poisson loader (its ``on_fit_start``), and a resumed ledger only after ``setup``, so this is
+    the earliest point; a resumed run that has spent its budget still stops instead.
 
     Args:
         min_bayes_security: a β* budget in (0, 1).
@@ -143,8 +149,10 @@ class PrivacyBudgetStopping(Callback):
             )
         return monitors[0]
 
-    def _check(self, trainer: pl.Trainer) -> None:
+    def _check(self, trainer: pl.Trainer, *, first: bool = False) -> None:
         should_stop = trainer.strategy.reduce_boolean_decision(self.next_step_breaks_budget(trainer), all=False)
+        if should_stop and first and self.ledger(trainer).steps == 0:
+            raise MisconfigurationException(self._first_step_breaks(trainer))
         if should_stop and not trainer.should_stop:
             trainer.should_stop = True
             self.stopped_at_step = trainer.global_step
@@ -156,6 +164,32 @@ class PrivacyBudgetStopping(Callback):
             rank_zero_info(
                 f"PrivacyBudgetStopping: stopping after step {trainer.global_step}; one more step would take {broken}."
             )
+
+    def _first_step_breaks(self, trainer: pl.Trainer) -> str:
+        """The refusal of a budget that one step breaks: what a step costs, and the σ that allows one epoch."""
+        sigma, rate = next_step_mechanism(trainer, self.accountant, who="PrivacyBudgetStopping")
+        ledger = self.ledger(trainer)
+        dpsgd = find_dpsgd(trainer)
+        epoch = (dpsgd.steps_per_epoch if dpsgd is not None else None) or max(1, round(1 / rate))
+        if self.max_epsilon is not None:
+            budget, what = f"max_epsilon={self.max_epsilon:g}", f"ε (δ = {ledger.delta:g})"
+            one = ledger.epsilon_after(1, noise_multiplier=sigma, sample_rate=rate)
+            target = dict(target_epsilon=self.max_epsilon, delta=ledger.delta, accountant=ledger.mechanism)
+            broken = f"{what} = {one:.4g} > {self.max_epsilon:g}"
+        else:
+            budget, what = f"min_bayes_security={self.min_bayes_security:g}", f"β*_{self.threat.upper()}"
+            one = self.bayes_security_after_next_step(trainer)
+            # β*_AI's worst case R = 2C is the replace relation's step (sensitivity 2C)
+            relation = "replace" if self.threat == "ai" else self.relation
+            target = dict(target_bayes_security=self.min_bayes_security, relation=relation)
+            broken = f"{what} = {one:.4g} < {self.min_bayes_security:g}"
+        allows = PrivacyLedger.calibrate(sample_rate=rate, steps=epoch, steps_per_read=epoch, **target)
+        return (
+            f"PrivacyBudgetStopping({budget}): the first optimizer step already breaks the budget (one step at "
+            f"noise_multiplier={sigma:g}, sample_rate={rate:.4g} gives {broken}), so training would stop before it "
+            f"starts and return an untrained model. noise_multiplier={allows:g} allows one epoch ({epoch} steps) "
+            f"within the budget: pass `DPSGD(noise_multiplier={allows:g})` (or more), or loosen the budget."
+        )
 
     # -------------------------------------------------------------------------------- hooks
     @override
@@ -175,7 +209,7 @@ class PrivacyBudgetStopping(Callback):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ledger = None
-        self._check(trainer)
+        self._check(trainer, first=True)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:

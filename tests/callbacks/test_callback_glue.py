@@ -252,10 +252,11 @@ def test_a_monitor_reused_for_a_fit_without_steps_keeps_nothing_of_the_first(tmp
         tiny_module(), datamodule=TinyDataModule()
     )
     assert monitor.final and monitor.epochs
-    stopper = PrivacyBudgetStopping(min_bayes_security=0.99)  # broken by the first step: no step is taken
+    stopper = PrivacyBudgetStopping(min_bayes_security=0.99)  # broken by the first step: refused before any step
     t = trainer([DPSGD(noise_multiplier=1.0), monitor, stopper], tmp_path, max_epochs=1)
-    t.fit(tiny_module(), datamodule=TinyDataModule())
-    assert t.global_step == 0 and stopper.stopped_at_step == 0
+    with pytest.raises(MisconfigurationException, match="the first optimizer step already breaks the budget"):
+        t.fit(tiny_module(), datamodule=TinyDataModule())
+    assert t.global_step == 0
     assert monitor.final == {} and monitor.final_closed_form is None and monitor.epochs == []
 
 
@@ -317,10 +318,10 @@ def test_stopper_refuses_any_minimum_lightning_would_train_through(kwargs, tmp_p
 
 
 def test_stopper_accepts_min_epochs_and_min_steps_of_zero(tmp_path):
-    stopper = PrivacyBudgetStopping(min_bayes_security=0.99)  # broken by the first step
-    t = trainer([DPSGD(noise_multiplier=1.0), stopper], tmp_path, min_epochs=0, min_steps=0)
+    stopper = PrivacyBudgetStopping(min_bayes_security=0.9)  # reached within the first epoch
+    t = trainer([DPSGD(noise_multiplier=1.0), stopper], tmp_path, min_epochs=0, min_steps=0, max_epochs=5)
     t.fit(tiny_module(), train_dataloaders=_small_loader())
-    assert t.global_step == 0 and stopper.stopped_at_step == 0
+    assert 0 < t.global_step == stopper.stopped_at_step < N // SMALL_BATCH
 
 
 @pytest.mark.parametrize("delta", [0.0, 1.0, 1, True])

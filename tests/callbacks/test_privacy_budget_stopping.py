@@ -1,9 +1,13 @@
+import re
+
 import pytest
+import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader
 
 from lightning_privacy import DPSGD, BayesSecurityMonitor, PrivacyBudgetStopping, names
 from lightning_privacy.analysis import bayes_security as bs
+from lightning_privacy.ledger import PrivacyLedger
 from tests.callbacks._tiny import N, tiny_dataset, tiny_module, trainer
 
 BATCH = 8  # p = 1/32: small enough for the closed form to overstate security at σ = 0.9
@@ -78,10 +82,54 @@ def test_epsilon_budget_resumes_from_a_checkpoint(tmp_path):
     assert resumed_dp.steps == straight_dp.steps  # the resumed run stops at the same step as an unbroken one
 
 
-def test_budget_already_broken_trains_nothing(tmp_path):
-    t = trainer([DPSGD(noise_multiplier=0.5), PrivacyBudgetStopping(min_bayes_security=0.99)], tmp_path, max_epochs=3)
-    t.fit(tiny_module(), train_dataloaders=_loader())
-    assert t.global_step == 0
+EPOCH = N // BATCH  # 32 steps
+
+
+@pytest.mark.parametrize(
+    ("budget", "one_step"),
+    [
+        (dict(min_bayes_security=0.99), r"β\*_MIA = 0\.9\d+ < 0\.99"),
+        (dict(max_epsilon=0.3), r"ε \(δ = 1e-05\) = \d\.\d+ > 0\.3"),
+    ],
+    ids=["bayes_security", "epsilon"],
+)
+def test_a_budget_the_first_step_breaks_is_refused_with_the_noise_that_allows_one_epoch(budget, one_step, tmp_path):
+    """Not "stopping after step 0" and an untrained model: refused before any step, with the σ that fits an epoch."""
+    model = tiny_module()
+    before = [p.detach().clone() for p in model.parameters()]
+    t = trainer([DPSGD(noise_multiplier=0.5), PrivacyBudgetStopping(**budget)], tmp_path, max_epochs=3)
+    with pytest.raises(MisconfigurationException) as info:
+        t.fit(model, train_dataloaders=_loader())
+    message = str(info.value)
+    assert message.startswith(f"PrivacyBudgetStopping({next(iter(budget))}={next(iter(budget.values()))}): the first")
+    assert re.search(rf"one step at noise_multiplier=0.5, sample_rate=0.03125 gives {one_step}\)", message)
+    sigma = float(re.search(r"pass `DPSGD\(noise_multiplier=([\d.]+)\)` \(or more\)", message).group(1))
+    assert f"noise_multiplier={sigma:g} allows one epoch ({EPOCH} steps) within the budget" in message
+    assert t.global_step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    # the σ named is the smallest (to 1e-4) that fits one epoch, by the stopper's own prediction ...
+    assert PrivacyLedger(delta=1e-5).steps_within(noise_multiplier=sigma, sample_rate=P, **budget) >= EPOCH
+    assert PrivacyLedger(delta=1e-5).steps_within(noise_multiplier=sigma - 1e-4, sample_rate=P, **budget) < EPOCH
+    # ... and a run with it trains that epoch
+    dp = DPSGD(noise_multiplier=sigma)
+    trainer([dp, PrivacyBudgetStopping(**budget)], tmp_path, max_epochs=3).fit(
+        tiny_module(), train_dataloaders=_loader()
+    )
+    assert dp.steps >= EPOCH
+
+
+def test_a_resumed_run_that_spent_its_budget_stops_instead_of_refusing(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    dp = DPSGD(noise_multiplier=1.2)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    first = trainer(
+        [dp, PrivacyBudgetStopping(max_epsilon=2.0), ckpt], tmp_path, max_epochs=100, enable_checkpointing=True
+    )
+    first.fit(tiny_module(), train_dataloaders=_loader())
+    resumed_dp, resumed_stop = DPSGD(noise_multiplier=1.2), PrivacyBudgetStopping(max_epsilon=2.0)
+    resumed = trainer([resumed_dp, resumed_stop], tmp_path, max_epochs=100)
+    resumed.fit(tiny_module(), train_dataloaders=_loader(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert resumed_dp.steps == dp.steps and resumed_stop.stopped_at_step == dp.steps
 
 
 def test_monitor_and_stopper_agree(tmp_path):
