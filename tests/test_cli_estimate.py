@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_lower_bound
+from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_lower_bound, max_informative_delta
 from lightning_privacy.cli import main
 
 CLI = str(Path(sys.executable).parent / "lightning-privacy")
@@ -237,3 +237,59 @@ def test_clear_errors_name_the_flag(game, argv, message):
     err = proc.stderr.strip()
     assert err.startswith("lightning-privacy estimate: error: ") and "\n" not in err and "Traceback" not in err
     assert message in err
+
+
+# --- delta: refused where the game cannot show anything, flagged where it swallows the attack --------
+def test_a_delta_at_which_no_outcome_can_show_epsilon_is_refused_naming_the_range(capsys):
+    """100 + 100 trials: from delta = 0.9636 not even a perfect attack shows epsilon > 0 (Bayes, the widest)."""
+    largest = max(
+        max_informative_delta(members=100, nonmembers=100, method=m) for m in ("bayes", "jeffreys", "clopper_pearson")
+    )
+    assert largest == 0.9636
+    counts = ["--fn", "35", "--tp", "65", "--fp", "25", "--tn", "75"]
+    assert main(["estimate", *counts, "--delta", "0.97", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(
+        "lightning-privacy estimate: error: `--delta` must be in [0, 0.9636) for a game of 100 members and 100 "
+        "non-members at alpha=0.05 (two-sided), got 0.97: at epsilon = 0, (epsilon, delta)-DP already allows every "
+        "attack with TPR - FPR <= delta, and from there on not even a perfect attack (no errors) can show epsilon > 0"
+    )
+    # a perfect attack just below the limit still shows epsilon > 0: the range is the one the math supports
+    perfect = ["--fn", "0", "--tp", "100", "--fp", "0", "--tn", "100", "--json"]
+    assert main(["estimate", *perfect, "--delta", "0.963"]) == 0
+    assert _one_strict_json_object(capsys.readouterr().out)["intervals"]["bayes"]["low"] > 0
+    # a small game reaches its limit sooner: 10 + 10 trials at delta = 0.7
+    assert main(["estimate", "--fn", "3", "--tp", "7", "--fp", "2", "--tn", "8", "--delta", "0.7"]) == 2
+    assert "`--delta` must be in [0, 0.6844) for a game of 10 members and 10 non-members" in capsys.readouterr().err
+
+
+def test_intervals_all_zero_because_delta_exceeds_the_attacks_advantage_are_flagged(capsys):
+    """The issue's `--delta 0.7` on the worked example: every interval [0, 0]; a perfect attack would still show
+    epsilon >= 3.35 there, so the delta is not refused, but the result says why it is empty."""
+    argv = ["estimate", "--fn", "35", "--tp", "65", "--fp", "25", "--tn", "75", "--delta", "0.7", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    result = _one_strict_json_object(captured.out)
+    assert all(r["low"] == r["high"] == 0 for r in result["intervals"].values())
+    (warning,) = result["warnings"]
+    assert warning.startswith(
+        "every interval is [0, 0] at delta=0.7: at epsilon = 0, (epsilon, delta)-DP already allows every attack with "
+        "TPR - FPR <= delta, and this attack's TPR - FPR = 0.4 is within it"
+    )
+    assert captured.err == f"lightning-privacy estimate: warning: {warning}\n"
+    assert main(argv[:-3] + ["--delta", "0.05"]) == 0 and "warning" not in capsys.readouterr().err
+
+
+def test_scores_mode_refuses_a_delta_its_held_out_half_cannot_use(tmp_path):
+    """Holdout: the bound is computed on half of each class (10 + 10 of 20 + 20), at which delta = 0.7 is too large;
+    the same delta with all of them (selection none) is not."""
+    np.savetxt(tmp_path / "s.txt", np.r_[np.arange(20) + 100.0, np.arange(20)])  # a perfect attack
+    np.savetxt(tmp_path / "l.txt", np.repeat([1, 0], 20), fmt="%d")
+    args = ["estimate", "--scores", "s.txt", "--labels", "l.txt", "--delta", "0.7"]
+    proc = _cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "`--delta` must be in [0, 0.6844) for the held-out half of 10 members and 10 non-members" in proc.stderr
+    everything = _cli(*args, "--selection", "none", "--json", cwd=tmp_path)
+    assert everything.returncode == 0, everything.stderr
+    assert _one_strict_json_object(everything.stdout)["epsilon_lower"] > 0

@@ -59,6 +59,7 @@ __all__ = [
     "epsilon_from_rates",
     "epsilon_interval",
     "epsilon_lower_bound",
+    "max_informative_delta",
     "rate_interval",
     "counts_orientation",
     "roc_counts",
@@ -496,6 +497,65 @@ def epsilon_interval(
         return _bayes_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, sided=sided, region=region)
     low, high = _rect_eps_interval(fn, tp, fp, tn, delta=delta, alpha=alpha, method=method, sided=sided, region=region)
     return float(low), float(high)
+
+
+def max_informative_delta(
+    *,
+    members: int,
+    nonmembers: int,
+    alpha: float = 0.05,
+    method: str = "bayes",
+    sided: str = "two",
+    region: str = "attack",
+) -> float:
+    """The δ from which no outcome of a membership game of this size gives an ε lower bound above 0.
+
+    At ε = 0, (ε, δ)-DP already allows every attack with FNR + FPR ≥ 1 − δ (an advantage TPR − FPR ≤ δ), so a
+    lower limit above 0 needs an attack whose two error rates are, at confidence 1 − α, below that line. No
+    outcome shows more than a perfect attack (FN = FP = 0): its rates' upper confidence limits shrink with the
+    number of trials but never reach 0, so its lower limit is positive only for δ below
+    1 − (the two upper limits) for the rectangle methods, and below a similar value for the posterior. From that
+    δ on every interval's lower end is 0 whatever the attack does: the game cannot tell anything about ε, though
+    the formula accepts any δ < 1. δ is a probability of failing outright, so a DP claim worth testing has a
+    far smaller one (≤ 1/n for n training rows).
+
+    Found by bisection (the lower limit falls as δ grows) and rounded down to 1e-4, so every δ below the returned
+    value can show ε > 0. ``0.0`` when even δ = 0 cannot (too few trials for this α).
+
+    Args:
+        members, nonmembers: member and non-member trials of the game (ints ≥ 1).
+        alpha, method, sided, region: as for :func:`epsilon_interval`.
+
+    Raises:
+        TypeError, ValueError: bad counts, α or an unknown method/sided/region, naming the argument.
+
+    Example::
+
+        >>> max_informative_delta(members=100, nonmembers=100, method="clopper_pearson")
+        0.9142
+        >>> max_informative_delta(members=10, nonmembers=10, method="clopper_pearson")
+        0.2903
+        >>> max_informative_delta(members=1, nonmembers=1)  # no δ: one trial of each cannot refute ε = 0
+        0.0
+    """
+    members, nonmembers = _check_count("members", members), _check_count("nonmembers", nonmembers)
+    if members < 1 or nonmembers < 1:
+        raise ValueError(
+            f"Expected at least one member and one non-member trial, but got members={members}, "
+            f"nonmembers={nonmembers}."
+        )
+    settings = dict(fn=0, tp=members, fp=0, tn=nonmembers, alpha=alpha, method=method, sided=sided, region=region)
+
+    def informative(delta: float) -> bool:
+        return epsilon_interval(delta=delta, **settings)[0] > 0
+
+    if not informative(0.0):
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > 2e-5:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if informative(mid) else (lo, mid)
+    return math.floor(lo * 1e4) / 1e4
 
 
 # ---------------------------------------------------------------------------------------------------

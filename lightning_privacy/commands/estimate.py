@@ -18,6 +18,15 @@ Files are ``.npy`` (no pickles) or text (``.csv``/``.txt``, one value a line, ``
 1 (member) or 0 (non-member). ``--json`` prints exactly one JSON object on stdout (strict JSON: a
 non-finite value, e.g. the upper end of a one-sided interval, is ``null``).
 
+**δ.** The formula takes any δ in [0, 1), but at ε = 0 (ε, δ)-DP already allows every attack with TPR − FPR ≤ δ:
+a game can refute ε > 0 only with error rates confidently below 1 − δ, and no outcome does better than a perfect
+attack, whose rates' confidence limits depend on the number of trials. From the δ at which even a perfect attack's
+lower limit is 0 (:func:`~lightning_privacy.analysis.estimation.max_informative_delta`; about 0.96 for 100 + 100
+trials, 0.68 for 10 + 10, Bayesian two-sided at α = 0.05) every result is 0 whatever the data: such a ``--delta`` is
+refused (exit 2), naming the range that can show something. Below it, intervals that are all [0, 0] because δ
+exceeds the attack's own TPR − FPR get a warning: a DP claim worth testing has a far smaller δ (≤ 1/n for n
+training rows).
+
 When the attack looks reversed — members scoring significantly lower than non-members (one-sided
 Mann-Whitney test at :data:`~lightning_privacy.analysis.estimation.REVERSED_LEVEL`), or, for counts, guessed
 "member" less often (Fisher's test) — a bound of 0 says nothing: a ``warning:`` line on stderr says so and
@@ -75,7 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the threshold is chosen validly: holdout (default), bonferroni, or none (optimistic)",
     )
     scores.add_argument("--seed", type=int, default=None, help="seed of the holdout split (default: 0)")
-    parser.add_argument("--delta", type=float, required=True, help="delta of (epsilon, delta)-DP, in [0, 1)")
+    parser.add_argument(
+        "--delta",
+        type=float,
+        required=True,
+        help="delta of (epsilon, delta)-DP, in [0, 1); refused from where no outcome of the game could show epsilon > 0",
+    )
     parser.add_argument(
         "--alpha", type=float, default=0.05, help="significance: 100(1 - alpha)%% intervals (default: %(default)s)"
     )
@@ -138,10 +152,50 @@ def _mode(args: argparse.Namespace) -> str:
     return "counts"
 
 
+def _check_delta_informative(
+    args: argparse.Namespace, *, members: int, nonmembers: int, alpha: float, methods: tuple, what: str = "a game"
+) -> None:
+    """Refuse a ``--delta`` at which no outcome of this game (not even a perfect attack) can show ε > 0."""
+    from lightning_privacy.analysis.estimation import epsilon_interval, max_informative_delta
+
+    settings = dict(alpha=alpha, sided=args.sided, region=args.region)
+    perfect = dict(fn=0, tp=members, fp=0, tn=nonmembers, delta=args.delta, **settings)
+    if any(epsilon_interval(method=method, **perfect)[0] > 0 for method in methods):
+        return
+    largest = max(
+        max_informative_delta(members=members, nonmembers=nonmembers, method=method, **settings) for method in methods
+    )
+    if largest <= 0:  # even delta = 0 shows nothing: too few trials, not the delta's fault
+        return
+    raise ValueError(
+        f"`--delta` must be in [0, {largest:g}) for {what} of {members} members and {nonmembers} non-members at "
+        f"alpha={alpha:.3g} ({args.sided}-sided), got {args.delta:g}: at epsilon = 0, (epsilon, delta)-DP already "
+        "allows every attack with TPR - FPR <= delta, and from there on not even a perfect attack (no errors) can "
+        "show epsilon > 0 with this many trials, so every lower bound would be 0 whatever the data (a DP claim worth "
+        "testing has delta <= 1/n for n training rows)"
+    )
+
+
+def _delta_swallows_the_attack(*, fn: int, tp: int, fp: int, tn: int, delta: float, what: str) -> list:
+    """The warning for intervals that are all [0, 0] because δ exceeds the attack's own advantage TPR − FPR."""
+    tpr, fpr = tp / (tp + fn), fp / (fp + tn)
+    if tpr <= fpr:  # no power, or reversed (warned about separately)
+        return []
+    return [
+        f"{what} [0, 0] at delta={delta:g}: at epsilon = 0, (epsilon, delta)-DP already allows every attack with "
+        f"TPR - FPR <= delta, and this attack's TPR - FPR = {tpr - fpr:.3g} is within it, so it refutes no epsilon "
+        f"at this delta (the point estimate is above 0 only for delta < {tpr - fpr:.3g}); test the delta of the DP "
+        "claim, usually <= 1/n for n training rows"
+    ]
+
+
 def estimate(args: argparse.Namespace) -> dict:
     """The three intervals (and the time each took) for the counts in ``args``, as plain values."""
     from lightning_privacy.analysis.estimation import counts_orientation, epsilon_from_rates, epsilon_interval
 
+    _check_delta_informative(
+        args, members=args.fn + args.tp, nonmembers=args.fp + args.tn, alpha=args.alpha, methods=METHODS
+    )
     out = {
         "mode": "counts",
         "counts": {"fn": args.fn, "tp": args.tp, "fp": args.fp, "tn": args.tn},
@@ -179,6 +233,9 @@ def estimate(args: argparse.Namespace) -> dict:
         if orientation.reversed
         else []
     )
+    if all(r["high"] == 0 for r in out["intervals"].values()):
+        counts = dict(fn=args.fn, tp=args.tp, fp=args.fp, tn=args.tn)
+        out["warnings"] += _delta_swallows_the_attack(**counts, delta=args.delta, what="every interval is")
     return out
 
 
@@ -216,6 +273,8 @@ def read_scores(scores_path: str, labels_path: str, *, lower_is_member: bool = F
 
 def estimate_from_scores(args: argparse.Namespace) -> dict:
     """The threshold attack's lower bound on ε for the files in ``args``, as plain values."""
+    import numpy as np
+
     from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_lower_bound, score_orientation
 
     lower_is_member = bool(args.lower_is_member)
@@ -228,6 +287,13 @@ def estimate_from_scores(args: argparse.Namespace) -> dict:
             f"`--labels` {args.labels!r} has {members} members (1) and {nonmembers} non-members (0); "
             f"--selection {selection} needs at least {need} of each"
         )
+    if selection == "holdout":  # the bound's own game: the held-out half (the rest of each class), at alpha
+        game = dict(members=members - members // 2, nonmembers=nonmembers - nonmembers // 2, alpha=args.alpha)
+    else:  # all of it; Bonferroni tests each of the distinct scores + 1 thresholds at alpha / their number
+        tested = len(np.unique(scores)) + 1 if selection == "bonferroni" else 1
+        game = dict(members=members, nonmembers=nonmembers, alpha=args.alpha / tested)
+    what = "the held-out half" if selection == "holdout" else "a game"
+    _check_delta_informative(args, **game, methods=(args.method or "bayes",), what=what)
     start = time.perf_counter()
     res = epsilon_lower_bound(
         scores,
@@ -267,6 +333,9 @@ def estimate_from_scores(args: argparse.Namespace) -> dict:
         out["warnings"].append("with `--lower-is-member`, " + orientation.warning(fix))
     elif orientation.reversed:
         out["warnings"].append(orientation.warning("if lower means member (e.g. losses), pass `--lower-is-member`"))
+    if res.interval_high == 0:
+        counts = dict(fn=res.fn, tp=res.tp, fp=res.fp, tn=res.tn)
+        out["warnings"] += _delta_swallows_the_attack(**counts, delta=args.delta, what="the interval is")
     return out
 
 

@@ -20,6 +20,7 @@ from lightning_privacy.analysis.estimation import (
     epsilon_from_rates,
     epsilon_interval,
     epsilon_lower_bound,
+    max_informative_delta,
     rate_interval,
     roc_counts,
 )
@@ -281,6 +282,39 @@ def test_lower_bound_grows_with_trials_at_fixed_rates(method, sided):
     ]
     assert all(b > a for a, b in zip(lows, lows[1:]))
     assert lows[-1] < epsilon_from_rates(fnr=0.3, fpr=0.2, delta=1e-5)
+
+
+@pytest.mark.parametrize("method", ["bayes", "jeffreys", "clopper_pearson"])
+@pytest.mark.parametrize(
+    ("members", "nonmembers", "sided", "region"), [(100, 100, "two", "attack"), (7, 30, "one", "full")]
+)
+def test_max_informative_delta_is_where_a_perfect_attack_stops_showing_anything(
+    method, members, nonmembers, sided, region
+):
+    """Below it a perfect attack's lower limit is positive (so some outcome shows ε > 0); from just above it no
+    outcome does: every confusion matrix of the game has lower limit 0 (the perfect attack is the best)."""
+    settings = dict(alpha=0.05, method=method, sided=sided, region=region)
+    largest = max_informative_delta(members=members, nonmembers=nonmembers, **settings)
+    assert 0 < largest < 1
+    perfect = dict(fn=0, tp=members, fp=0, tn=nonmembers, **settings)
+    assert epsilon_interval(delta=largest - 1e-4, **perfect)[0] > 0
+    assert epsilon_interval(delta=largest + 2e-4, **perfect)[0] == 0
+    rng = np.random.default_rng(0)
+    for fn, fp in zip(rng.integers(0, members + 1, 20), rng.integers(0, nonmembers + 1, 20)):
+        low = epsilon_interval(fn=fn, tp=members - fn, fp=fp, tn=nonmembers - fp, delta=largest + 2e-4, **settings)[0]
+        assert low == 0
+    if method == "clopper_pearson" and sided == "two":  # the rectangle's closed form: 1 − both upper limits
+        tail = 1 - 0.05 / 4
+        closed = 1 - stats.beta.ppf(tail, 1, members) - stats.beta.ppf(tail, 1, nonmembers)
+        assert largest == pytest.approx(closed, abs=1.5e-4) and largest <= closed
+
+
+def test_max_informative_delta_grows_with_the_trials_and_is_zero_for_a_game_too_small():
+    values = [max_informative_delta(members=n, nonmembers=n) for n in (10, 30, 100, 1000)]
+    assert all(b > a for a, b in zip(values, values[1:])) and values[0] > 0.5 and values[-1] < 1
+    assert max_informative_delta(members=1, nonmembers=1) == 0.0
+    with pytest.raises(ValueError, match="at least one member and one non-member"):
+        max_informative_delta(members=0, nonmembers=5)
 
 
 # ------------------------------------------------------------------------------------- threshold sweep
