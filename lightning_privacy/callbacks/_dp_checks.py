@@ -12,7 +12,7 @@ covered by the DP guarantee.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -235,6 +235,17 @@ class ClippingStats:
 
     def values(self) -> torch.Tensor:
         return torch.cat(self.norms) if self.norms else torch.zeros(0, dtype=torch.float64)
+
+    def gathered(self, trainer: Any, device: torch.device) -> torch.Tensor:
+        """Every rank's norms (a collective call under several processes: padded to one length for all_gather)."""
+        norms = self.values()
+        if trainer.world_size == 1:
+            return norms
+        count = trainer.strategy.all_gather(torch.tensor([norms.numel()], device=device))
+        padded = torch.full((int(count.max()),), float("nan"), dtype=torch.float64, device=device)
+        padded[: norms.numel()] = norms.to(device)
+        norms = trainer.strategy.all_gather(padded).reshape(-1).cpu()
+        return norms[~torch.isnan(norms)]
 
 
 #: Layers that normalise with statistics of the whole batch in training mode (LazyBatchNorm becomes one of them).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
@@ -30,11 +29,11 @@ from lightning_privacy.callbacks._fix_modules import (
 )
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
+from lightning_privacy.callbacks._self_checks import SelfChecks
 from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
 
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
 DEFAULT_DELTA = 1e-5
-SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping and noise
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 
 
@@ -234,12 +233,8 @@ class DPSGD(Callback):
         self._clipping = _dp_checks.ClippingStats()
         self._before_noise_hooks: List[Callable[[DPOptimizer], None]] = []
         self._param_names: Dict[int, str] = {}
-        self._checks_left = 0
-        self._noise_steps_left = 0
+        self._checks: Optional[SelfChecks] = None  # this fit's self-checks (from on_fit_start)
         self._module: Optional[weakref.ref] = None  # the module of the last fit
-        self._fsdp = False
-        self._noise_check: Optional[_dp_checks.NoiseCheck] = None
-        self._trainer: Optional[pl.Trainer] = None
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
         self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
         self.sample_rate: Optional[float] = None
@@ -350,7 +345,7 @@ class DPSGD(Callback):
             hooks=self._hooks,
             param_names=self._param_names,
             check=functools.partial(_dp_checks.check_ghost_norm, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
-            should_check=lambda: self._checks_left > 0 and not fsdp,
+            should_check=lambda: self._checks is not None and self._checks.checking_clipping and not fsdp,
             sharded=fsdp,
         )
         expected_batch_size = int(len(loader.dataset) * self.sample_rate)
@@ -366,19 +361,18 @@ class DPSGD(Callback):
         )
         dp_optimizer.attach_step_hook(self._record_step)
         dp_optimizer.before_noise_hooks = self._before_noise_hooks
-        dp_optimizer.check_before_noise = self._check_before_noise
         trainer.strategy.optimizers = [dp_optimizer]
-        self._checks_left = SELF_CHECK_STEPS
-        self._fsdp = fsdp
-        self._noise_check = _dp_checks.NoiseCheck(
+        self._checks = SelfChecks(
+            trainer,
+            dp_optimizer,
+            grad_sample_mode=self.grad_sample_mode,
             max_grad_norm=self.max_grad_norm,
             noise_multiplier=float(self.noise_multiplier),
-            divisor=trainer.world_size if fsdp else 1,
+            loss_reduction=self.loss_reduction,
+            param_names=self._param_names,
+            backward=self._backward,
         )
-        coordinates = sum(p.numel() for p in dp_optimizer.params)  # FSDP2: each rank checks its ~1/W shard
-        coordinates = coordinates // trainer.world_size if fsdp else coordinates
-        self._noise_steps_left = max(1, math.ceil(_dp_checks.NOISE_MIN_COORDINATES / max(1, coordinates)))
-        self._trainer = trainer
+        dp_optimizer.check_before_noise = self._checks.before_noise
         write_privacy_hparams(trainer, pl_module, self.privacy_settings())
 
     def _plan(self, trainer: pl.Trainer) -> None:
@@ -439,8 +433,8 @@ class DPSGD(Callback):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self._checks_left > 0 and isinstance(optimizer, DPOptimizer) and self.grad_sample_mode == "hooks":
-            self._collectively(lambda: _dp_checks.check_per_sample_gradients(optimizer.params, self._param_names))
+        if self._checks is not None and isinstance(optimizer, DPOptimizer):
+            self._checks.per_sample_gradients(optimizer)
 
     def register_before_noise_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
         """Call ``hook(optimizer)`` at every step after per-sample clipping and before the noise is added.
@@ -452,56 +446,9 @@ class DPSGD(Callback):
         """
         self._before_noise_hooks.append(hook)
 
-    def _check_before_noise(self, optimizer: DPOptimizer) -> bool:
-        """Clipping checks on the first steps; True while the noise check needs this step (keep the clipped sum)."""
-        if self._checks_left > 0:
-            self._collectively(lambda: self._check_clipping(optimizer))
-        # under DDP only rank 0 adds noise (DistributedDPOptimizer); under FSDP2 every rank noises its shard
-        noises_here = not self._distributed or self._fsdp or self._trainer.is_global_zero
-        return self._noise_steps_left > 0 and noises_here
-
-    def _check_clipping(self, optimizer: DPOptimizer) -> None:
-        if self.grad_sample_mode == "ghost":  # no per-sample gradients: the norms were checked in the backward
-            batch = self._backward.last_norms.numel() if self._backward.last_norms is not None else 0
-            if self._fsdp:
-                _strategies.clipped_sum_bound_check(
-                    self._trainer, optimizer, max_grad_norm=self.max_grad_norm, local_batch=batch
-                )
-                return
-            _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
-        else:
-            _dp_checks.check_clipping(optimizer.params, self._param_names, max_grad_norm=self.max_grad_norm)
-
-    def _collectively(self, check: Callable[[], None]) -> None:
-        """Run a self-check; under DDP every rank raises when any rank's check failed (none is left waiting)."""
-        error: Optional[MisconfigurationException] = None
-        try:
-            check()
-        except MisconfigurationException as err:
-            error = err
-        if self._distributed and self._trainer is not None:
-            if self._trainer.strategy.reduce_boolean_decision(error is not None, all=False) and error is None:
-                error = MisconfigurationException(
-                    "DP-SGD self-check failed on another rank (its message is in that rank's output)."
-                )
-        if error is not None:
-            raise error
-
     def _record_step(self, optimizer: DPOptimizer) -> None:
-        if self._checks_left > 0:
-            self._checks_left -= 1
-        if self._noise_steps_left > 0:
-            self._noise_steps_left -= 1
-            if optimizer.summed_before_noise is not None:
-                scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
-                self._noise_check.add(
-                    optimizer.params,
-                    optimizer.summed_before_noise,
-                    scale=float(scale) if self.loss_reduction == "mean" else 1.0,
-                )
-            optimizer.summed_before_noise = None
-            if self._noise_steps_left == 0:
-                self._collectively(self._noise_check.check)
+        if self._checks is not None:
+            self._checks.after_step(optimizer)
         if self.log_clipping:
             if self.grad_sample_mode == "ghost":
                 self._clipping.add(self._backward.last_norms)
@@ -522,14 +469,7 @@ class DPSGD(Callback):
             self._log_clipping(trainer, pl_module)
 
     def _log_clipping(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        norms = self._clipping.values()
-        if trainer.world_size > 1:  # every rank's norms, padded to one length for all_gather
-            count = trainer.strategy.all_gather(torch.tensor([norms.numel()], device=pl_module.device))
-            longest = int(count.max())
-            padded = torch.full((longest,), float("nan"), dtype=torch.float64, device=pl_module.device)
-            padded[: norms.numel()] = norms.to(pl_module.device)
-            norms = trainer.strategy.all_gather(padded).reshape(-1).cpu()
-            norms = norms[~torch.isnan(norms)]
+        norms = self._clipping.gathered(trainer, pl_module.device)
         self._clipping.reset()
         if norms.numel() == 0:
             return
@@ -540,9 +480,8 @@ class DPSGD(Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._noise_steps_left > 0:  # a fit shorter than the noise check: test what was recorded
-            self._noise_steps_left = 0
-            self._collectively(self._noise_check.check)
+        if self._checks is not None:
+            self._checks.at_train_end()
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -223,7 +223,7 @@ def _logistic_fit(seed, breaker=None, epochs=1):
 def _fits_without_abort(seeds):
     for seed in seeds:
         dp = _logistic_fit(seed)
-        assert dp._noise_check.done and dp._noise_check.count == NOISE_MIN_COORDINATES  # 128 steps × 2
+        assert dp._checks.noise.done and dp._checks.noise.count == NOISE_MIN_COORDINATES  # 128 steps × 2
 
 
 def test_forty_seeded_fits_of_a_two_parameter_model_train():

@@ -1,0 +1,115 @@
+"""When and where DPSGD runs its self-checks (the checks themselves are in ``_dp_checks``), on every strategy.
+
+- Clipping, on the first :data:`SELF_CHECK_STEPS` optimizer steps of a fit, on every rank: per-sample gradients for
+  every trainable parameter and their clipped sum (hooks mode), the clipped sum's bound (ghost mode; under FSDP2 the
+  reduce-scattered average, all-reduced).
+- Noise, over as many steps as the χ² test needs (:data:`~._dp_checks.NOISE_MIN_COORDINATES` coordinates), where it
+  is added: the one process, rank 0 under DDP (Opacus' distributed optimizers), every rank's shard under FSDP2. A fit
+  shorter than that is tested at its end on what was recorded.
+- Collectively: under several processes every rank raises when any rank's check failed, so none waits forever in
+  the next collective call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_privacy.callbacks import _dp_checks, _strategies
+
+SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping
+
+
+class SelfChecks:
+    """One fit's self-checks (see the module docstring)."""
+
+    def __init__(
+        self,
+        trainer: pl.Trainer,
+        optimizer: Any,
+        *,
+        grad_sample_mode: str,
+        max_grad_norm: float,
+        noise_multiplier: float,
+        loss_reduction: str,
+        param_names: Dict[int, str],
+        backward: Any,
+    ) -> None:
+        self.trainer, self.grad_sample_mode, self.max_grad_norm = trainer, grad_sample_mode, max_grad_norm
+        self.loss_reduction, self.param_names, self.backward = loss_reduction, param_names, backward
+        self.distributed, self.fsdp = _strategies.is_distributed(trainer), _strategies.is_fsdp(trainer)
+        self.clipping_steps_left = SELF_CHECK_STEPS
+        self.noise = _dp_checks.NoiseCheck(
+            max_grad_norm=max_grad_norm,
+            noise_multiplier=float(noise_multiplier),
+            divisor=trainer.world_size if self.fsdp else 1,
+        )
+        coordinates = sum(p.numel() for p in optimizer.params)  # FSDP2: each rank checks its ~1/W shard
+        coordinates = coordinates // trainer.world_size if self.fsdp else coordinates
+        self.noise_steps_left = max(1, math.ceil(_dp_checks.NOISE_MIN_COORDINATES / max(1, coordinates)))
+
+    @property
+    def checking_clipping(self) -> bool:
+        return self.clipping_steps_left > 0
+
+    def collectively(self, check: Callable[[], None]) -> None:
+        """Run a check; under several processes every rank raises when any rank's check failed."""
+        error: Optional[MisconfigurationException] = None
+        try:
+            check()
+        except MisconfigurationException as err:
+            error = err
+        if self.distributed and self.trainer.strategy.reduce_boolean_decision(error is not None, all=False):
+            error = error or MisconfigurationException(
+                "DP-SGD self-check failed on another rank (its message is in that rank's output)."
+            )
+        if error is not None:
+            raise error
+
+    def per_sample_gradients(self, optimizer: Any) -> None:
+        """Hooks mode, before the optimizer step: every trainable parameter has per-sample gradients."""
+        if self.checking_clipping and self.grad_sample_mode == "hooks":
+            self.collectively(lambda: _dp_checks.check_per_sample_gradients(optimizer.params, self.param_names))
+
+    def before_noise(self, optimizer: Any) -> bool:
+        """Clipping on the first steps; True while the noise check needs this step (keep the clipped sum)."""
+        if self.checking_clipping:
+            self.collectively(lambda: self._clipping(optimizer))
+        noises_here = not self.distributed or self.fsdp or self.trainer.is_global_zero
+        return self.noise_steps_left > 0 and noises_here
+
+    def _clipping(self, optimizer: Any) -> None:
+        if self.grad_sample_mode == "hooks":
+            _dp_checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=self.max_grad_norm)
+            return
+        # ghost mode: no per-sample gradients (the norms were checked in the backward); the sum's bound
+        batch = self.backward.last_norms.numel() if self.backward.last_norms is not None else 0
+        if self.fsdp:
+            _strategies.clipped_sum_bound_check(
+                self.trainer, optimizer, max_grad_norm=self.max_grad_norm, local_batch=batch
+            )
+        else:
+            _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
+
+    def after_step(self, optimizer: Any) -> None:
+        """In the optimizer's step hook: count the step, record its noise, test it when enough is in."""
+        self.clipping_steps_left = max(0, self.clipping_steps_left - 1)
+        if self.noise_steps_left == 0:
+            return
+        self.noise_steps_left -= 1
+        if optimizer.summed_before_noise is not None:
+            scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
+            scale = float(scale) if self.loss_reduction == "mean" else 1.0
+            self.noise.add(optimizer.params, optimizer.summed_before_noise, scale=scale)
+        optimizer.summed_before_noise = None
+        if self.noise_steps_left == 0:
+            self.collectively(self.noise.check)
+
+    def at_train_end(self) -> None:
+        """A fit shorter than the noise check: test what was recorded."""
+        if self.noise_steps_left > 0:
+            self.noise_steps_left = 0
+            self.collectively(self.noise.check)
