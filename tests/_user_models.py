@@ -1,9 +1,12 @@
-"""A user's own model and data with the layers ``DPSGD(fix_modules=True)`` replaces, for the checkpoint tests.
+"""A user's own models and data, for the checkpoint tests and the end-to-end test of issue 21's four user models.
 
 ``Net(kind=...)`` is an Embedding + ``nn.TransformerEncoderLayer`` classifier (``"attention"``), an Embedding +
-``nn.LSTM`` or ``nn.GRU`` (``"lstm"``, ``"gru"``), or an MLP with ``nn.BatchNorm1d`` on float rows
-(``"batchnorm"``). ``Data`` calls ``self.save_hyperparameters()``, so a checkpoint holds its ``n_train``. The CLI
-tests copy this file to a temporary folder as ``my_models.py``, as a user's own module.
+``nn.LSTM`` or ``nn.GRU`` (``"lstm"``, ``"gru"``), an MLP with ``nn.BatchNorm1d`` on float rows (``"batchnorm"``),
+a ResNet-style CNN with ``nn.BatchNorm2d`` and a residual block on small float images (``"resnet"``), or a frozen
+Linear backbone with a trainable low-rank (LoRA-style) update and head on float rows (``"lora"``). ``KINDS`` are
+the kinds with layers ``DPSGD(fix_modules=True)`` replaces. ``Data`` calls ``self.save_hyperparameters()``, so a
+checkpoint holds its ``n_train``. The CLI tests copy this file to a temporary folder as ``my_models.py``, as a
+user's own module.
 """
 
 import lightning.pytorch as pl
@@ -13,7 +16,42 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 VOCAB, LENGTH, FEATURES = 12, 6, 6
-KINDS = ("attention", "lstm", "gru", "batchnorm")
+CHANNELS, SIDE, RANK = 3, 6, 2
+KINDS = ("attention", "lstm", "gru", "batchnorm")  # layers DPSGD(fix_modules=True) replaces
+INPUTS = {
+    "attention": "tokens",
+    "lstm": "tokens",
+    "gru": "tokens",
+    "batchnorm": "rows",
+    "resnet": "images",
+    "lora": "rows",
+}
+
+
+class Residual(nn.Module):
+    """``relu(x + bn(conv(x)))``: a ResNet basic block cut to one convolution."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return F.relu(x + self.bn(self.conv(x)))
+
+
+class LoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus a trainable low-rank update ``x A B`` (``B`` starts at 0, as in LoRA)."""
+
+    def __init__(self, inputs: int, outputs: int, rank: int):
+        super().__init__()
+        self.base = nn.Linear(inputs, outputs).requires_grad_(False)
+        self.down = nn.Linear(inputs, rank, bias=False)
+        self.up = nn.Linear(rank, outputs, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x):
+        return self.base(x) + self.up(self.down(x))
 
 
 class Net(pl.LightningModule):
@@ -22,6 +60,17 @@ class Net(pl.LightningModule):
         self.save_hyperparameters()
         if kind == "batchnorm":
             self.body = nn.Sequential(nn.Linear(FEATURES, width), nn.BatchNorm1d(width), nn.ReLU())
+        elif kind == "resnet":
+            self.body = nn.Sequential(
+                nn.Conv2d(CHANNELS, width, 3, padding=1, bias=False),
+                nn.BatchNorm2d(width),
+                nn.ReLU(),
+                Residual(width),
+                nn.AdaptiveAvgPool2d(1),
+                nn.Flatten(),
+            )
+        elif kind == "lora":
+            self.body = nn.Sequential(LoRALinear(FEATURES, width, RANK), nn.ReLU())
         else:
             self.embed = nn.Embedding(VOCAB, width)
             if kind == "attention":
@@ -31,7 +80,7 @@ class Net(pl.LightningModule):
         self.head = nn.Linear(width, 2)
 
     def forward(self, x):
-        if self.hparams.kind == "batchnorm":
+        if INPUTS[self.hparams.kind] != "tokens":
             return self.head(self.body(x))
         h = self.embed(x)
         h = self.block(h).mean(dim=1) if self.hparams.kind == "attention" else self.rnn(h)[0][:, -1]
@@ -42,18 +91,29 @@ class Net(pl.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.hparams.lr)
 
 
 class Data(pl.LightningDataModule):
-    """Token sequences (or float rows): the first ``n_train`` rows train, the next ``n_val`` validate."""
+    """Token sequences (or float rows, or float images): the first ``n_train`` train, the next ``n_val`` validate."""
 
-    def __init__(self, n_train: int = 64, n_val: int = 48, tokens: bool = True, seed: int = 0, batch_size: int = 16):
+    def __init__(
+        self,
+        n_train: int = 64,
+        n_val: int = 48,
+        tokens: bool = True,
+        seed: int = 0,
+        batch_size: int = 16,
+        images: bool = False,
+    ):
         super().__init__()
         self.save_hyperparameters()
         g = torch.Generator().manual_seed(seed)
         n = n_train + n_val
-        if tokens:
+        if images:
+            x = torch.randn(n, CHANNELS, SIDE, SIDE, generator=g)
+            y = (x[:, 0].mean((1, 2)) > 0).long()
+        elif tokens:
             x = torch.randint(0, VOCAB, (n, LENGTH), generator=g)
             y = ((x == 1).sum(1) > (x == 2).sum(1)).long()
         else:
