@@ -6,7 +6,7 @@ frozen Linear backbone with a trainable low-rank update (``"lora"``) and an LSTM
 on ``Data(n_train=96)`` (the class default is 64) with DP-SGD (``fix_modules=True`` where DP-SGD needs it), the
 BayesSecurityMonitor, ``CanaryAudit()``, ``EpsilonStarAudit`` and a ``ModelCheckpoint``; its last checkpoint is then
 audited by the installed console script, ``lightning-privacy audit epsilon-star --json``, and the trainer's report is
-built. Everything is seeded: which models' Normal fits the KS test rejects is pinned (``KS_REJECTED``).
+built. Everything is seeded; which models' Normal fits the KS test rejects is not pinned (see the comment there).
 
 Refusals: DP-SGD without ``fix_modules`` on the BatchNorm, attention and LSTM models (the fix first, each layer
 named once), PANORAMIA on the token-id model's checkpoint (one line, exit 2, ``--generator``), and a budget the first
@@ -52,9 +52,11 @@ REFUSED = {  # DPSGD without fix_modules: each layer once, after its kind and re
     "attention": "MultiheadAttention → DPMultiheadAttention: block.self_attn.",
     "lstm": "LSTM → DPLSTM: rnn.",
 }
-# Seeded outcome of the KS check (p < 0.01). The check compares 48 held-out φ with 48 Normal draws, so its p-values
-# are discrete: both rejections are at member p = 0.0092, the first value below 0.01 (non-members 0.068 / 0.14).
-KS_REJECTED = {"resnet": True, "attention": False, "lora": False, "lstm": True}
+# The KS check (p < 0.01) compares 48 held-out φ with 48 Normal draws, so its p-values are discrete: on the machine
+# these tests were written on resnet and lstm were rejected at member p = 0.0092, the first value below 0.01. That is
+# one rounding away from the other side on another CPU's kernels, so the tests assert that the flag, the warning, the
+# CLI and the report agree with the result, not which models it rejects (tests/audits/test_result_warnings.py checks
+# the criterion itself on constructed losses).
 
 
 def data(kind, **kwargs):
@@ -199,8 +201,7 @@ def test_the_audit_cli_audits_the_checkpoint_on_its_saved_members_with_its_warni
     callback = run.cb.epsilon_star.result.to_dict()
     assert result[names.EPSILON_STAR] == pytest.approx(callback[names.EPSILON_STAR], rel=1e-6, abs=1e-9)
     assert (result["fits_rejected"], result["warnings"]) == (callback["fits_rejected"], callback["warnings"])
-    assert result["fits_rejected"] is KS_REJECTED[kind]
-    if KS_REJECTED[kind]:
+    if result["fits_rejected"]:
         (ks,) = result["warnings"]
         assert ks.startswith("the Normal fits of Epsilon* are rejected (KS p = ") and "use the empirical ε*" in ks
         assert ks in warnings_
@@ -222,8 +223,7 @@ def test_the_report_carries_the_warnings(project, kind):
         shown = re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(warning))  # the page sets `names` as code
         assert f'<p class="warning"><strong>Warning:</strong> {shown}</p>' in page
     flag = "NOT RELIABLE here: the KS test rejects the Normal fits (see the warning)"  # on the ε* row
-    assert (flag in markdown, html.escape(flag) in page) == (KS_REJECTED[kind],) * 2
-    assert result.fits_rejected is KS_REJECTED[kind]
+    assert (flag in markdown, html.escape(flag) in page) == (result.fits_rejected,) * 2
     if not result.warnings:
         assert "**Warning:**" not in markdown and 'class="warning"' not in page
 
