@@ -13,3 +13,11 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+# Property tests draw the same examples on every run (and every machine): a red suite then means a change, not a
+# lucky draw. HYPOTHESIS_PROFILE=explore searches fresh examples locally.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("repeatable", derandomize=True, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
