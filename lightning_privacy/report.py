@@ -21,6 +21,7 @@ import base64
 import datetime
 import html
 import io
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,10 +80,25 @@ def _dpsgd(cb: Any) -> List[tuple]:
         ("optimizer steps", str(cb.steps), "DP-SGD steps recorded by the accountant"),
         (
             f"ε at δ = {cb.delta:g} ({cb.accountant_mechanism} accountant)",
-            f"{cb.epsilon():.4g}",
+            _up(cb.epsilon()),
             "the run is (ε, δ)-DP by the accountant's upper bound; a reference, in ε units",
         ),
     ]
+
+
+def _down(value: float, digits: int = 4) -> str:
+    """A lower bound (β*) shown with ``digits`` decimals, rounded down: the page never shows more security."""
+    return f"{math.floor(value * 10**digits) / 10**digits:.{digits}f}" if math.isfinite(value) else f"{value}"
+
+
+def _up(value: float, digits: Optional[int] = None) -> str:
+    """An upper bound (ε, advantage, TPR) rounded up: to ``digits`` decimals, or to 4 significant digits."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.4g}"
+    if digits is None:
+        scale = 10.0 ** (math.floor(math.log10(abs(value))) - 3)
+        return f"{math.ceil(value / scale) * scale:.4g}"
+    return f"{math.ceil(value * 10**digits) / 10**digits:.{digits}f}"
 
 
 def _bayes(cb: Any) -> List[tuple]:
@@ -93,8 +109,8 @@ def _bayes(cb: Any) -> List[tuple]:
     rows = [
         (
             "β*_MIA",
-            f"{beta:.4f}",
-            f"safe (pessimistic PLD, exact-or-lower): any membership attacker's accuracy ≤ {100 * (1 - beta / 2):.1f}% "
+            _down(beta),
+            f"safe (pessimistic PLD, exact-or-lower): any membership attacker's accuracy ≤ {_up(100 * (1 - beta / 2), 1)}% "
             "at a uniform prior",
         ),
         (
@@ -102,7 +118,7 @@ def _bayes(cb: Any) -> List[tuple]:
             f"{final[names.MIA_BAYES_SECURITY_CLOSED_FORM]:.4f}",
             "approximate (Cor. 7), for comparison; can overstate security",
         ),
-        ("membership advantage", f"{final[names.MIA_ADVANTAGE]:.4f}", "1 − β*: bound on any attacker's TPR − FPR"),
+        ("membership advantage", _up(final[names.MIA_ADVANTAGE]), "1 − β*: bound on any attacker's TPR − FPR"),
     ]
     for key, fpr in (
         (names.MIA_TPR_BOUND_FPR_0_001, "0.001"),
@@ -113,7 +129,7 @@ def _bayes(cb: Any) -> List[tuple]:
             rows.append(
                 (
                     f"TPR bound at FPR {fpr}",
-                    f"{final[key]:.4f}",
+                    _up(final[key]),
                     f"largest share of members any attacker finds while flagging {float(fpr):.1%} of non-members "
                     "(the mechanism's trade-off curve)",
                 )
@@ -135,7 +151,7 @@ def _ai(cb: Any) -> List[tuple]:
     return [
         (
             f"β*_AI (`{cb.key}`)",
-            f"{cb.bayes_security():.4f}",
+            _down(cb.bayes_security()),
             f"safe (pessimistic PLD over the measured R_t, pair ±R_t/2; exact-or-lower): attribute `{cb.attribute.name}`: any "
             "attacker's error ≥ β* × the error of guessing from the prior alone; data-dependent, may leak membership",
         ),
