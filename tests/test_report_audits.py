@@ -38,7 +38,8 @@ def test_attribute_inference_section(tmp_path):
     monitor = AttributeInferenceMonitor(attribute=ATTR, method="exact", publish=True)
     t = _fit_ai([DPSGD(noise_multiplier=SIGMA), monitor], tmp_path, max_epochs=1)
     report = privacy_report(t)
-    assert float(_row(report, f"β*_AI (`{monitor.key}`)")) == pytest.approx(monitor.bayes_security(), abs=5e-5)
+    shown = float(_row(report, f"β*_AI (`{monitor.key}`)"))
+    assert shown <= monitor.bayes_security() and shown == pytest.approx(monitor.bayes_security(), abs=1e-4)  # down
     assert int(_row(report, "steps accounted")) == monitor.steps == t.global_step
 
 
