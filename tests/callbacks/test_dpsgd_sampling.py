@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_privacy import DPSGD, BayesSecurityMonitor, names
+from lightning_privacy import DPSGD, BayesSecurityMonitor, EpsilonStarAudit, names
 from lightning_privacy.report import privacy_report
 from lightning_privacy.sampling import global_mask
 from tests._launch import run_ddp
@@ -141,7 +141,7 @@ def test_global_mask_is_a_function_of_seed_and_step_only():
 
 
 # ---------------------------------------------------------------------------------------------- DDP (torchrun)
-def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0, fsdp=False):
+def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0, fsdp=False, audit=False):
     """One rank of DDP (or, with ``fsdp``, of FSDP2 through ModelParallelStrategy) training the small MLP."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -150,19 +150,21 @@ def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2,
     record = RecordBatches(n)
     dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode=mode)
     monitor = BayesSecurityMonitor()
+    star = [EpsilonStarAudit()] if audit else []  # members: the train loader's rows; non-members: the val loader's
     model = _ShardedMLP() if fsdp else _module()
     strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = trainer(
-            [dpsgd, monitor, record],
+            [dpsgd, monitor, record, *star],
             max_epochs=epochs,
             strategy=strategy,
             devices=devices,
             num_nodes=nodes,
             use_distributed_sampler=False,
         )
-        t.fit(model, train_dataloaders=seeded_loader(n, batch))
+        val = DataLoader(id_dataset(2 * n), batch_size=64) if audit else None
+        t.fit(model, train_dataloaders=seeded_loader(n, batch), val_dataloaders=val)
     full = [p.detach().full_tensor() if fsdp else p.detach() for p in model.parameters()]
     return {
         "rank": t.global_rank,
@@ -174,6 +176,7 @@ def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2,
         "sample_rate": dpsgd.sample_rate,
         "report": privacy_report(t),
         "ledger": dpsgd.ledger.state_dict(),
+        "epsilon_star": star[0].results if star else None,
     }
 
 
@@ -259,19 +262,24 @@ class _ShardedMLP(_MLP):
         fully_shard(self.net, mesh=mesh)
 
 
-def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0):
-    return _ddp_worker(n, batch, epochs=epochs, seed=seed, mode="ghost", sigma=sigma, fsdp=True)
+def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0, audit=False):
+    return _ddp_worker(n, batch, epochs=epochs, seed=seed, mode="ghost", sigma=sigma, fsdp=True, audit=audit)
 
 
 @pytest.mark.slow
 def test_fsdp2_ghost_trains_as_ddp_ghost_on_the_same_batches(tmp_path):
-    kwargs = dict(n=256, batch=32, epochs=2, seed=4, sigma=1e-6)
+    kwargs = dict(n=256, batch=32, epochs=2, seed=4, sigma=1e-6, audit=True)
     fsdp = run_ddp("tests.callbacks.test_dpsgd_sampling:_fsdp_worker", tmp_path / "fsdp", **kwargs)
     ddp = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", mode="ghost", **kwargs)
     for f, d in zip(fsdp, ddp):
         assert f["batches"] == d["batches"] and f["steps"] == d["steps"]
         assert f["epsilon"] == d["epsilon"] and f["beta"] == d["beta"]
         torch.testing.assert_close(f["weights"], d["weights"], atol=1e-4, rtol=0)
+        assert f["report"].split("## Epsilon*")[0] == d["report"].split("## Epsilon*")[0]  # DP-SGD and β* sections
+        # EpsilonStarAudit's forward pass on the sharded model: every rank's losses, the same audit as DDP's
+        assert names.EPSILON_STAR in d["epsilon_star"] and set(f["epsilon_star"]) == set(d["epsilon_star"])
+        for key, value in d["epsilon_star"].items():
+            assert f["epsilon_star"][key] == pytest.approx(value, rel=1e-2, abs=1e-3), key
     assert not torch.equal(fsdp[0]["weights"], _ddp_initial_weights())
 
 
