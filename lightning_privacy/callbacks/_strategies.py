@@ -232,6 +232,8 @@ class _FSDPGhostDPOptimizer(_SecureNoise, FSDPOptimizerFastGradientClipping):
 
     def add_noise(self) -> None:
         keep = self.check_before_noise(self) if self.check_before_noise is not None else False
+        for hook in self.before_noise_hooks:  # e.g. CanaryAudit's canaries, on the sharded average
+            hook(self)
         self.summed_before_noise = [self.summed(p).detach().clone() for p in self.params] if keep else None
         super().add_noise()
 

@@ -23,6 +23,7 @@ from typing_extensions import override
 from lightning_privacy import _compat, names
 from lightning_privacy.audits.canary import CORRECTIONS, CanaryResult, audit_canaries
 from lightning_privacy.callbacks import _audit_utils as audit
+from lightning_privacy.callbacks import _strategies
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 
 __all__ = ["CanaryAudit", "theory_vs_practice_figure"]
@@ -196,6 +197,7 @@ class CanaryAudit(Callback):
         self._collate: Any = None
         self._figure_pending = False
         self._module: Any = None
+        self._sharded = False  # FSDP2 (ModelParallelStrategy): sums and gradients are sharded DTensors
 
     @property
     @override
@@ -310,7 +312,10 @@ class CanaryAudit(Callback):
                 self._params.append((p, ids, local, torch.as_tensor(local, device=p.device)))
             start += p.numel()
         self._sample_rate = float(self._dpsgd.sample_rate)
-        self._adds, self._world = trainer.is_global_zero, trainer.world_size
+        self._sharded = _strategies.is_fsdp(trainer)
+        # DDP: rank 0 adds each canary once to its clipped sum. FSDP2: the clipped sum is the ranks' reduce-scattered
+        # average, sharded, so every rank adds C/W at the canaries its shard holds (once in all).
+        self._adds, self._world = trainer.is_global_zero or self._sharded, trainer.world_size
         self._pending, self._unit = None, None
 
     def _gather(self, tensors: List[torch.Tensor]) -> np.ndarray:
@@ -324,11 +329,19 @@ class CanaryAudit(Callback):
                 out[ids] = flat.index_select(0, local_t).double().cpu().numpy()
         return out
 
+    def _summed(self, optimizer: Any, p: torch.Tensor) -> torch.Tensor:
+        return optimizer.summed(p) if self._sharded else p.summed_grad
+
     def _add_canaries(self, optimizer: Any) -> None:
-        """Before-noise hook: note the batch's own sum, then add C·e_j per canary sampled this step (rank 0 only)."""
+        """Before-noise hook: note the batch's own sum, then add C·e_j per canary sampled this step (once in all)."""
         step, self._steps = self._steps, self._steps + 1
         minus = self.score == "released_minus_batch"
-        known = self._gather([p.summed_grad for p, *_ in self._params]) if minus else None
+        known = None
+        if minus:
+            sums = [self._summed(optimizer, p) for p, *_ in self._params]
+            if self._sharded:  # the average of the ranks' sums, all-gathered (a collective: every rank is here)
+                sums = [s.full_tensor() * self._world for s in sums]
+            known = self._gather(sums)
         if self._unit is None:  # p.grad = Σ_ranks (sum + noise) / unit after the step (DPSGD: no accumulation)
             mean = optimizer.loss_reduction == "mean"
             self._unit = float(
@@ -339,6 +352,9 @@ class CanaryAudit(Callback):
             return
         sampled = self.sampled(step)
         value = float(self._dpsgd.max_grad_norm)
+        if self._sharded:
+            self._add_to_shards(optimizer, sampled, value / self._world)
+            return
         for p, ids, local, local_t in self._params:
             hit = sampled[ids]
             if not hit.any():
@@ -358,6 +374,21 @@ class CanaryAudit(Callback):
                 if flat.data_ptr() != grad.data_ptr():  # reshape copied: write back
                     p.summed_grad = flat.view_as(grad)
 
+    def _add_to_shards(self, optimizer: Any, sampled: np.ndarray, value: float) -> None:
+        """FSDP2: add ``value`` at the sampled canaries that this rank's dim-0 shard of each parameter holds."""
+        for p, ids, local, _ in self._params:
+            hit = local[sampled[ids]]
+            shard = optimizer.summed(p)
+            mine = shard.to_local()
+            if not hit.size or mine.numel() == 0:
+                continue
+            row = int(np.prod(p.shape[1:])) if p.dim() > 1 else 1
+            first = _shard_offset(p, shard) * row  # flat index of this rank's first element
+            inside = hit[(hit >= first) & (hit < first + mine.numel())] - first
+            if inside.size:
+                flat = mine.view(-1)
+                flat.index_add_(0, torch.as_tensor(inside, device=flat.device), flat.new_full((inside.size,), value))
+
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -367,9 +398,11 @@ class CanaryAudit(Callback):
         known, unit = self._pending
         self._pending = None
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p, *_ in self._params]
+        if self._sharded:  # every rank's shard of the released gradient (a collective: every rank is here)
+            grads = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in grads]
         score = self._gather(grads) * unit  # the released noisy sum g̃_t at the canary coordinates
         if known is not None:
-            if self._world > 1:  # every rank's own batch sum (a collective: every rank gets here)
+            if self._world > 1 and not self._sharded:  # every rank's own batch sum (a collective: every rank is here)
                 known = trainer.strategy.reduce(torch.from_numpy(known).to(pl_module.device), reduce_op="sum")
                 known = known.cpu().numpy()
             score -= known
@@ -521,6 +554,13 @@ class CanaryAudit(Callback):
         self._scores = np.asarray(state_dict["scores"], dtype=float)
         self._steps = int(state_dict.get("steps", 0))
         self.results = {str(k): float(v) for k, v in state_dict.get("results", {}).items()}
+
+
+def _shard_offset(param: torch.Tensor, shard: Any) -> int:
+    """The first dim-0 row of ``param`` that this rank's FSDP2 shard holds (``torch.chunk`` over the mesh)."""
+    rank, world = shard.device_mesh.get_local_rank(), shard.device_mesh.size()
+    rows_per_rank = -(-param.shape[0] // world) if param.dim() else 1
+    return min(rank * rows_per_rank, param.shape[0] if param.dim() else 0)
 
 
 class _CanaryRows(Dataset):

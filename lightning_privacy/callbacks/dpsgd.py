@@ -324,11 +324,6 @@ class DPSGD(Callback):
         self._param_names = {id(p): name for name, p in pl_module.named_parameters()}
         self._batch_statistics = _dp_checks.batch_statistics_layers(pl_module)
         fsdp = _strategies.is_fsdp(trainer)
-        if fsdp and self._before_noise_hooks:
-            raise MisconfigurationException(
-                "Hooks on the clipped gradient sum before the noise (CanaryAudit's gradient canaries) are not supported "
-                "under ModelParallelStrategy (FSDP2) yet; use DDP for a canary audit."
-            )
         self._hooks = _strategies.grad_sample_hooks(
             trainer,
             pl_module,

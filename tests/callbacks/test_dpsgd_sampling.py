@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_privacy import DPSGD, BayesSecurityMonitor, EpsilonStarAudit, names
+from lightning_privacy import DPSGD, BayesSecurityMonitor, CanaryAudit, EpsilonStarAudit, names
 from lightning_privacy.report import privacy_report
 from lightning_privacy.sampling import global_mask
 from tests._launch import run_ddp
@@ -141,7 +141,9 @@ def test_global_mask_is_a_function_of_seed_and_step_only():
 
 
 # ---------------------------------------------------------------------------------------------- DDP (torchrun)
-def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0, fsdp=False, audit=False):
+def _ddp_worker(
+    n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0, fsdp=False, audit=False, canary=False
+):
     """One rank of DDP (or, with ``fsdp``, of FSDP2 through ModelParallelStrategy) training the small MLP."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -151,12 +153,13 @@ def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2,
     dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode=mode)
     monitor = BayesSecurityMonitor()
     star = [EpsilonStarAudit()] if audit else []  # members: the train loader's rows; non-members: the val loader's
+    canaries = [CanaryAudit(seed=2)] if canary else []  # default: one canary per trainable coordinate (58)
     model = _ShardedMLP() if fsdp else _module()
     strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = trainer(
-            [dpsgd, monitor, record, *star],
+            [dpsgd, monitor, record, *star, *canaries],
             max_epochs=epochs,
             strategy=strategy,
             devices=devices,
@@ -177,6 +180,7 @@ def _ddp_worker(n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2,
         "report": privacy_report(t),
         "ledger": dpsgd.ledger.state_dict(),
         "epsilon_star": star[0].results if star else None,
+        "canary": canaries[0].state_dict() if canaries else None,
     }
 
 
@@ -262,8 +266,10 @@ class _ShardedMLP(_MLP):
         fully_shard(self.net, mesh=mesh)
 
 
-def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0, audit=False):
-    return _ddp_worker(n, batch, epochs=epochs, seed=seed, mode="ghost", sigma=sigma, fsdp=True, audit=audit)
+def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0, audit=False, canary=False):
+    return _ddp_worker(
+        n, batch, epochs=epochs, seed=seed, mode="ghost", sigma=sigma, fsdp=True, audit=audit, canary=canary
+    )
 
 
 @pytest.mark.slow
@@ -433,3 +439,20 @@ def test_secure_mode_noise_does_not_follow_torchs_global_seed(secure):
         draws.append(param.grad.clone())
     assert torch.equal(draws[0], draws[1]) is not secure
     assert float(draws[1].std()) == pytest.approx(1.0, abs=0.1)  # σC either way (secure: four draws / 2)
+
+
+@pytest.mark.slow
+def test_fsdp2_adds_each_canary_once_as_ddp_does(tmp_path):
+    kwargs = dict(n=256, batch=32, epochs=2, seed=4, sigma=1e-4, canary=True)
+    fsdp = run_ddp("tests.callbacks.test_dpsgd_sampling:_fsdp_worker", tmp_path / "fsdp", **kwargs)
+    ddp = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", mode="ghost", **kwargs)
+    states = [r["canary"] for r in fsdp + ddp]
+    assert all(s["steps"] == 16 and len(s["scores"]) == 58 for s in states)
+    for state in states[1:]:  # every rank of both strategies holds the same audit
+        assert state["canaries"] == states[0]["canaries"] and state["included"] == states[0]["included"]
+        np.testing.assert_allclose(state["scores"], states[2]["scores"], atol=1e-2)
+    # the score is C·(times the canary was sampled) + noise of σ·C·√16 = 4e-4: once per sampled step, not W times
+    included = np.asarray(states[0]["included"], dtype=bool)
+    scores = np.asarray(states[0]["scores"])
+    assert scores[included].max() > 0.5 and np.abs(scores[~included]).max() < 1e-2
+    assert np.allclose(scores[included], np.round(scores[included]), atol=1e-2)
