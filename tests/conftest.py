@@ -14,6 +14,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# pytest-xdist's controller re-creates each warning a worker reports by importing its category's module; importing
+# lightning.fabric.utilities.warnings first, cold, fails on a circular import inside Lightning and kills the run
+# (INTERNALERROR, seen once on a full run). Importing Lightning here, in every process, avoids that.
+import lightning.pytorch  # noqa: E402,F401
+
 # Property tests draw the same examples on every run (and every machine): a red suite then means a change, not a
 # lucky draw. HYPOTHESIS_PROFILE=explore searches fresh examples locally.
 from hypothesis import settings  # noqa: E402

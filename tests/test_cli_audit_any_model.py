@@ -6,10 +6,8 @@ Every test runs the installed console script as a subprocess, as a user would.
 import importlib
 import json
 import os
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
@@ -20,8 +18,7 @@ from lightning_privacy import names
 from lightning_privacy.analysis.epsilon_star import default_delta, epsilon_star
 from lightning_privacy.audits import audit_epsilon_star_from_losses
 from lightning_privacy.functional.membership_loss import membership_loss
-
-CLI = str(Path(sys.executable).parent / "lightning-privacy")
+from tests._cli import run_cli as _cli
 
 USER_MODULE = '''
 """A user's own model and data: three classes of Gaussian blobs, no member_dataloader()."""
@@ -65,13 +62,6 @@ class Blobs(pl.LightningDataModule):
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=self.batch_size)
 '''
-
-
-def _cli(*args, cwd, extra_path=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
 @pytest.fixture(scope="module")

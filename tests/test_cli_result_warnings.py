@@ -4,27 +4,12 @@ Every test runs the installed console script as a subprocess, as a user would (s
 """
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-CLI = str(Path(sys.executable).parent / "lightning-privacy")
-
-
-def _cli(*args, cwd, extra_path=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if extra_path is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
-
-
-def _warnings(stderr, command):
-    prefix = f"lightning-privacy {command}: warning: "
-    return [line[len(prefix) :] for line in stderr.splitlines() if line.startswith(prefix)]
+from tests._cli import cli_warnings as _warnings
+from tests._cli import run_cli as _cli
 
 
 # --- estimate: scores (or guesses) that look reversed ---------------------------------------------
