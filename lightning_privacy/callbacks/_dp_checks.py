@@ -12,7 +12,7 @@ covered by the DP guarantee.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -88,17 +88,34 @@ def check_clipping(params: Sequence[torch.Tensor], param_names: Dict[int, str], 
                 f"DP-SGD self-check: the gradient of `{name}` is not the sum of its per-sample gradients clipped to "
                 f"max_grad_norm={max_grad_norm:g}; clipping is not applied as configured."
             )
-    check_clipped_sum_bound(params, max_grad_norm=max_grad_norm, batch_size=int(norms.numel()))
+    check_clipped_sum_bound([p.summed_grad for p in params], max_grad_norm=max_grad_norm, batch_size=int(norms.numel()))
 
 
-def check_clipped_sum_bound(params: Sequence[torch.Tensor], *, max_grad_norm: float, batch_size: int) -> None:
-    """``‖Σᵢ clipped gᵢ‖ ≤ batch_size · max_grad_norm`` over all ``params``' ``summed_grad`` (before any noise)."""
-    total = math.sqrt(sum(float(p.summed_grad.to(torch.float64).pow(2).sum()) for p in params))
-    bound = max_grad_norm * max(1, batch_size)
+def check_clipped_sum_bound(
+    sums: Sequence[torch.Tensor],
+    *,
+    max_grad_norm: float,
+    batch_size: int,
+    averaged_over: int = 1,
+    all_reduce: Optional[Callable[[torch.Tensor], Any]] = None,
+) -> None:
+    """``‖Σᵢ clipped gᵢ‖ ≤ batch_size · max_grad_norm`` for the clipped sums (before any noise).
+
+    FSDP2 (``all_reduce`` given, a collective call): ``sums`` are this rank's shards of the ranks' average, so the
+    squared norms and batch sizes are summed over the ranks and the bound is divided by ``averaged_over`` ranks.
+    """
+    totals = torch.tensor(
+        [sum(float(local_tensor(s).to(torch.float64).pow(2).sum()) for s in sums), float(batch_size)],
+        dtype=torch.float64,
+    )
+    if all_reduce is not None:
+        all_reduce(totals)
+    total, bound = math.sqrt(float(totals[0])), max_grad_norm * max(1.0, float(totals[1])) / averaged_over
     if total > bound * (1 + 1e-4):
+        over = f" / {averaged_over} ranks (FSDP2 averages their sums)" if averaged_over > 1 else ""
         raise MisconfigurationException(
             f"DP-SGD self-check: the clipped gradient sum has norm {total:.4g} > batch size × "
-            f"max_grad_norm = {bound:.4g}."
+            f"max_grad_norm{over} = {bound:.4g}."
         )
 
 

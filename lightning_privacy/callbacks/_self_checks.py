@@ -16,6 +16,8 @@ import math
 from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
+import torch
+import torch.distributed
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy.callbacks import _dp_checks, _strategies
@@ -87,12 +89,13 @@ class SelfChecks:
             return
         # ghost mode: no per-sample gradients (the norms were checked in the backward); the sum's bound
         batch = self.backward.last_norms.numel() if self.backward.last_norms is not None else 0
-        if self.fsdp:
-            _strategies.clipped_sum_bound_check(
-                self.trainer, optimizer, max_grad_norm=self.max_grad_norm, local_batch=batch
-            )
-        else:
-            _dp_checks.check_clipped_sum_bound(optimizer.params, max_grad_norm=self.max_grad_norm, batch_size=batch)
+        _dp_checks.check_clipped_sum_bound(
+            [optimizer.summed(p) for p in optimizer.params],
+            max_grad_norm=self.max_grad_norm,
+            batch_size=batch,
+            averaged_over=self.trainer.world_size if self.fsdp else 1,
+            all_reduce=torch.distributed.all_reduce if self.fsdp else None,
+        )
 
     def after_step(self, optimizer: Any) -> None:
         """In the optimizer's step hook: count the step, record its noise, test it when enough is in."""

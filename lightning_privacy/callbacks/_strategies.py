@@ -83,13 +83,8 @@ def check_strategy(trainer: pl.Trainer) -> None:
                 "ddp_notebook): the processes it starts keep the privacy ledger, and the main process would report a "
                 f"run it never saw (ε = 0). Use {SUPPORTED}."
             )
-        if _compat.uses_distributed_sampler(trainer):
-            raise MisconfigurationException(
-                "DPSGD under DDP needs `Trainer(use_distributed_sampler=False)`: Lightning's "
-                "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
-            )
-        return
-    if type(strategy) is ModelParallelStrategy:
+        name = "DDP"
+    elif type(strategy) is ModelParallelStrategy:
         tensor_parallel = strategy.device_mesh["tensor_parallel"].size()
         if tensor_parallel != 1:
             raise MisconfigurationException(
@@ -97,16 +92,16 @@ def check_strategy(trainer: pl.Trainer) -> None:
                 f"of {tensor_parallel}: per-example clipping of tensor-parallel layers is not available in Opacus. Use "
                 "ModelParallelStrategy(data_parallel_size=W, tensor_parallel_size=1)."
             )
-        if _compat.uses_distributed_sampler(trainer):
-            raise MisconfigurationException(
-                "DPSGD under ModelParallelStrategy needs `Trainer(use_distributed_sampler=False)`: Lightning's "
-                "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
-            )
-        return
-    raise MisconfigurationException(
-        f"DPSGD does not support {name}: DP-SGD needs every example's gradient clipped and the noise added once by "
-        f"Opacus' DP optimizer, which this strategy does not guarantee. Use {SUPPORTED}."
-    )
+    else:
+        raise MisconfigurationException(
+            f"DPSGD does not support {name}: DP-SGD needs every example's gradient clipped and the noise added once "
+            f"by Opacus' DP optimizer, which this strategy does not guarantee. Use {SUPPORTED}."
+        )
+    if _compat.uses_distributed_sampler(trainer):
+        raise MisconfigurationException(
+            f"DPSGD under {name} needs `Trainer(use_distributed_sampler=False)`: Lightning's "
+            "DistributedSampler would replace the Poisson sampling that the privacy analysis assumes."
+        )
 
 
 def is_fsdp(trainer: pl.Trainer) -> bool:
@@ -156,11 +151,15 @@ class _BeforeNoiseHooks:
     check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None  # True: keep the sum for the noise check
     summed_before_noise: Optional[List[torch.Tensor]] = None
 
+    def summed(self, param: torch.Tensor) -> torch.Tensor:
+        """The clipped sum the noise is added to (``p.summed_grad``; FSDP2 keeps it elsewhere)."""
+        return param.summed_grad
+
     def add_noise(self) -> None:
         keep = self.check_before_noise(self) if self.check_before_noise is not None else False
-        for hook in self.before_noise_hooks:
+        for hook in self.before_noise_hooks:  # e.g. CanaryAudit's canaries
             hook(self)
-        self.summed_before_noise = [p.summed_grad.detach().clone() for p in self.params] if keep else None
+        self.summed_before_noise = [self.summed(p).detach().clone() for p in self.params] if keep else None
         super().add_noise()
 
 
@@ -220,39 +219,10 @@ class _DistributedGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DistributedD
     pass
 
 
-class _FSDPGhostDPOptimizer(_SecureNoise, FSDPOptimizerFastGradientClipping):
-    """Opacus' FSDP2 optimizer with DPSGD's check before the noise (the clipped sum is ``grad_state``, sharded)."""
-
-    before_noise_hooks: List[Callable[[DPOptimizer], None]]
-    check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None
-    summed_before_noise: Optional[List[torch.Tensor]] = None
-
+class _FSDPGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, FSDPOptimizerFastGradientClipping):
     def summed(self, param: torch.Tensor) -> torch.Tensor:
+        """FSDP2: the ranks' reduce-scattered average of clipped sums, this rank's shard (a ``DTensor``)."""
         return self.grad_state[param]["summed_grad"]
-
-    def add_noise(self) -> None:
-        keep = self.check_before_noise(self) if self.check_before_noise is not None else False
-        for hook in self.before_noise_hooks:  # e.g. CanaryAudit's canaries, on the sharded average
-            hook(self)
-        self.summed_before_noise = [self.summed(p).detach().clone() for p in self.params] if keep else None
-        super().add_noise()
-
-
-def clipped_sum_bound_check(trainer: pl.Trainer, optimizer: Any, *, max_grad_norm: float, local_batch: int) -> None:
-    """FSDP2: ``‖Σ_r S_r / W‖ ≤ (Σ_r B_r)·C / W`` for the reduce-scattered clipped sums (a collective call)."""
-    import torch.distributed as dist
-
-    from lightning_privacy.callbacks._dp_checks import local_tensor
-
-    squares = sum(float(local_tensor(optimizer.summed(p)).to(torch.float64).pow(2).sum()) for p in optimizer.params)
-    totals = torch.tensor([squares, float(local_batch)], dtype=torch.float64)
-    dist.all_reduce(totals)
-    norm, bound = float(totals[0]) ** 0.5, max_grad_norm * max(1.0, float(totals[1])) / trainer.world_size
-    if norm > bound * (1 + 1e-4):
-        raise MisconfigurationException(
-            f"DP-SGD self-check (FSDP2): the averaged clipped gradient sum has norm {norm:.4g} > global batch × "
-            f"max_grad_norm / ranks = {bound:.4g}."
-        )
 
 
 def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str, **kwargs: Any) -> Any:

@@ -329,16 +329,13 @@ class CanaryAudit(Callback):
                 out[ids] = flat.index_select(0, local_t).double().cpu().numpy()
         return out
 
-    def _summed(self, optimizer: Any, p: torch.Tensor) -> torch.Tensor:
-        return optimizer.summed(p) if self._sharded else p.summed_grad
-
     def _add_canaries(self, optimizer: Any) -> None:
         """Before-noise hook: note the batch's own sum, then add C·e_j per canary sampled this step (once in all)."""
         step, self._steps = self._steps, self._steps + 1
         minus = self.score == "released_minus_batch"
         known = None
         if minus:
-            sums = [self._summed(optimizer, p) for p, *_ in self._params]
+            sums = [optimizer.summed(p) for p, *_ in self._params]
             if self._sharded:  # the average of the ranks' sums, all-gathered (a collective: every rank is here)
                 sums = [s.full_tensor() * self._world for s in sums]
             known = self._gather(sums)

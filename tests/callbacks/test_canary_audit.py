@@ -144,6 +144,7 @@ def _hooked_audit(world_size, rank, *, seed=3, m=200, rate=0.5, clip=2.0):
         loss_reduction="sum",
         expected_batch_size=16,
         accumulated_iterations=1,
+        summed=lambda p: p.summed_grad,  # DPSGD's optimizers give the clipped sum this way
     )
     fake = SimpleNamespace(
         strategy=SimpleNamespace(optimizers=[optimizer]), is_global_zero=rank == 0, world_size=world_size
