@@ -10,12 +10,12 @@ from pathlib import Path
 CLI = str(Path(sys.executable).parent / "lightning-privacy")
 
 
-def run_cli(*args, cwd, extra_path=None) -> subprocess.CompletedProcess:
+def run_cli(*args, cwd, extra_path=None, timeout=600) -> subprocess.CompletedProcess:
     """``lightning-privacy *args`` in ``cwd`` (``extra_path`` prepended to PYTHONPATH), output captured."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 def cli_warnings(stderr: str, command: str) -> list:

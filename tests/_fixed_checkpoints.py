@@ -5,11 +5,11 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
 
 from lightning_privacy import DPSGD
 from tests._user_models import Data, Net
+from tests.callbacks._tiny import trainer as tiny_trainer
 
 N_TRAIN = 96  # not Data's default (64): the audit must take it from the checkpoint
 
@@ -18,17 +18,7 @@ def train_fixed(kind: str, folder: Path):
     """``(model, datamodule, checkpoint path)`` of ``Net(kind=kind)`` after two DP-SGD steps with fixed modules."""
     torch.manual_seed(0)
     model, dm = Net(kind=kind), Data(n_train=N_TRAIN, tokens=kind != "batchnorm")
-    trainer = pl.Trainer(
-        max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        num_sanity_val_steps=0,
-        callbacks=[DPSGD(noise_multiplier=1.0, fix_modules=True, sampling_seed=0)],
-    )
+    trainer = tiny_trainer([DPSGD(noise_multiplier=1.0, fix_modules=True, sampling_seed=0)], max_steps=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # DPSGD's list of replaced modules, Lightning's worker hints
         trainer.fit(model, datamodule=dm)

@@ -7,18 +7,15 @@ The scores mode runs the installed console script as a subprocess, as a user wou
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lightning_privacy.analysis.estimation import epsilon_from_rates, epsilon_lower_bound, max_informative_delta
 from lightning_privacy.cli import main
-
-CLI = str(Path(sys.executable).parent / "lightning-privacy")
+from tests._cli import run_cli
 
 WORKED = ["estimate", "--fn", "35", "--tp", "65", "--fp", "25", "--tn", "75", "--delta", "0.05", "--alpha", "0.05"]
 
@@ -93,8 +90,7 @@ def test_version_flag_prints_the_package_version():
 
 # --- scores and labels ---------------------------------------------------------------------------
 def _cli(*args, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    return run_cli(*args, cwd=cwd, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
-import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -35,6 +34,7 @@ from lightning_privacy import DPSGD, BayesSecurityMonitor, CanaryAudit, EpsilonS
 from lightning_privacy.report import privacy_report, privacy_report_html
 from tests import _user_models
 from tests._user_models import INPUTS, Data, Net
+from tests.callbacks._tiny import trainer as tiny_trainer
 
 CLI = str(Path(sys.executable).parent / "lightning-privacy")
 USER_MODELS = ("resnet", "attention", "lora", "lstm")
@@ -67,17 +67,7 @@ def data(kind, **kwargs):
 
 
 def trainer(callbacks, folder, **kwargs):
-    kwargs = {"max_epochs": EPOCHS, "logger": False, "enable_checkpointing": True, **kwargs}
-    return pl.Trainer(
-        default_root_dir=folder,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        num_sanity_val_steps=0,
-        callbacks=callbacks,
-        **kwargs,
-    )
+    return tiny_trainer(callbacks, folder, **{"max_epochs": EPOCHS, "enable_checkpointing": True, **kwargs})
 
 
 class _Infos(logging.Handler):
