@@ -64,8 +64,9 @@ class DPSGD(Callback):
     norms, which computes each example's gradient norm layer by layer without storing per-example gradients and
     then backpropagates the clipped sum in a second pass (see ``benchmarks/dpsgd_memory.py``). Both clip every
     example's gradient to C and add the same noise, so the privacy accounting is the same; with the same data and
-    noise seed they give the same update up to floating-point rounding. Under 16-bit precision bounds each example's contribution only up to the rounding of two 16-bit backward
-    passes (DPSGD warns); hooks clip exactly what is summed.
+    noise seed they give the same update up to floating-point rounding. Under 16-bit precision ghost clipping bounds
+    each example's contribution only up to the rounding of two 16-bit backward passes (DPSGD warns); hooks clip
+    exactly what is summed.
 
     The loss ``training_step`` returns: the usual loss reduced over the batch as ``loss_reduction`` says, or one
     loss per example — a tensor of shape ``[batch_size]`` such as ``F.cross_entropy(logits, y, reduction="none")``,
@@ -119,13 +120,14 @@ class DPSGD(Callback):
     Self-checks: on the first optimizer steps of every fit DPSGD re-derives from the parameters that privacy is
     really applied — every trainable parameter has per-sample gradients, the summed gradient is the sum of
     per-sample gradients clipped to C (every rank), and noise of standard deviation σ·C was added (a χ² test over
-    as many steps as it takes to see 256 noise coordinates, false-alarm rate 1e-9 per fit; under DDP on rank 0,
-    which adds the noise) — and at every epoch end that the accountant recorded exactly the optimizer steps
+    as many steps as it takes to see 256 noise coordinates, false-alarm rate 1e-9 per fit; where the noise is added:
+    rank 0 under DDP, every rank's shard under FSDP2) — and at every epoch end that the accountant recorded exactly the optimizer steps
     taken. A failure raises ``MisconfigurationException`` naming the parameter (under DDP on every rank).
 
     Strategies: one device, or DDP launched as a script (``strategy="ddp"``, torchrun, SLURM) with
-    ``use_distributed_sampler=False``, in both ``grad_sample_mode`` values; anything else is refused in ``setup``
-    (see ``callbacks/_strategies.py``).
+    ``use_distributed_sampler=False``, in both ``grad_sample_mode`` values; FSDP2 (``ModelParallelStrategy`` with
+    ``tensor_parallel_size=1``) with ``grad_sample_mode="ghost"`` and mean reduction; anything else is refused in
+    ``setup`` (see ``callbacks/_strategies.py``).
 
     TensorBoard: at fit start DPSGD writes the run's one HPARAMS session — the model's hyperparameters beside σ,
     C, p, δ, the accountant (and the planning target), with the privacy metrics of the run's callbacks as columns.
@@ -142,7 +144,7 @@ class DPSGD(Callback):
     Raises:
         MisconfigurationException: for inconsistent arguments, gradient accumulation, several
             optimizers, BatchNorm or other Opacus-incompatible layers (unless ``fix_modules=True``), DDP without
-            ``use_distributed_sampler=False``, an unsupported strategy (``ddp_spawn``, DeepSpeed, FSDP, XLA, …), and in ghost mode a reduced loss from
+            ``use_distributed_sampler=False``, an unsupported strategy (``ddp_spawn``, DeepSpeed, FSDP1, XLA, …), and in ghost mode a reduced loss from
             ``training_step`` or an overridden ``backward``.
 
     Example::
@@ -243,7 +245,6 @@ class DPSGD(Callback):
         self.steps_per_epoch: Optional[int] = None
         self._hooks: Any = None  # Opacus' per-example hooks (see _strategies.grad_sample_hooks)
         self._backward: Optional[PerExampleBackward] = None
-        self._distributed = False
         self._batch_statistics: List[tuple] = []
 
     @property
@@ -292,7 +293,6 @@ class DPSGD(Callback):
         _strategies.check_strategy(trainer)
         if _strategies.is_fsdp(trainer):
             _strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
-        self._distributed = _strategies.is_distributed(trainer)
         if self.grad_sample_mode == "ghost":
             if "16" in str(trainer.precision):
                 rank_zero_warn(
@@ -344,7 +344,7 @@ class DPSGD(Callback):
             sharded=fsdp,
         )
         expected_batch_size = int(len(loader.dataset) * self.sample_rate)
-        if self._distributed:
+        if _strategies.is_distributed(trainer):
             expected_batch_size /= trainer.world_size
         dp_optimizer = cls(
             optimizers[0],
