@@ -73,4 +73,38 @@ CANARY_EPSILON_OPTIMISTIC_GDP = "audit/canary_epsilon_optimistic_gdp"
 CANARY_FIGURE = "audit/canary_epsilon_lower/theory_vs_practice"  # figure: accountant ε vs the empirical bounds
 CANARY_SUMMARY = "audit/canary_epsilon_lower/summary"  # text: the canary audit table
 
+# Reference-model membership attacks (audits.audit_membership, MembershipAudit): audit/<attack>_<quantity>
+RMIA_AUC = "audit/rmia_auc"
+RMIA_TPR_AT_FPR_0_001 = "audit/rmia_tpr_at_fpr_0.001"
+RMIA_TPR_AT_FPR_0_01 = "audit/rmia_tpr_at_fpr_0.01"
+RMIA_TPR_AT_FPR_0_1 = "audit/rmia_tpr_at_fpr_0.1"
+RMIA_EPSILON_LOWER = "audit/rmia_epsilon_lower"  # valid ε lower bound from the scores (holdout threshold)
+LIRA_AUC = "audit/lira_auc"
+LIRA_TPR_AT_FPR_0_001 = "audit/lira_tpr_at_fpr_0.001"
+LIRA_TPR_AT_FPR_0_01 = "audit/lira_tpr_at_fpr_0.01"
+LIRA_TPR_AT_FPR_0_1 = "audit/lira_tpr_at_fpr_0.1"
+LIRA_EPSILON_LOWER = "audit/lira_epsilon_lower"
+LOSS_AUC = "audit/loss_auc"
+LOSS_TPR_AT_FPR_0_001 = "audit/loss_tpr_at_fpr_0.001"
+LOSS_TPR_AT_FPR_0_01 = "audit/loss_tpr_at_fpr_0.01"
+LOSS_TPR_AT_FPR_0_1 = "audit/loss_tpr_at_fpr_0.1"
+LOSS_EPSILON_LOWER = "audit/loss_epsilon_lower"
+MEMBERSHIP_FIGURE = "audit/membership/roc"  # figure: log-log ROC inside the accountant's region
+MEMBERSHIP_SUMMARY = "audit/membership/summary"  # text: the attack's table
+
+
+def membership_key(attack: str, quantity: str) -> str:
+    """``audit/<attack>_<quantity>`` (``attack`` in rmia/lira/loss), one of the constants above.
+
+    Example::
+
+        >>> membership_key("rmia", "tpr_at_fpr_0.01")
+        'audit/rmia_tpr_at_fpr_0.01'
+    """
+    key = f"audit/{attack}_{quantity}"
+    if key not in ALL_KEYS:
+        raise ValueError(f"Expected a membership-attack key, but {key!r} is not one of lightning_privacy.names")
+    return key
+
+
 ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))

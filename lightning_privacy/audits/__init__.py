@@ -14,6 +14,8 @@ One module per audit; each function returns a result with the same four views �
 - :func:`audit_panoramia` — PANORAMIA with generated non-members (:mod:`lightning_privacy.audits.panoramia`);
 - :func:`audit_privacy_profile` — the privacy profile of a logistic-regression head
   (:mod:`lightning_privacy.audits.privacy_profile`);
+- :func:`audit_membership` — RMIA, LiRA (online/offline) and the LOSS attack, with reference models from
+  :func:`train_references` (:mod:`lightning_privacy.audits.membership`, :mod:`lightning_privacy.references`);
 - :func:`audit_canaries` — the one-run canary audit's ε lower bounds from canary scores
   (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
 
@@ -43,6 +45,10 @@ _EXPORTS = {
     "PrivacyProfileResult": "lightning_privacy.audits.privacy_profile",
     "audit_privacy_profile": "lightning_privacy.audits.privacy_profile",
     "load_checkpoint": "lightning_privacy.checkpoints",
+    "MembershipAuditResult": "lightning_privacy.audits.membership",
+    "audit_membership": "lightning_privacy.audits.membership",
+    "ReferenceModels": "lightning_privacy.references",
+    "train_references": "lightning_privacy.references",
 }
 
 __all__ = sorted(_EXPORTS)

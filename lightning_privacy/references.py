@@ -1,0 +1,240 @@
+"""Reference models for membership attacks, trained by a Lightning Trainer on random halves of a population.
+
+:func:`train_references` is exported as ``lightning_privacy.audits.train_references``; it lives outside the
+audits layer because it drives Lightning (the audits themselves only need the models' outputs). The attacks are
+:func:`lightning_privacy.audits.audit_membership`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from lightning_privacy.audits.membership import _fingerprint
+
+__all__ = ["CACHE_VERSION", "ReferenceModels", "train_references"]
+
+CACHE_VERSION = 1
+_META = "references.json"
+
+
+def _dataset(name: str, loader: Any):
+    from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(loader, DataLoader) or not isinstance(dataset, Dataset) or isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"Expected argument `{name}` to be a DataLoader over a map-style dataset (reference models train on "
+            f"subsets of it), but got {type(loader).__name__}."
+        )
+    return dataset
+
+
+def _balanced_inside(rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``(k, rows)``: each row is in exactly ⌊k/2⌋ references (one more with probability ½ for odd k)."""
+    size = np.full(rows, k // 2) + (rng.random(rows) < 0.5 if k % 2 else 0)
+    ranks = rng.random((rows, k)).argsort(axis=1).argsort(axis=1)
+    return (ranks < size[:, None]).T
+
+
+@dataclass
+class ReferenceModels:
+    """Reference models and which rows each trained on.
+
+    Attributes:
+        models: the trained modules (eval mode), ``k`` of them.
+        inside_population: ``(k, n_population)`` booleans, reference ``k`` trained on population row ``i``.
+        inside_targets: ``(k, n_targets)`` for the audited examples (members first) when they were mixed into the
+            halves (online attacks), else ``None`` (offline: no reference saw them).
+        population_fingerprint, targets_fingerprint: SHA-256 of the data (an audit checks it is given the same).
+        seed: the seed of the halves and of training.
+        trained: how many models this call trained (0: all from the cache).
+        seconds: training time of each model trained by this call.
+        cache_dir: where they are stored, if anywhere.
+    """
+
+    models: List[Any]
+    inside_population: np.ndarray
+    inside_targets: Optional[np.ndarray]
+    population_fingerprint: str
+    targets_fingerprint: Optional[str]
+    seed: int
+    trained: int = 0
+    seconds: List[float] = field(default_factory=list)
+    cache_dir: Optional[str] = None
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    @property
+    def online(self) -> bool:
+        """Whether the audited examples are in some references' training sets."""
+        return self.inside_targets is not None
+
+
+def _check_trainer_kwargs(trainer_kwargs: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    if trainer_kwargs is None or not isinstance(trainer_kwargs, Mapping):
+        raise ValueError(
+            "Expected argument `trainer_kwargs` to be a dict with `max_epochs` or `max_steps` (reference models are "
+            f"trained like the audited model), but got {trainer_kwargs!r}."
+        )
+    if "max_epochs" not in trainer_kwargs and "max_steps" not in trainer_kwargs:
+        raise ValueError(
+            "Expected `trainer_kwargs` to set `max_epochs` or `max_steps` (reference models are trained like the "
+            f"audited model), but got keys {sorted(trainer_kwargs)}."
+        )
+    kwargs = dict(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        devices=1,
+        num_sanity_val_steps=0,
+    )
+    kwargs.update(trainer_kwargs)
+    return kwargs
+
+
+def train_references(
+    model_factory: Callable[[], Any],
+    population_loader: Any,
+    *,
+    num_references: int,
+    trainer_kwargs: Optional[Mapping[str, Any]] = None,
+    cache_dir: Optional[str] = None,
+    seed: int = 0,
+    targets: Optional[Sequence[Any]] = None,
+    progress: Optional[bool] = None,
+) -> ReferenceModels:
+    """Train ``num_references`` reference models with a Lightning Trainer on random halves of a population.
+
+    Every population row is in exactly half of the references (⌊k/2⌋, plus one with probability ½ for odd
+    ``k``), so each reference trains on about half the population. With ``targets`` (the audited member and
+    non-member loaders, as given to :func:`audit_membership`) the audited examples are mixed into the halves the
+    same way: the attacks then run *online* (IN and OUT references for every example); without them, *offline*.
+
+    Each reference is ``model_factory()`` trained by ``lightning.pytorch.Trainer(**trainer_kwargs)`` on a
+    shuffled loader with the population loader's batch size and collate function; the global torch RNG is
+    seeded per reference inside :func:`torch.random.fork_rng` (the caller's stream is left untouched). Callbacks
+    in ``trainer_kwargs`` are deep-copied for each reference.
+
+    Args:
+        model_factory: returns a fresh, untrained LightningModule of the audited model's architecture.
+        population_loader: a DataLoader over a map-style dataset of rows neither member nor non-member.
+        num_references: ``k ≥ 1`` (online attacks need ``k ≥ 2``).
+        trainer_kwargs: ``Trainer`` arguments; must set ``max_epochs`` or ``max_steps`` (train the references
+            like the audited model). Defaults added: no logger, no checkpoints, no progress bar, one device.
+        cache_dir: a folder to store the models and their halves in; a second call with the same data, seed and
+            ``num_references`` loads them and trains none (a missing model file is trained again).
+        seed: seeds the halves (``SeedSequence(seed)``) and each reference's training.
+        targets: ``(member_loader, nonmember_loader)`` to mix the audited examples into the halves (online).
+        progress: a bar over the references on stderr (``None``: only when stderr is a terminal).
+
+    Returns:
+        :class:`ReferenceModels`.
+
+    Raises:
+        ValueError: for a bad ``num_references``, ``trainer_kwargs`` without a training length, or a
+            ``cache_dir`` that holds references of other data or settings.
+        TypeError: when a loader is not a DataLoader over a map-style dataset.
+    """
+
+    import torch
+    from torch.utils.data import ConcatDataset, DataLoader, Subset
+
+    from lightning_privacy.analysis._checks import expect_count
+    from lightning_privacy.audits._common import progress_stages
+
+    k = expect_count("num_references", num_references)
+    if k < 1:
+        raise ValueError(f"Expected argument `num_references` to be at least 1, but got {num_references!r}.")
+    seed = expect_count("seed", seed)
+    kwargs = _check_trainer_kwargs(trainer_kwargs)
+    datasets = [_dataset("population_loader", population_loader)]
+    if targets is not None:
+        if len(targets) != 2:
+            raise ValueError(f"Expected `targets` = (member_loader, nonmember_loader), got {len(targets)} item(s).")
+        datasets += [_dataset("targets[0]", targets[0]), _dataset("targets[1]", targets[1])]
+    n_pop = len(datasets[0])
+    rows = sum(len(d) for d in datasets)
+    population_fp = _fingerprint(population_loader)
+    targets_fp = _fingerprint(*targets) if targets is not None else None
+    inside = _balanced_inside(rows, k, np.random.default_rng(np.random.SeedSequence(seed)))
+    meta = {
+        "version": CACHE_VERSION,
+        "num_references": k,
+        "seed": seed,
+        "population_fingerprint": population_fp,
+        "targets_fingerprint": targets_fp,
+        "population_rows": n_pop,
+        "rows": rows,
+    }
+    folder = Path(cache_dir) if cache_dir is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        stored_path = folder / _META
+        if stored_path.is_file():
+            stored = json.loads(stored_path.read_text())
+            stored.pop("model_class", None)
+            if stored != meta:
+                diff = sorted(key for key in meta if stored.get(key) != meta[key])
+                raise ValueError(
+                    f"`cache_dir` {str(folder)!r} holds references trained with other {', '.join(diff)}; pass another "
+                    "`cache_dir` or delete it."
+                )
+    data = ConcatDataset(datasets) if len(datasets) > 1 else datasets[0]
+    models, seconds, trained = [], [], 0
+    stages = [f"reference {j + 1}/{k}" for j in range(k)]
+    with progress_stages("reference models", stages, enabled=progress) as advance:
+        for j in range(k):
+            advance(stages[j])
+            path = folder / f"reference_{j}.pt" if folder is not None else None
+            model = model_factory()
+            if path is not None and path.is_file():
+                model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            else:
+                import lightning.pytorch as pl
+
+                rows_j = np.flatnonzero(inside[j]).tolist()
+                generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, j]).generate_state(1)[0]))
+                loader = DataLoader(
+                    Subset(data, rows_j),
+                    batch_size=population_loader.batch_size or 256,
+                    shuffle=True,
+                    generator=generator,
+                    collate_fn=population_loader.collate_fn,
+                )
+                run_kwargs = dict(kwargs)
+                if "callbacks" in run_kwargs:
+                    run_kwargs["callbacks"] = copy.deepcopy(run_kwargs["callbacks"])
+                start = time.perf_counter()
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(int(np.random.SeedSequence([seed, j, 1]).generate_state(1)[0]))
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+                        pl.Trainer(**run_kwargs).fit(model, train_dataloaders=loader)
+                seconds.append(time.perf_counter() - start)
+                trained += 1
+                if path is not None:
+                    torch.save(model.state_dict(), path)
+            models.append(model.eval())
+    if folder is not None:
+        (folder / _META).write_text(json.dumps({**meta, "model_class": type(models[0]).__qualname__}, indent=1))
+    return ReferenceModels(
+        models=models,
+        inside_population=inside[:, :n_pop],
+        inside_targets=inside[:, n_pop:] if targets is not None else None,
+        population_fingerprint=population_fp,
+        targets_fingerprint=targets_fp,
+        seed=seed,
+        trained=trained,
+        seconds=seconds,
+        cache_dir=None if folder is None else str(folder),
+    )
