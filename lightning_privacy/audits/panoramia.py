@@ -287,8 +287,7 @@ def audit_panoramia(
         generator: ``fit``/``sample`` generator (default: chosen by the pipeline for the data kind).
         member_fraction: share of the member rows the auditor uses, in ``(0, 1]`` (a subset seeded by
             ``seed``).
-        audit_size, generator_size, beta, num_thresholds, helper_epochs, classifier, top_rows,
-            mia_features, seed, num_threads: see
+        audit_size, generator_size, beta, num_thresholds, helper_epochs, classifier, top_rows, mia_features, seed, num_threads: see
             :func:`~lightning_privacy.functional.panoramia.panoramia_audit`.
         progress: a progress bar over the phases on stderr; ``None`` = only when stderr is a terminal.
 

@@ -91,7 +91,8 @@ class DPSGD(Callback):
         noise_multiplier: σ, the noise standard deviation relative to ``max_grad_norm``.
         max_grad_norm: C, the per-sample clipping norm.
         target_bayes_security: plan σ for this β*_MIA after ``epochs`` epochs (instead of σ).
-        epochs: training length the plan is for (required with ``target_bayes_security``).
+        target_epsilon: plan σ for this accountant ε at ``delta`` after ``epochs`` epochs (instead of σ).
+        epochs: training length the plan is for (required with ``target_bayes_security`` or ``target_epsilon``).
         delta: δ for the reference accountant's ε.
         accountant: ``"rdp"``, ``"prv"`` or ``"gdp"`` (Opacus accountants).
         loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch (or how DPSGD
