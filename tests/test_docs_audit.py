@@ -1,11 +1,11 @@
-"""README, "Audit your own model": every command of the section runs as written, on files a user would have.
+"""docs/guides/audit_your_own_model.md: every command of the page runs as written, on files a user would have.
 
-The test writes the ``my_project.py`` the section names (a LightningModule ``Net`` and a LightningDataModule
+The test writes the ``my_project.py`` the page names (a LightningModule ``Net`` and a LightningDataModule
 ``Blobs``, not Adult), trains it and saves ``model.ckpt``, writes the loss and score files, then runs each
-``lightning-privacy`` line of the section's ```bash blocks with the installed console script, from that
+``lightning-privacy`` line of the page's ```bash blocks with the installed console script, from that
 folder, with no PYTHONPATH (the classes are found in the current folder). ``--json`` lines must print one
-strict JSON object; the printed example output must be what the command prints. The section's Python block
-runs in ``tests/test_readme.py``.
+strict JSON object; the printed example output must be what the command prints. The Python blocks of the docs
+run in ``tests/test_docs.py``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "guides" / "audit_your_own_model.md"
 CLI = str(Path(sys.executable).parent / "lightning-privacy")
-HEADING = "## Audit your own model"
 
 MY_PROJECT = '''
 """A user's own model and data: Gaussian blobs in three classes."""
@@ -69,10 +69,7 @@ class Blobs(pl.LightningDataModule):
 
 
 def _section() -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index(HEADING)
-    end = text.find("\n## ", start + len(HEADING))
-    return text[start : end if end > 0 else len(text)]
+    return PAGE.read_text(encoding="utf-8")
 
 
 def _blocks(kind: str) -> list:
@@ -111,7 +108,7 @@ def project(tmp_path_factory):
     rng = np.random.default_rng(1)
     np.save(folder / "member_losses.npy", rng.gamma(2, 5, 700))
     np.savetxt(folder / "nonmember_losses.csv", rng.gamma(2.6, 5, 500), fmt="%.17g", header="one loss a line")
-    # the README's example output: 1,000 simulated scores, 500 members scoring 1.5 higher on average
+    # the page's example output: 1,000 simulated scores, 500 members scoring 1.5 higher on average
     rng = np.random.default_rng(0)
     is_member = np.repeat([1, 0], 500)
     scores = rng.normal(loc=1.5 * is_member)
@@ -129,14 +126,15 @@ def _run(command: str, folder: Path) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, *argv[1:]], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_the_section_has_its_commands():
+def test_the_page_has_its_commands():
     commands = _commands()
     assert any("--model my_project:Net --datamodule my_project:Blobs" in c for c in commands)
     assert any("--member-losses" in c for c in commands)
     assert any(c.startswith("lightning-privacy estimate --scores") for c in commands)
-    assert _blocks("python") and "privacy_report.html" in _blocks("python")[0]
-    assert "benchmarks/results/privacy_report_html.png" in _section()
-    assert (README.parent / "benchmarks" / "results" / "privacy_report_html.png").is_file()
+    report = (ROOT / "docs" / "guides" / "html_report.md").read_text(encoding="utf-8")
+    assert 'log_privacy_report(trainer, "privacy_report.html")' in report
+    assert "../assets/benchmarks/results/privacy_report_html.png" in report
+    assert (ROOT / "benchmarks" / "results" / "privacy_report_html.png").is_file()
 
 
 @pytest.mark.parametrize("command", list(_params()))

@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_privacy"
 
-# Lower layers first; a module may import its own layer and any layer before it (see README, "Architecture").
+# Lower layers first; a module may import its own layer and any layer before it (see docs/architecture.md).
 LAYERS = ["analysis", "functional", "metrics", "audits", "callbacks", "commands"]
 
 # Private attributes of Lightning, Opacus, torch, TensorBoard and SDV; only _compat.py may touch them.
