@@ -19,6 +19,7 @@ _CALLBACKS = {
     "PrivacyProfileAudit": "lightning_privacy.callbacks.privacy_profile_audit",
     "OutputPerturbation": "lightning_privacy.callbacks.output_perturbation",
     "CanaryAudit": "lightning_privacy.callbacks.canary_audit",
+    "MembershipAudit": "lightning_privacy.callbacks.membership_audit",
 }
 
 __all__ = ["__version__", *_CALLBACKS]

@@ -1,0 +1,243 @@
+"""``MembershipAudit``: RMIA, LiRA or the LOSS attack on the model being trained, at fit end (and every n epochs)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from typing_extensions import override
+
+from lightning_privacy import names
+from lightning_privacy.audits.membership import ATTACKS, MembershipAuditResult, audit_membership
+from lightning_privacy.callbacks import _audit_utils as audit
+
+__all__ = ["MembershipAudit"]
+
+
+class MembershipAudit(Callback):
+    """A reference-model membership attack on the trained model: RMIA (default), LiRA or LOSS.
+
+    At fit end (and after every ``every_n_epochs``-th epoch if asked) the callback trains ``num_references``
+    reference models once — ``model_factory()`` (default: the module's class built from its saved
+    hyper-parameters) on random halves of ``population`` with a fresh Trainer for as many epochs (or steps)
+    as this one, cached in ``cache_dir`` when given — then calls
+    :func:`~lightning_privacy.audits.audit_membership` on the members (``member_dataloader``, else the
+    datamodule's ``member_dataloader()``, else the training data in a fixed order) and non-members
+    (``nonmember_dataloader``, else the validation data). When a :class:`~lightning_privacy.DPSGD` callback
+    trains the model, its ledger is passed: the figure shows the ROC inside the region the accountant allows and
+    a point beyond it is raised as a warning (``result.outside``).
+
+    The references train without this Trainer's callbacks (DP-SGD included: the attack only needs models
+    trained like the target's architecture on similar data; pass ``reference_trainer_kwargs=dict(callbacks=...)``
+    to train them otherwise). Logged from rank 0 at ``trainer.global_step``: ``audit/<attack>_auc``,
+    ``audit/<attack>_tpr_at_fpr_0.001`` / ``_0.01`` / ``_0.1``, ``audit/<attack>_epsilon_lower``; on TensorBoard
+    the log–log ROC (``audit/membership/roc``) and the summary table (``audit/membership/summary``).
+
+    Single process only: the reference models are trained in this process. Under DDP or FSDP2 save a
+    checkpoint and run ``lightning-privacy audit membership --checkpoint ...``.
+
+    Args:
+        attack: ``"rmia"``, ``"lira"`` or ``"loss"``.
+        num_references: reference models for RMIA / LiRA (≥ 1).
+        population: a DataLoader over a map-style dataset of rows neither member nor non-member (RMIA / LiRA).
+        member_dataloader, nonmember_dataloader: the audited examples (defaults above).
+        model_factory: returns a fresh untrained module of the audited architecture.
+        reference_trainer_kwargs: ``Trainer`` arguments for the references (default: this run's
+            ``max_epochs`` / ``max_steps`` on CPU).
+        cache_dir: where :func:`~lightning_privacy.audits.train_references` stores the references.
+        every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
+        seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
+        log_figure: write the ROC figure to TensorBoard loggers.
+
+    Attributes:
+        result: the last :class:`~lightning_privacy.audits.membership.MembershipAuditResult` (``None`` before).
+        results: its metrics.
+        references: the reference models (trained at the first audit).
+
+    Example::
+
+        >>> MembershipAudit(attack="lira", num_references=0)
+        Traceback (most recent call last):
+        ...
+        lightning.fabric.utilities.exceptions.MisconfigurationException: `num_references` must be an int >= 1 for attack='lira', got 0
+    """
+
+    def __init__(
+        self,
+        attack: str = "rmia",
+        num_references: int = 2,
+        population: Optional[Iterable] = None,
+        *,
+        member_dataloader: Optional[Iterable] = None,
+        nonmember_dataloader: Optional[Iterable] = None,
+        model_factory: Optional[Callable[[], pl.LightningModule]] = None,
+        reference_trainer_kwargs: Optional[Mapping[str, Any]] = None,
+        cache_dir: Optional[str] = None,
+        every_n_epochs: Optional[int] = None,
+        seed: int = 0,
+        gamma: float = 2.0,
+        offline_a: Optional[float] = None,
+        alpha: float = 0.05,
+        delta: Optional[float] = None,
+        forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
+        log_figure: bool = True,
+    ) -> None:
+        if attack not in ATTACKS:
+            raise MisconfigurationException(f"`attack` must be one of {ATTACKS}, got {attack!r}")
+        if attack != "loss":
+            if isinstance(num_references, bool) or not isinstance(num_references, int) or num_references < 1:
+                raise MisconfigurationException(
+                    f"`num_references` must be an int >= 1 for attack={attack!r}, got {num_references!r}"
+                )
+            if population is None:
+                raise MisconfigurationException(
+                    f"`population` (a DataLoader of rows neither member nor non-member) is needed for attack={attack!r}"
+                )
+        if every_n_epochs is not None and (
+            isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1
+        ):
+            raise MisconfigurationException(f"`every_n_epochs` must be a positive int or None, got {every_n_epochs!r}")
+        if not 0.0 < alpha < 1.0:
+            raise MisconfigurationException(f"`alpha` must be in (0, 1), got {alpha!r}")
+        self.attack = attack
+        self.num_references = num_references
+        self.population = population
+        self.member_dataloader = member_dataloader
+        self.nonmember_dataloader = nonmember_dataloader
+        self.model_factory = model_factory
+        self.reference_trainer_kwargs = None if reference_trainer_kwargs is None else dict(reference_trainer_kwargs)
+        self.cache_dir = cache_dir
+        self.every_n_epochs = every_n_epochs
+        self.seed, self.gamma, self.offline_a = seed, gamma, offline_a
+        self.alpha, self.delta, self.forward_fn = alpha, delta, forward_fn
+        self.log_figure = log_figure
+        self.hparams_metric_keys = (names.membership_key(attack, "auc"),)
+        self.result: Optional[MembershipAuditResult] = None
+        self.results: Dict[str, float] = {}
+        self.references: Any = None
+        self._audited_step: Optional[int] = None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if trainer.world_size > 1:
+            raise MisconfigurationException(
+                "MembershipAudit trains its reference models in this process and runs single-process only. Save a "
+                "checkpoint and run `lightning-privacy audit membership --checkpoint last.ckpt` after training."
+            )
+        audit.announce_skip(trainer, type(self).__name__)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if audit.skip_audit(trainer):
+            return
+        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.audit(trainer, pl_module)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if audit.skip_audit(trainer) or self._audited_step == trainer.global_step:
+            return
+        self.audit(trainer, pl_module)
+
+    def _factory(self, pl_module: pl.LightningModule) -> Callable[[], pl.LightningModule]:
+        if self.model_factory is not None:
+            return self.model_factory
+        if not pl_module.hparams:
+            raise MisconfigurationException(
+                f"MembershipAudit builds reference models as {type(pl_module).__name__}(**hparams), but the module "
+                "saved no hyper-parameters: call `self.save_hyperparameters()` in its __init__ or pass `model_factory`"
+            )
+        cls, hparams = type(pl_module), dict(pl_module.hparams)
+        return lambda: cls(**hparams)
+
+    def _trainer_kwargs(self, trainer: pl.Trainer) -> Dict[str, Any]:
+        if self.reference_trainer_kwargs is not None:
+            return self.reference_trainer_kwargs
+        kwargs: Dict[str, Any] = {"accelerator": "cpu"}
+        if trainer.max_steps is not None and trainer.max_steps > 0:
+            kwargs["max_steps"] = trainer.max_steps
+        else:
+            kwargs["max_epochs"] = trainer.max_epochs
+        return kwargs
+
+    def _ledger(self, trainer: pl.Trainer) -> Any:
+        from lightning_privacy.callbacks.dpsgd import DPSGD
+
+        for cb in trainer.callbacks:
+            if isinstance(cb, DPSGD) and cb.ledger.steps:
+                return cb.ledger
+        return None
+
+    def audit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[str, float]:
+        """Train the references (first call), attack, log from rank 0; returns the metrics."""
+        members = audit.member_loader(trainer, self.member_dataloader)
+        try:
+            nonmembers = audit.population_loader(trainer, self.nonmember_dataloader)
+        except MisconfigurationException as err:
+            raise MisconfigurationException(
+                "MembershipAudit: no non-member data to audit: pass `nonmember_dataloader` or give the Trainer "
+                "validation data"
+            ) from err
+        if self.attack != "loss" and self.references is None:
+            from lightning_privacy.references import train_references
+
+            try:
+                self.references = train_references(
+                    self._factory(pl_module),
+                    self.population,
+                    num_references=self.num_references,
+                    trainer_kwargs=self._trainer_kwargs(trainer),
+                    cache_dir=self.cache_dir,
+                    seed=self.seed,
+                    progress=audit.show_progress(trainer),
+                )
+            except (TypeError, ValueError) as err:
+                raise MisconfigurationException(f"MembershipAudit: {err}") from err
+            if self.references.trained:
+                total = sum(self.references.seconds)
+                rank_zero_info(
+                    f"MembershipAudit: trained {self.references.trained} reference model(s) in {total:.1f} s"
+                )
+        try:
+            result = audit_membership(
+                pl_module,
+                members,
+                nonmembers,
+                attack=self.attack,
+                references=self.references,
+                population_loader=self.population,
+                ledger=self._ledger(trainer),
+                alpha=self.alpha,
+                delta=self.delta,
+                gamma=self.gamma,
+                offline_a=self.offline_a,
+                forward_fn=self.forward_fn,
+                warn=False,
+            )
+        except ValueError as err:
+            raise MisconfigurationException(f"MembershipAudit: {err}") from err
+        for message in (*result.outside, *result.warnings):
+            rank_zero_warn(f"MembershipAudit: {message}")
+        self.result, self.results = result, result.metrics()
+        self._audited_step = trainer.global_step
+        if trainer.is_global_zero:
+            audit.log_scalars(trainer, self.results)
+            if self.log_figure and audit.tensorboard_experiments(trainer):
+                audit.log_figure(trainer, names.MEMBERSHIP_FIGURE, result.figure())
+            text = result.summary()
+            audit.log_text(trainer, names.MEMBERSHIP_SUMMARY, text)
+            rank_zero_info(text)
+        return self.results
+
+    @override
+    def state_dict(self) -> Dict[str, Any]:
+        return {"results": dict(self.results)}
+
+    @override
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.results = dict(state_dict.get("results", {}))
