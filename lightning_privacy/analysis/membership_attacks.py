@@ -166,7 +166,8 @@ def rmia_scores(
         population_target_losses: ``(m,)`` the audited model on the population points ``z``.
         population_reference_losses: ``(k, m)`` the references on them.
         inside, population_inside: ``(k, n)`` / ``(k, m)`` booleans, whether reference ``k`` trained on the
-            example (``None``: on none of them — offline).
+            example (``None``: on none of them — offline). Every audited example needs an OUT reference; population
+            points that every reference trained on (e.g. half of them with one reference) are left out of ``z``.
         gamma: γ ≥ 1 (the paper uses values near 1–2).
         offline_a: ``a`` in [0, 1] of the offline approximation (see :func:`fit_offline_a`); ``1`` = no correction.
 
@@ -196,9 +197,11 @@ def rmia_scores(
     gamma = expect_real("gamma", gamma, low=1.0)
     a = expect_real("offline_a", offline_a, low=0.0, high=1.0)
     log_ratio_x = log_probability(tgt) - _log_marginal(ref, _inside("inside", inside, ref.shape), a)
-    log_ratio_z = log_probability(ptgt) - _log_marginal(
-        pref, _inside("population_inside", population_inside, pref.shape), a
-    )
+    pinside = _inside("population_inside", population_inside, pref.shape)
+    usable = (~pinside).any(axis=0)  # a z in every reference's training set has no OUT estimate: not used
+    if not usable.any():
+        raise ValueError("RMIA needs population points outside some reference's training set, but every one is IN all.")
+    log_ratio_z = log_probability(ptgt[usable]) - _log_marginal(pref[:, usable], pinside[:, usable], a)
     # LR(x, z) ≥ γ  ⇔  log ratio_z ≤ log ratio_x − log γ
     sorted_z = np.sort(log_ratio_z)
     fraction = np.searchsorted(sorted_z, log_ratio_x - np.log(gamma), side="right") / sorted_z.size

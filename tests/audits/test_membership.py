@@ -62,6 +62,18 @@ def test_rmia_equals_a_loop_over_pairs(online, a):
     assert np.all(got >= want) and np.all(got - want < ma.TIE_BREAK)
 
 
+def test_rmia_leaves_out_population_points_no_reference_left_out():
+    rng = np.random.default_rng(5)
+    tgt, ref, ptgt, pref = rng.normal(size=20), rng.normal(size=(1, 20)), rng.normal(size=40), rng.normal(size=(1, 40))
+    pinside = rng.random((1, 40)) < 0.5
+    got = ma.rmia_scores(tgt, ref, ptgt, pref, population_inside=pinside, offline_a=0.4)
+    keep = ~pinside[0]
+    want = _rmia_loop(tgt, ref, ptgt[keep], pref[:, keep], np.zeros((1, 20), bool), pinside[:, keep], 2.0, 0.4)
+    np.testing.assert_allclose(got, want, atol=ma.TIE_BREAK)
+    with pytest.raises(ValueError, match="population points"):
+        ma.rmia_scores(tgt, ref, ptgt, pref, population_inside=np.ones((1, 40), bool))
+
+
 def test_lira_equals_the_gaussian_formulas():
     rng = np.random.default_rng(2)
     k, n = 4, 25
