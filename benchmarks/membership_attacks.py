@@ -1,14 +1,13 @@
 """LOSS, LiRA (offline / online) and RMIA (offline) with 1, 2, 4 reference models, on Adult and digits.
 
 Targets per data set: an over-fitted MLP (no DP, many epochs) and DP-SGD MLPs at three noise multipliers. Members,
-non-members and the population are disjoint random rows; reference models train on balanced halves of the
-population (offline) or of population + audited rows (online), with the target's recipe but without DP (the attack
-only needs models of the same architecture trained on similar data). Every DP row is checked against the ledger's
+non-members and the population are disjoint random rows; reference models train with the target's recipe (DP-SGD
+at the same σ for the DP targets) on balanced halves of the population (offline) or of the audited rows (online). Every DP row is checked against the ledger's
 trade-off curve (the TPR bound of any attack at the point's FPR upper limit). Writes
 ``benchmarks/results/membership_attacks.md`` (tables + the ordering the RMIA paper reports, checked row by row)
 and ``benchmarks/results/membership_attacks_dp.png`` (a DP row's ROC inside the accountant's region).
 
-    python benchmarks/membership_attacks.py            # ~10 min on one CPU thread
+    python benchmarks/membership_attacks.py            # ~2 min on one CPU thread
     python benchmarks/membership_attacks.py --quick    # smaller, for a smoke run
 """
 
@@ -72,40 +71,44 @@ def run(name, data, n, epochs_overfit, epochs_dp, refs_max, out_rows, figure_don
     torch.manual_seed(0)
     model = factory()
     pl.Trainer(max_epochs=epochs_overfit, **QUIET).fit(model, loader(x, y, mem, True))
-    targets["over-fitted"] = (model, None, epochs_overfit)
+    targets["over-fitted"] = (model, None, "over-fitted")
     for sigma in SIGMAS:
         dp = DPSGD(noise_multiplier=sigma, max_grad_norm=1.0, delta=1e-5, sampling_seed=0)
         torch.manual_seed(0)
         model = factory()
         pl.Trainer(max_epochs=epochs_dp, callbacks=[dp], **QUIET).fit(model, loader(x, y, mem, True))
-        targets[f"DP-SGD σ = {sigma:g} (ε = {dp.ledger.epsilon():.2f})"] = (model, dp.ledger, epochs_dp)
+        targets[f"DP-SGD σ = {sigma:g} (ε = {dp.ledger.epsilon():.2f})"] = (model, dp.ledger, f"σ = {sigma:g}")
 
     refs = {}
-    for epochs in sorted({epochs_overfit, epochs_dp}):
+    recipes = {"over-fitted": (epochs_overfit, None)}
+    recipes.update({f"σ = {sigma:g}": (epochs_dp, sigma) for sigma in SIGMAS})
+    for recipe, (epochs, sigma) in recipes.items():
         for k in (1, 2, 4):
             if k > refs_max:
                 continue
             kw = dict(max_epochs=epochs)
-            refs[("offline", epochs, k)] = train_references(factory, population, num_references=k, trainer_kwargs=kw)
+            if sigma is not None:  # the target's recipe: DP-SGD with the same σ, C, δ and expected batch
+                kw["callbacks"] = [DPSGD(noise_multiplier=sigma, max_grad_norm=1.0, delta=1e-5)]
+            refs[("offline", recipe, k)] = train_references(factory, population, num_references=k, trainer_kwargs=kw)
             if k >= 2:
                 # Carlini et al.'s setting: references on random halves of the audited rows alone (as many rows
                 # as the target), so each audited row is IN half of them
-                refs[("online", epochs, k)] = train_references(
+                refs[("online", recipe, k)] = train_references(
                     factory,
                     loader(x, y, slice(0, 0)),
                     num_references=k,
                     trainer_kwargs=kw,
                     targets=(members, nonmembers),
                 )
-            print(f"{name}: references for {epochs} epochs, k = {k} trained", file=sys.stderr, flush=True)
-    for label, (model, ledger, epochs) in targets.items():
+            print(f"{name}: references for {recipe}, k = {k} trained", file=sys.stderr, flush=True)
+    for label, (model, ledger, recipe) in targets.items():
         attacks = [("LOSS", "loss", None)]
         attacks += [
-            (f"LiRA offline, {k} ref", "lira", refs[("offline", epochs, k)]) for k in (1, 2, 4) if k <= refs_max
+            (f"LiRA offline, {k} ref", "lira", refs[("offline", recipe, k)]) for k in (1, 2, 4) if k <= refs_max
         ]
-        attacks += [(f"LiRA online, {k} ref", "lira", refs[("online", epochs, k)]) for k in (2, 4) if k <= refs_max]
+        attacks += [(f"LiRA online, {k} ref", "lira", refs[("online", recipe, k)]) for k in (2, 4) if k <= refs_max]
         attacks += [
-            (f"RMIA offline, {k} ref", "rmia", refs[("offline", epochs, k)]) for k in (1, 2, 4) if k <= refs_max
+            (f"RMIA offline, {k} ref", "rmia", refs[("offline", recipe, k)]) for k in (1, 2, 4) if k <= refs_max
         ]
         for attack_label, attack, ref in attacks:
             start = time.perf_counter()
@@ -142,7 +145,7 @@ def run(name, data, n, epochs_overfit, epochs_dp, refs_max, out_rows, figure_don
                 ledger is not None
                 and attack == "rmia"
                 and not figure_done
-                and "σ = 1 " in label
+                and "σ = 2 " in label
                 and ref is not None
                 and len(ref) == refs_max
             ):
@@ -197,8 +200,8 @@ def main() -> None:
     setup = (
         "Adult: 1,000 members, 1,000 non-members, 2,000 population rows (random, disjoint); digits (scikit-learn 8×8): "
         "400 / 400 / 800. Targets: MLP(256, 256), Adam 1e-3, batch 64; over-fitted = 100 epochs without DP; DP-SGD "
-        "= 30 epochs, expected batch 64, C = 1, δ = 1e-5. References: the same MLP and epochs without DP, on balanced "
-        "halves of the population (offline) or of the audited rows (online, Carlini et al.'s setting). TPR at FPR ≤ x on the audited rows (threshold read off the same scores); ε lower = Bayesian 95% "
+        "= 30 epochs, expected batch 64, C = 1, δ = 1e-5. References: the target's recipe (the same MLP and epochs; DP-SGD with the same σ for the DP "
+        "targets), on balanced halves of the population (offline) or of the audited rows (online, Carlini et al.'s setting). TPR at FPR ≤ x on the audited rows (threshold read off the same scores); ε lower = Bayesian 95% "
         "interval with a holdout threshold (valid). 'ledger region': every reported point's Clopper–Pearson TPR "
         "lower limit is at most the accountant's bound at its FPR upper limit."
     )

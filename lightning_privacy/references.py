@@ -79,6 +79,21 @@ class ReferenceModels:
         return self.inside_targets is not None
 
 
+def _recipe(trainer_kwargs: Mapping[str, Any]) -> Dict[str, Any]:
+    """What the cache compares of the training recipe: plain Trainer arguments and each callback's ``state_key``
+    (e.g. DPSGD's σ and C); other values by type name."""
+    out: Dict[str, Any] = {}
+    for key, value in sorted(trainer_kwargs.items()):
+        if key == "callbacks":
+            callbacks = value if isinstance(value, (list, tuple)) else [value]
+            out[key] = [getattr(cb, "state_key", type(cb).__qualname__) for cb in callbacks]
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[key] = value
+        else:
+            out[key] = type(value).__qualname__
+    return out
+
+
 def _check_trainer_kwargs(trainer_kwargs: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     if trainer_kwargs is None or not isinstance(trainer_kwargs, Mapping):
         raise ValueError(
@@ -122,7 +137,8 @@ def train_references(
 
     Each reference is ``model_factory()`` trained by ``lightning.pytorch.Trainer(**trainer_kwargs)`` on a
     shuffled loader with the population loader's batch size and collate function; the global torch RNG is
-    seeded per reference inside :func:`torch.random.fork_rng` (the caller's stream is left untouched). Callbacks
+    seeded per reference inside :func:`torch.random.fork_rng` for its initial weights and its training (the
+    caller's stream is left untouched, and the same ``seed`` gives the same references). Callbacks
     in ``trainer_kwargs`` are deep-copied for each reference.
 
     Args:
@@ -131,8 +147,9 @@ def train_references(
         num_references: ``k ≥ 1`` (online attacks need ``k ≥ 2``).
         trainer_kwargs: ``Trainer`` arguments; must set ``max_epochs`` or ``max_steps`` (train the references
             like the audited model). Defaults added: no logger, no checkpoints, no progress bar, one device.
-        cache_dir: a folder to store the models and their halves in; a second call with the same data, seed and
-            ``num_references`` loads them and trains none (a missing model file is trained again).
+        cache_dir: a folder to store the models and their halves in; a second call with the same data, seed,
+            ``num_references`` and recipe (plain ``trainer_kwargs`` values, each callback's ``state_key``) loads them
+            and trains none (a missing model file is trained again).
         seed: seeds the halves (``SeedSequence(seed)``) and each reference's training.
         targets: ``(member_loader, nonmember_loader)`` to mix the audited examples into the halves (online).
         progress: a bar over the references on stderr (``None``: only when stderr is a terminal).
@@ -175,6 +192,7 @@ def train_references(
         "targets_fingerprint": targets_fp,
         "population_rows": n_pop,
         "rows": rows,
+        "recipe": _recipe(trainer_kwargs),
     }
     folder = Path(cache_dir) if cache_dir is not None else None
     if folder is not None:
@@ -196,7 +214,9 @@ def train_references(
         for j in range(k):
             advance(stages[j])
             path = folder / f"reference_{j}.pt" if folder is not None else None
-            model = model_factory()
+            with torch.random.fork_rng(devices=[]):  # the initial weights, too, from this reference's seed
+                torch.manual_seed(int(np.random.SeedSequence([seed, j, 2]).generate_state(1)[0]))
+                model = model_factory()
             if path is not None and path.is_file():
                 model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             else:

@@ -92,7 +92,8 @@ def sequential_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -
 
     A plain ``DataLoader`` over a map-style dataset is rebuilt without shuffling or special samplers
     (e.g. DP-SGD's Poisson sampler), so every example is read once in dataset order; any other
-    iterable is returned unchanged. With several processes rank ``r`` gets examples
+    iterable is returned unchanged. Reading it leaves torch's global random stream alone (the rebuilt loader
+    has its own generator). With several processes rank ``r`` gets examples
     ``r, r + world_size, ...`` of the dataset (no padding, no duplicates; :func:`unshard` restores the
     order of the gathered values), which needs a ``DataLoader`` over a map-style dataset.
 
@@ -110,6 +111,7 @@ def sequential_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -
         >>> [b[0].tolist() for b in sequential_loader(shuffled, rank=1, world_size=2)]
         [[1, 3]]
     """
+    import torch
     from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
     dataset = getattr(loader, "dataset", None)
@@ -128,6 +130,7 @@ def sequential_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -
         shuffle=False,
         collate_fn=loader.collate_fn,
         num_workers=0,
+        generator=torch.Generator(),  # iterating draws a base seed: from here, not from the caller's global stream
     )
 
 

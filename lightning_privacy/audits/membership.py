@@ -208,8 +208,8 @@ class MembershipAuditResult(AuditResult):
             )
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlim(floor, 1)
-        ax.set_ylim(floor, 1.05)
+        ax.set_xlim(floor / 1.6, 1)
+        ax.set_ylim(floor / 1.6, 1.05)
         ax.set_xlabel("false-positive rate")
         ax.set_ylabel("true-positive rate")
         ax.set_title(

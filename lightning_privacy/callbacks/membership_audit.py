@@ -30,9 +30,10 @@ class MembershipAudit(Callback):
     trains the model, its ledger is passed: the figure shows the ROC inside the region the accountant allows and
     a point beyond it is raised as a warning (``result.outside``).
 
-    The references train without this Trainer's callbacks (DP-SGD included: the attack only needs models
-    trained like the target's architecture on similar data; pass ``reference_trainer_kwargs=dict(callbacks=...)``
-    to train them otherwise). Logged from rank 0 at ``trainer.global_step``: ``audit/<attack>_auc``,
+    The references are trained like the target: the same class and epochs (or steps) and, when a
+    :class:`~lightning_privacy.DPSGD` trains the model, DP-SGD with the same σ, C, δ, loss reduction and gradient
+    mode (each reference Poisson-samples its own half with the population loader's batch size); no other callback
+    of this Trainer. ``reference_trainer_kwargs`` replaces all of that. Logged from rank 0 at ``trainer.global_step``: ``audit/<attack>_auc``,
     ``audit/<attack>_tpr_at_fpr_0.001`` / ``_0.01`` / ``_0.1``, ``audit/<attack>_epsilon_lower``; on TensorBoard
     the log–log ROC (``audit/membership/roc``) and the summary table (``audit/membership/summary``).
 
@@ -46,7 +47,7 @@ class MembershipAudit(Callback):
         member_dataloader, nonmember_dataloader: the audited examples (defaults above).
         model_factory: returns a fresh untrained module of the audited architecture.
         reference_trainer_kwargs: ``Trainer`` arguments for the references (default: this run's
-            ``max_epochs`` / ``max_steps`` on CPU).
+            ``max_epochs`` / ``max_steps`` on CPU, with DP-SGD as above).
         cache_dir: where :func:`~lightning_privacy.audits.train_references` stores the references.
         every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
@@ -163,6 +164,20 @@ class MembershipAudit(Callback):
             kwargs["max_steps"] = trainer.max_steps
         else:
             kwargs["max_epochs"] = trainer.max_epochs
+        from lightning_privacy.callbacks.dpsgd import DPSGD
+
+        for cb in trainer.callbacks:
+            if isinstance(cb, DPSGD) and cb.noise_multiplier is not None:  # the target's recipe: DP-SGD like it
+                kwargs["callbacks"] = [
+                    DPSGD(
+                        noise_multiplier=cb.noise_multiplier,
+                        max_grad_norm=cb.max_grad_norm,
+                        delta=cb.delta,
+                        loss_reduction=cb.loss_reduction,
+                        grad_sample_mode=cb.grad_sample_mode,
+                        fix_modules=cb.fix_modules,
+                    )
+                ]
         return kwargs
 
     def _ledger(self, trainer: pl.Trainer) -> Any:

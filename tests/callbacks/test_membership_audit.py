@@ -76,15 +76,26 @@ def test_the_callback_logs_what_audit_membership_computes(fitted, data):
         float(dp.ledger.tpr_bounds(p.fpr_high)) for p in callback.result.tpr
     )
     assert callback.result.outside == ()
-    # the references were trained for this run's 3 epochs and cached: a second training trains none
+    # the references were trained like the target (3 epochs, DP-SGD at σ = 1, C = 1) and cached: the same recipe
+    # trains none, another recipe is refused
+    recipe = callback._trainer_kwargs(trainer)
+    assert recipe["max_epochs"] == 3 and recipe["callbacks"][0].noise_multiplier == 1.0
     again = train_references(
         lambda: TabularMLP(**model.hparams),
         population,
         num_references=2,
-        trainer_kwargs=dict(max_epochs=3),
+        trainer_kwargs=recipe,
         cache_dir=str(root / "refs"),
     )
     assert again.trained == 0
+    with pytest.raises(ValueError, match="recipe"):
+        train_references(
+            lambda: TabularMLP(**model.hparams),
+            population,
+            num_references=2,
+            trainer_kwargs=dict(max_epochs=3),
+            cache_dir=str(root / "refs"),
+        )
 
 
 def test_tensorboard_shows_the_scalars_the_figure_and_the_summary(fitted):
