@@ -27,9 +27,11 @@ __all__ = [
     "DATASET_SIZE",
     "FIXED_MODULES",
     "build_model",
+    "dpsgd_state",
     "fixable_module_names",
     "fixed_modules",
     "load_checkpoint",
+    "privacy_ledger",
     "replace_module",
     "replay_fixes",
     "training_set_size",
@@ -179,6 +181,60 @@ def training_set_size(checkpoint: Any) -> Optional[int]:
     """
     sizes = [state[DATASET_SIZE] for state in _dpsgd_states(checkpoint) if state.get(DATASET_SIZE) is not None]
     return int(sizes[0]) if sizes else None
+
+
+def dpsgd_state(checkpoint: Any) -> Optional[Mapping[str, Any]]:
+    """The DPSGD callback's saved state (σ, C, the ledger, ...), or ``None`` if the checkpoint holds none.
+
+    Raises:
+        ValueError: the checkpoint holds several DPSGD states (which one trained the model is unknown).
+
+    Example::
+
+        >>> dpsgd_state({"callbacks": {"DPSGD{...}": {"max_grad_norm": 1.0, "ledger": {}, "noise_multiplier": 1.1}}})
+        {'max_grad_norm': 1.0, 'ledger': {}, 'noise_multiplier': 1.1}
+    """
+    states = _dpsgd_states(checkpoint)
+    if len(states) > 1:
+        raise ValueError(f"the checkpoint holds {len(states)} DPSGD states: which one trained the model is unknown")
+    return states[0] if states else None
+
+
+def privacy_ledger(checkpoint: Any, *, delta: float = 1e-5) -> Any:
+    """DPSGD's :class:`~lightning_privacy.ledger.PrivacyLedger` rebuilt from a checkpoint, or ``None`` if it has none.
+
+    The ledger gets the saved history (and composed chunks) of the DPSGD state, so its ε, β* and trade-off curve
+    (``tpr_bounds``) are the run's. DPSGD does not save its δ: the ledger's reference δ is ``delta`` (β* and
+    ``tpr_bounds`` do not depend on it).
+
+    Raises:
+        ValueError: the checkpoint holds several DPSGD states, or one that does not load (privacy state fails closed).
+
+    Example::
+
+        >>> state = {"max_grad_norm": 1.0, "version": 2, "accountant": "rdp",
+        ...          "ledger": {"version": 1, "accountant": "rdp", "history": [[1.0, 0.01, 100]]}}
+        >>> ledger = privacy_ledger({"callbacks": {"DPSGD{...}": state}})
+        >>> ledger.steps, round(ledger.epsilon(), 3)
+        (100, 1.214)
+        >>> privacy_ledger({"state_dict": {}}) is None
+        True
+    """
+    from lightning_privacy.ledger import PrivacyLedger
+
+    state = dpsgd_state(checkpoint)
+    if state is None:
+        return None
+    if "ledger" in state:
+        saved = state["ledger"]
+    else:  # DPSGD state version 1: the accountant's history only
+        saved = {"version": 1, "accountant": state.get("accountant"), "history": state.get("history")}
+    try:
+        ledger = PrivacyLedger(accountant=saved["accountant"], delta=delta, relation=saved.get("relation", "replace"))
+        ledger.load_state_dict(dict(saved))
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"the checkpoint's DPSGD state does not give a privacy ledger: {err}") from None
+    return ledger
 
 
 # --- loading -----------------------------------------------------------------------------------

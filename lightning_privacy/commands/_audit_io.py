@@ -146,14 +146,9 @@ def load_model(
 
 
 # --- data ------------------------------------------------------------------------------------
-def saved_datamodule_args(cls: Any, contents: Any) -> dict:
-    """The datamodule hyperparameters a checkpoint saved (``self.save_hyperparameters()``) that ``cls`` takes.
-
-    As Lightning's ``load_from_checkpoint``: names ``cls.__init__`` does not take are left out (unless it
-    takes ``**kwargs``), and hyperparameters saved as one argument (``save_hyperparameters(hparams)``) are
-    passed as that argument.
-    """
-    saved = contents.get("datamodule_hyper_parameters") if isinstance(contents, Mapping) else None
+def _saved_init_args(cls: Any, contents: Any, key: str, name_key: str) -> dict:
+    """The hyperparameters a checkpoint saved under ``key`` that ``cls.__init__`` takes (see below)."""
+    saved = contents.get(key) if isinstance(contents, Mapping) else None
     if not isinstance(saved, Mapping):
         return {}
     saved = dict(saved)
@@ -163,12 +158,30 @@ def saved_datamodule_args(cls: Any, contents: Any) -> dict:
         return saved
     kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     named = [n for i, (n, p) in enumerate(parameters.items()) if i > 0 and p.kind not in kinds]
-    as_one = contents.get("datamodule_hparams_name")
+    as_one = contents.get(name_key)
     if as_one in named:
         return {as_one: saved}
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return saved
     return {k: v for k, v in saved.items() if k in named}
+
+
+def saved_datamodule_args(cls: Any, contents: Any) -> dict:
+    """The datamodule hyperparameters a checkpoint saved (``self.save_hyperparameters()``) that ``cls`` takes.
+
+    As Lightning's ``load_from_checkpoint``: names ``cls.__init__`` does not take are left out (unless it
+    takes ``**kwargs``), and hyperparameters saved as one argument (``save_hyperparameters(hparams)``) are
+    passed as that argument.
+    """
+    return _saved_init_args(cls, contents, "datamodule_hyper_parameters", "datamodule_hparams_name")
+
+
+def saved_model_args(cls: Any, contents: Any) -> dict:
+    """The module hyperparameters a checkpoint saved (``hyper_parameters``) that ``cls`` takes, as for a datamodule.
+
+    ``cls(**saved_model_args(cls, contents))`` is the untrained model ``cls.load_from_checkpoint`` would fill.
+    """
+    return _saved_init_args(cls, contents, "hyper_parameters", "hparams_name")
 
 
 def datamodule(

@@ -1,0 +1,477 @@
+"""``lightning-privacy audit membership``: RMIA, LiRA or the LOSS attack on a saved checkpoint.
+
+The model and data are loaded as in ``audit epsilon-star``: ``--model pkg.module:Class`` and ``--datamodule
+pkg.module:Class`` (default: the bundled :class:`~lightning_privacy.models.TabularMLP` and
+:class:`~lightning_privacy.data.datamodule.AdultDataModule`), the datamodule rebuilt with the hyperparameters the
+checkpoint saved for it, the checkpoint read by torch's weights-only loader, the modules
+``DPSGD(fix_modules=True)`` replaced replaced again. Members are the datamodule's ``member_dataloader()`` (else its
+``train_dataloader()``), non-members its ``val_dataloader()`` (``--nonmembers val``) or ``test_dataloader()``.
+
+RMIA and LiRA need a *population* (rows neither member nor non-member) and reference models trained on halves of it:
+
+- the population is the datamodule's ``population_dataloader()`` if it has one; otherwise the non-member rows are
+  split in two by a permutation seeded with ``--seed``: the first half is the population, the second the audited
+  non-members (the LOSS attack gets the same non-members, so the three attacks' numbers compare);
+- the references are ``--model`` built untrained with the checkpoint's saved hyperparameters (and
+  ``--model-args``), trained by :func:`~lightning_privacy.audits.train_references` for ``--reference-epochs``
+  (default: the epochs the checkpoint completed) and cached in ``--references DIR`` (a folder of an earlier run:
+  nothing is trained again) or ``--cache-dir`` (default: ``<checkpoint>.references/`` next to the checkpoint).
+
+When the checkpoint holds DPSGD's state, its privacy ledger is rebuilt from the saved history
+(:func:`lightning_privacy.checkpoints.privacy_ledger`): the TPR bounds of the accountant sit beside the attack's and
+the figure (``--figure``) draws the ROC inside the region the accountant allows. Where the population, references and
+ledger came from is printed on stderr and recorded in the JSON; the result's warnings (an attack point beyond the
+accountant's bound, scores that look reversed) are ``warning:`` lines on stderr and the JSON's ``"warnings"`` and
+``"outside"`` lists. ``--json`` prints exactly one JSON object on stdout; ``--output`` writes it with the scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+NAME = "audit membership"
+HELP = "Reference-model membership attack (RMIA, LiRA) or the LOSS baseline on a saved checkpoint; default data: Adult"
+DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
+PREFIX = "lightning-privacy audit membership"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) or state_dict file")
+    parser.add_argument(
+        "--attack", choices=("rmia", "lira", "loss"), default="rmia", help="the attack (default: %(default)s)"
+    )
+    model = parser.add_argument_group("model and data")
+    model.add_argument(
+        "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
+    )
+    model.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
+    model.add_argument(
+        "--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult's)"
+    )
+    model.add_argument(
+        "--datamodule-args",
+        default=None,
+        help="JSON object of constructor arguments (over the hyperparameters the checkpoint saved for its datamodule)",
+    )
+    model.add_argument(
+        "--fix-modules",
+        action="store_true",
+        help="replace the layers Opacus has a fixer for before loading, as DPSGD(fix_modules=True) did in training "
+        "(needed only for checkpoints that do not record it)",
+    )
+    model.add_argument(
+        "--nonmembers", choices=("val", "test"), default="val", help="non-member data (default: %(default)s)"
+    )
+    adult = parser.add_argument_group("Adult (the default datamodule; the split defaults to the checkpoint's)")
+    adult.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: bundled)")
+    adult.add_argument("--val-fraction", type=float, default=None, help="validation share used in training (0.1)")
+    adult.add_argument("--split-seed", type=int, default=None, help="seed of the train/validation split (0)")
+    adult.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (1024)")
+    refs = parser.add_argument_group("reference models (RMIA, LiRA)")
+    refs.add_argument(
+        "--references",
+        default=None,
+        metavar="DIR",
+        help="folder of references cached by an earlier run (loaded, none trained); an empty one is filled",
+    )
+    refs.add_argument(
+        "--num-references",
+        type=int,
+        default=None,
+        help="reference models to train (default: 2, or as many as --references holds)",
+    )
+    refs.add_argument(
+        "--reference-epochs",
+        type=int,
+        default=None,
+        help="epochs each reference trains (default: the epochs the checkpoint completed)",
+    )
+    refs.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where to store newly trained references (default: <checkpoint>.references/ next to the checkpoint)",
+    )
+    attack = parser.add_argument_group("attack")
+    attack.add_argument("--gamma", type=float, default=2.0, help="RMIA's gamma >= 1 (default: %(default)s)")
+    attack.add_argument(
+        "--offline-a", type=float, default=None, help="RMIA's offline a in [0, 1] (default: fitted on the references)"
+    )
+    attack.add_argument(
+        "--alpha", type=float, default=0.05, help="significance of the intervals and bound (default: %(default)s)"
+    )
+    attack.add_argument("--delta", type=float, default=None, help="delta of the epsilon lower bound (default: 1e-5)")
+    attack.add_argument("--seed", type=int, default=0, help="seeds the population split and the references (0)")
+    out = parser.add_argument_group("output")
+    out.add_argument("--figure", default=None, help="write the log-log ROC (inside the accountant's region) here")
+    out.add_argument("--output", default=None, help="write the JSON (with every score) to this file")
+    out.add_argument("--json", action="store_true", help="print one JSON object (without the scores) on stdout")
+    out.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+
+
+def _warn(message: str) -> None:
+    print(f"{PREFIX}: warning: {message}", file=sys.stderr)
+
+
+def _say(message: str) -> None:
+    print(f"{PREFIX}: {message}", file=sys.stderr)
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse out-of-range values before anything is loaded (one line naming the flag)."""
+    if args.delta is not None and not 0.0 < args.delta < 1.0:
+        raise ValueError(f"`--delta` must be in the open interval (0, 1), got {args.delta!r}")
+    if not 0.0 < args.alpha < 1.0:
+        raise ValueError(f"`--alpha` must be in the open interval (0, 1), got {args.alpha!r}")
+    if args.gamma < 1.0:
+        raise ValueError(f"`--gamma` must be >= 1, got {args.gamma!r}")
+    if args.offline_a is not None and not 0.0 <= args.offline_a <= 1.0:
+        raise ValueError(f"`--offline-a` must be in [0, 1], got {args.offline_a!r}")
+    if args.num_references is not None and args.num_references < 1:
+        raise ValueError(f"`--num-references` must be >= 1, got {args.num_references!r}")
+    if args.reference_epochs is not None and args.reference_epochs < 1:
+        raise ValueError(f"`--reference-epochs` must be >= 1, got {args.reference_epochs!r}")
+    if args.seed < 0:
+        raise ValueError(f"`--seed` must be >= 0, got {args.seed!r}")
+    if args.references is not None and args.cache_dir is not None:
+        raise ValueError("give `--references DIR` (an earlier run's folder) or `--cache-dir DIR`, not both")
+    if args.attack == "loss" and (args.references, args.num_references, args.reference_epochs) != (None, None, None):
+        raise ValueError("`--attack loss` uses no reference models: drop `--references`/`--num-references`")
+
+
+# --- data --------------------------------------------------------------------------------------
+def _split(loader: Any, seed: int, train_batch_size: Optional[int]) -> Tuple[Any, Any, Dict[str, Any]]:
+    """``(population, nonmembers, record)``: the non-member rows halved by a permutation seeded with ``seed``.
+
+    The population loader has the training batch size (the references train on it), the non-members the loader's.
+    """
+    import numpy as np
+    from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(loader, DataLoader) or not isinstance(dataset, Dataset) or isinstance(dataset, IterableDataset):
+        raise ValueError(
+            "the non-member data is not a DataLoader over a map-style dataset, so it cannot be split into a "
+            "population and audited non-members: give the datamodule a `population_dataloader()`"
+        )
+    n = len(dataset)
+    if n < 4:
+        raise ValueError(f"{n} non-member rows are too few to split into a population and audited non-members")
+    order = np.random.default_rng(np.random.SeedSequence(seed)).permutation(n)
+    half = n // 2
+    first, second = sorted(order[:half].tolist()), sorted(order[half:].tolist())
+
+    def part(rows, batch_size):
+        return DataLoader(Subset(dataset, rows), batch_size=batch_size, shuffle=False, collate_fn=loader.collate_fn)
+
+    batch_size = loader.batch_size or 256
+    population_batch_size = train_batch_size or batch_size
+    record = {"population_rows": len(first), "nonmember_rows": len(second), "split_seed": seed}
+    record["population_batch_size"] = population_batch_size
+    return part(first, population_batch_size), part(second, batch_size), record
+
+
+def _training_batch_size(dm: Any, contents: Any) -> Optional[int]:
+    """The batch size the target trained with: the checkpoint's saved datamodule ``batch_size``, else the train loader's.
+
+    The audit commands read the data with an evaluation batch size (Adult: 1024); the references train like the target.
+    """
+    from lightning_privacy.commands import _audit_io as io
+
+    saved = contents.get("datamodule_hyper_parameters") if isinstance(contents, dict) else None
+    size = saved.get("batch_size") if isinstance(saved, dict) else None
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    return getattr(io._loader(dm, "train_dataloader"), "batch_size", None)
+
+
+def _data(args: argparse.Namespace, dm: Any, contents: Any) -> Tuple[Any, Any, Any, Dict[str, Any]]:
+    """``(members, nonmembers, population, record)`` of the datamodule (see the module's docstring)."""
+    from lightning_privacy.commands import _audit_io as io
+
+    members, nonmembers = io.member_batches(dm), io.nonmember_batches(dm, args.nonmembers)
+    population = io._loader(dm, "population_dataloader")
+    if population is not None:
+        dataset = getattr(population, "dataset", None)
+        record = {"source": f"{type(dm).__name__}.population_dataloader()"}
+        if hasattr(dataset, "__len__"):
+            record["population_rows"] = len(dataset)
+        _say(f"population: {record['source']}; non-members: all of {type(dm).__name__}.{args.nonmembers}_dataloader()")
+        return members, nonmembers, population, record
+    population, nonmembers, record = _split(nonmembers, args.seed, _training_batch_size(dm, contents))
+    record = {"source": f"first half of {type(dm).__name__}.{args.nonmembers}_dataloader() (seeded split)", **record}
+    _say(
+        f"population: {type(dm).__name__} has no population_dataloader(), so the {args.nonmembers} rows are split "
+        f"by a permutation seeded with --seed {args.seed}: {record['population_rows']} population rows, "
+        f"{record['nonmember_rows']} audited non-members"
+    )
+    return members, nonmembers, population, record
+
+
+# --- references ----------------------------------------------------------------------------------
+def checkpoint_epochs(contents: Any) -> Optional[int]:
+    """Epochs the checkpoint's run completed: the fit loop's processed epochs, else ``epoch + 1``; ``None``: unknown.
+
+    ``checkpoint["epoch"]`` alone is ambiguous: a ``ModelCheckpoint`` at the end of the first epoch saves 0, a
+    ``trainer.save_checkpoint`` after ``fit(max_epochs=1)`` saves 1; the loop's progress counts both as one.
+    """
+    if not isinstance(contents, dict):
+        return None
+    try:
+        done = int(contents["loops"]["fit_loop"]["epoch_progress"]["total"]["processed"])
+    except (KeyError, TypeError, ValueError):
+        done = None
+    if done:
+        return done
+    epoch = contents.get("epoch")
+    return int(epoch) + 1 if isinstance(epoch, int) else None
+
+
+def _factory(args: argparse.Namespace, model_class: Any, contents: Any):
+    """A function returning ``model_class`` untrained, built as the checkpoint's model was (modules replaced too)."""
+    import inspect
+
+    from lightning_privacy.checkpoints import fixable_module_names, fixed_modules, replace_module, replay_fixes
+    from lightning_privacy.commands import _audit_io as io
+
+    try:
+        import lightning.pytorch as pl
+
+        lightning_module = inspect.isclass(model_class) and issubclass(model_class, pl.LightningModule)
+    except ImportError:  # pragma: no cover
+        lightning_module = False
+    if not lightning_module:
+        raise ValueError(
+            f"`--model` {args.model} is not a LightningModule: reference models are trained by a Lightning Trainer; "
+            "use `--attack loss`, or audit_membership with references you trained"
+        )
+    kwargs = {**io.saved_model_args(model_class, contents), **io.json_object(args.model_args, "--model-args")}
+    record = fixed_modules(contents)
+
+    def build() -> Any:
+        try:
+            model = model_class(**kwargs)
+        except TypeError as err:
+            raise ValueError(
+                f"`--model-args` (over the checkpoint's hyperparameters) do not fit {args.model}: {err}"
+            ) from None
+        if record:
+            replay_fixes(model, record)
+        elif args.fix_modules:
+            for name in fixable_module_names(model):
+                replace_module(model, name)
+        return model
+
+    build()  # fail here, before any training, if the class cannot be built
+    return build
+
+
+def _dp_recipe(contents: Any, delta: float) -> Optional[Dict[str, Any]]:
+    """``DPSGD`` arguments training the references like the target (σ and C of the checkpoint), or ``None``.
+
+    As the :class:`~lightning_privacy.MembershipAudit` callback: references of a DP-SGD target are trained with
+    DP-SGD at the same σ and C (the loss reduction and gradient mode are not saved: DPSGD's defaults).
+    """
+    from lightning_privacy.checkpoints import dpsgd_state
+
+    state = dpsgd_state(contents)
+    if state is None:
+        return None
+    sigma, norm = state.get("noise_multiplier"), state.get("max_grad_norm")
+    if not isinstance(sigma, (int, float)) or sigma <= 0 or not isinstance(norm, (int, float)):
+        return None
+    return {
+        "noise_multiplier": float(sigma),
+        "max_grad_norm": float(norm),
+        "delta": delta,
+        "accountant": str(state.get("accountant", "rdp")),
+    }
+
+
+def _cache_folder(args: argparse.Namespace) -> Path:
+    if args.references is not None:
+        return Path(args.references)
+    if args.cache_dir is not None:
+        return Path(args.cache_dir)
+    return Path(f"{args.checkpoint}.references")
+
+
+def _references(args, model_class, contents, population, delta: float) -> Tuple[Any, Dict[str, Any]]:
+    """The reference models (trained or loaded) and what the JSON records of them."""
+    from lightning_privacy.references import train_references
+
+    folder = _cache_folder(args)
+    option = "--references" if args.references is not None else "--cache-dir"
+    stored: Dict[str, Any] = {}
+    meta = folder / "references.json"
+    if meta.is_file():
+        try:
+            stored = json.loads(meta.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"`{option}` {str(folder)!r}: references.json cannot be read: {err}") from None
+    elif args.references is not None and folder.exists() and not folder.is_dir():
+        raise ValueError(f"`--references` {args.references!r} is not a folder")
+    k = args.num_references or stored.get("num_references") or 2
+    recipe = stored.get("recipe") if isinstance(stored.get("recipe"), dict) else {}
+    if args.reference_epochs is not None:
+        epochs, source = args.reference_epochs, "--reference-epochs"
+    elif recipe.get("max_epochs"):
+        epochs, source = recipe["max_epochs"], f"as cached in {folder}"
+    else:
+        epochs, source = checkpoint_epochs(contents), "the epochs the checkpoint completed"
+    if epochs is None:
+        raise ValueError(
+            "the checkpoint does not record how many epochs it trained: give `--reference-epochs N` (the references "
+            "train like the audited model)"
+        )
+    trainer_kwargs: Dict[str, Any] = {"max_epochs": int(epochs), "accelerator": "cpu"}
+    dp = _dp_recipe(contents, delta)
+    if dp is not None:
+        from lightning_privacy.callbacks.dpsgd import DPSGD
+
+        trainer_kwargs["callbacks"] = [DPSGD(**dp)]
+    cached = [j for j in range(k) if (folder / f"reference_{j}.pt").is_file()] if stored else []
+    if len(cached) == k:
+        _say(f"references: loading {k} reference model(s) from {folder}")
+    else:
+        how = (
+            ""
+            if dp is None
+            else f" with DP-SGD like the target's (sigma {dp['noise_multiplier']:g}, C {dp['max_grad_norm']:g})"
+        )
+        _say(
+            f"references: training {k - len(cached)} reference model(s) for {epochs} epoch(s) ({source}){how} into "
+            f"{folder} (reuse them with `--references {folder}`)"
+        )
+    factory = _factory(args, model_class, contents)
+    try:
+        with warnings.catch_warnings():  # the references train without validation data, on purpose
+            warnings.filterwarnings("ignore", message=r".*`validation_step` but have no `val_dataloader`.*")
+            refs = train_references(
+                factory,
+                population,
+                num_references=k,
+                trainer_kwargs=trainer_kwargs,
+                cache_dir=str(folder),
+                seed=args.seed,
+                progress=False if args.quiet else None,
+            )
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"`{option}` {str(folder)!r}: {err}") from None
+    record = {
+        "cache_dir": str(folder),
+        "num_references": len(refs),
+        "trained": refs.trained,
+        "loaded": len(refs) - refs.trained,
+        "epochs": int(epochs),
+        "dp_sgd": dp,
+        "training_seconds": list(refs.seconds),
+    }
+    _say(f"references: {refs.trained} trained, {len(refs) - refs.trained} loaded from {folder}")
+    return refs, record
+
+
+# --- the ledger ------------------------------------------------------------------------------------
+def _ledger(contents: Any, delta: float) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    from lightning_privacy.checkpoints import privacy_ledger
+
+    ledger = privacy_ledger(contents, delta=delta)
+    if ledger is None or ledger.steps == 0:
+        _say("ledger: the checkpoint holds no DP-SGD history, so the ROC is drawn without the accountant's region")
+        return None, None
+    record = {
+        "source": "DPSGD state in the checkpoint",
+        "accountant": ledger.mechanism,
+        "steps": ledger.steps,
+        "epsilon": ledger.epsilon(delta),
+        "delta": delta,
+    }
+    _say(
+        f"ledger: DP-SGD history of {ledger.steps} step(s) from the checkpoint ({ledger.mechanism} accountant, "
+        f"epsilon {record['epsilon']:.4g} at delta {delta:g}); the attack is checked against its TPR bounds"
+    )
+    return ledger, record
+
+
+# --- the audit ---------------------------------------------------------------------------------------
+def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
+    """``(result, record)``: the attack ``args`` ask for and where its inputs came from (``ValueError``: one line)."""
+    from lightning_privacy.audits import audit_membership
+    from lightning_privacy.commands import _audit_io as io
+    from lightning_privacy.commands.audit_epsilon_star import _datamodule_args
+
+    model_class = io.load_class(args.model, "--model")
+    dm_args = _datamodule_args(args)
+    model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
+    dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
+    io.check_member_count(dm, contents)
+    members, nonmembers, population, population_record = _data(args, dm, contents)
+    delta = 1e-5 if args.delta is None else args.delta
+    ledger, ledger_record = _ledger(contents, delta)
+    refs, refs_record = None, None
+    if args.attack != "loss":
+        refs, refs_record = _references(args, model_class, contents, population, delta)
+    result = audit_membership(
+        model.eval(),
+        members,
+        nonmembers,
+        attack=args.attack,
+        references=refs,
+        population_loader=population if args.attack == "rmia" else None,
+        ledger=ledger,
+        alpha=args.alpha,
+        delta=delta,
+        gamma=args.gamma,
+        offline_a=args.offline_a,
+        device="cpu",
+        warn=False,
+    )
+    record = {
+        "checkpoint": args.checkpoint,
+        "model": args.model,
+        "datamodule": type(dm).__name__,
+        "nonmembers": args.nonmembers,
+        "population": population_record,
+        "references": refs_record,
+        "ledger": ledger_record,
+    }
+    return result, record
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    start = time.perf_counter()
+    try:
+        _check_options(args)  # before the slow imports
+        import lightning.pytorch  # noqa: F401  (its loggers exist from here on)
+
+        logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no "GPU available" per reference
+        result, record = audit(args)
+    except ValueError as err:
+        print(f"{PREFIX}: error: {err}", file=sys.stderr)
+        return 2
+    for message in (*result.outside, *result.warnings):
+        _warn(message)
+    text = result.summary()
+    full = {**result.to_dict(), **record, "seconds": time.perf_counter() - start, "report": text}
+    shown = {k: v for k, v in full.items() if k not in ("scores", "is_member")}
+    if args.json:
+        print(json.dumps(shown, indent=2, allow_nan=False))
+    else:
+        print(text)
+        if record["references"] is not None:
+            r = record["references"]
+            print(f"\nreferences: {r['num_references']} in {r['cache_dir']} ({r['trained']} trained by this run)")
+    if args.figure:
+        result.figure().savefig(args.figure, dpi=120)
+        _say(f"figure: {args.figure}")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            json.dump(full, handle, indent=2, allow_nan=False)
+    return 0
