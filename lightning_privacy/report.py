@@ -5,13 +5,16 @@
 forms, estimates) are marked as such. :func:`privacy_report_html` returns the same sections as one
 self-contained HTML page with the figures embedded (base64 PNG): β* per epoch with the budget and the
 TPR–FPR region, the Epsilon* histograms and fits, the PANORAMIA curves, the privacy profile with its most
-exposed rows, the canary audit's theory-vs-practice chart. :func:`log_privacy_report` writes the Markdown
+exposed rows, the canary audit's theory-vs-practice chart, the membership attack's log–log ROC inside the
+accountant's region, β*_AI per epoch and, on log–log axes, the region DP-SGD's accountant allows any membership
+attack. :func:`log_privacy_report` writes the Markdown
 to TensorBoard as text (``privacy/report``) and, optionally, to a file: ``.html``/``.htm`` gets the page,
 any other suffix (``.md``) the Markdown.
 
 The audit sections render the audits' results (:mod:`lightning_privacy.audits`): :func:`audit_report`
 gives the same section for a result of a direct call such as ``audit_epsilon_star(model, ...)``. A result's
-``warnings`` (why its numbers may carry no information) come first in its section, as quoted
+``warnings`` (why its numbers may carry no information) come first in its section, after any sentence saying that an
+attack beat the accountant's bound (``outside``), as quoted
 "**Warning:**" paragraphs in the Markdown and highlighted paragraphs on the HTML page.
 """
 
@@ -42,6 +45,7 @@ _REPORTED = (
     "EpsilonStarAudit",
     "PanoramiaAudit",
     "PrivacyProfileAudit",
+    "MembershipAudit",
     "CanaryAudit",
 )
 HTML_SUFFIXES = (".html", ".htm")
@@ -99,6 +103,14 @@ def _up(value: float, digits: Optional[int] = None) -> str:
         scale = 10.0 ** (math.floor(math.log10(abs(value))) - 3)
         return f"{math.ceil(value / scale) * scale:.4g}"
     return f"{math.ceil(value * 10**digits) / 10**digits:.{digits}f}"
+
+
+def _down_sig(value: float) -> str:
+    """A lower end rounded down to 4 significant digits (the counterpart of :func:`_up`'s default)."""
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.4g}"
+    scale = 10.0 ** (math.floor(math.log10(abs(value))) - 3)
+    return f"{math.floor(value / scale) * scale:.4g}"
 
 
 def _bayes(cb: Any) -> List[tuple]:
@@ -308,10 +320,84 @@ def _profile(cb: Any) -> List[tuple]:
     return _profile_rows(cb.result.metrics() if cb.result is not None else {})
 
 
+_ATTACKS = {
+    "rmia": "RMIA (Zarifzadeh et al. 2024): likelihood ratio against reference models, compared with population rows",
+    "lira": "LiRA (Carlini et al. 2022): Gaussian likelihood ratio of the model's confidence against reference models",
+    "loss": "the LOSS attack: the model's loss alone (low = member); the reference-free baseline",
+}
+
+
+def _membership_rows(result: Any, references: Any = None) -> List[tuple]:
+    """Rows of a :class:`~lightning_privacy.audits.membership.MembershipAuditResult` (and its references)."""
+    # AUC, TPR and the ε lower bound measure what an attack achieved: shown rounded down they would understate the
+    # leakage, so, like the accountant's upper bounds, they are rounded UP at the digits shown. A Clopper–Pearson
+    # interval is widened (low end down, high end up) so that it still covers what was computed.
+    attack = result.attack
+    refs = f", {result.num_references} reference model(s)" if result.num_references else ""
+    members, nonmembers = int(result.is_member.sum()), int((~result.is_member).sum())
+    rows = [
+        ("attack", f"{attack.upper()} ({result.variant}{refs})", _ATTACKS.get(attack, "")),
+        ("members / non-members", f"{members} / {nonmembers}", "audited training rows / rows the model never saw"),
+        (
+            f"`{names.membership_key(attack, 'auc')}`",
+            _up(result.auc),
+            "empirical: area under the attack's ROC curve (0.5 = chance), rounded up; not a bound",
+        ),
+    ]
+    for j, point in enumerate(result.tpr):
+        meaning = (
+            f"empirical: share of members the attack finds while flagging ≤ {point.fpr:.1%} of non-members "
+            f"(achieved FPR {point.achieved_fpr:.4g}), rounded up; in brackets its "
+            f"{100 * (1 - point.alpha):g}% Clopper–Pearson interval"
+        )
+        if result.ledger_tpr_bounds is not None:
+            meaning += f"; the accountant allows at most {_up(result.ledger_tpr_bounds[j])} here"
+        rows.append(
+            (
+                f"`{names.membership_key(attack, f'tpr_at_fpr_{point.fpr:g}')}`",
+                f"{_up(point.tpr)} [{_down_sig(point.tpr_low)}, {_up(point.tpr_high)}]",
+                meaning,
+            )
+        )
+    epsilon = result.epsilon
+    rows.append(
+        (
+            f"`{names.membership_key(attack, 'epsilon_lower')}`",
+            _up(float(epsilon["epsilon_lower"])),
+            f"lower bound ({100 * (1 - epsilon['alpha']):g}% Bayesian interval, holdout threshold) on the ε of any "
+            f"(ε, δ = {result.delta:.3g})-DP guarantee, from the attack's scores; rounded up like the attack's numbers",
+        )
+    )
+    if result.gamma is not None:
+        rows.append(("RMIA γ / offline a", f"{result.gamma:g} / {result.offline_a:.3f}", "the attack's settings"))
+    if references is not None and len(references):
+        where = f", cached in `{references.cache_dir}`" if references.cache_dir else ""
+        rows.append(
+            (
+                "reference models",
+                f"{len(references)} ({references.trained} trained by this run{where})",
+                "trained like the target on random halves of the population (rows neither member nor non-member)",
+            )
+        )
+    return rows
+
+
+def _membership(cb: Any) -> List[tuple]:
+    if cb.result is None:
+        return [("membership attack", "—", "not run (it runs at the end of fit)")]
+    return _membership_rows(cb.result, getattr(cb, "references", None))
+
+
+def _result_warnings(result: Any) -> Tuple[str, ...]:
+    """An attack point beyond the accountant's bound (``outside``) first, then the result's ``warnings``."""
+    return (*getattr(result, "outside", ()), *getattr(result, "warnings", ()))
+
+
 _AUDIT_SECTIONS = {  # result class name -> (title, rows of the result)
     "EpsilonStarResult": ("Epsilon* audit", lambda r: _epsilon_star_rows(r.metrics(), r.fits_rejected)),
     "PanoramiaAuditResult": ("PANORAMIA audit", lambda r: _panoramia_rows(r.metrics())),
     "PrivacyProfileResult": ("Privacy profile audit", lambda r: _profile_rows(r.metrics())),
+    "MembershipAuditResult": ("Membership attack (RMIA/LiRA/LOSS)", _membership_rows),
 }
 
 
@@ -339,7 +425,7 @@ def audit_report(result: Any) -> str:
     for klass in type(result).__mro__:
         if klass.__name__ in _AUDIT_SECTIONS and klass.__module__.startswith("lightning_privacy.audits"):
             title, rows = _AUDIT_SECTIONS[klass.__name__]
-            return _table(title, rows(result), tuple(result.warnings))
+            return _table(title, rows(result), _result_warnings(result))
     raise TypeError(f"`result` must be a result of lightning_privacy.audits, got {type(result).__name__}")
 
 
@@ -351,6 +437,7 @@ _SECTIONS = {
     "EpsilonStarAudit": ("Epsilon* audit", _epsilon_star),
     "PanoramiaAudit": ("PANORAMIA audit", _panoramia),
     "PrivacyProfileAudit": ("Privacy profile audit", _profile),
+    "MembershipAudit": ("Membership attack (RMIA/LiRA/LOSS)", _membership),
     "CanaryAudit": ("One-run canary audit", _canary),
 }
 
@@ -376,16 +463,22 @@ class _Section:
     warnings: Tuple[str, ...] = ()  # the audit result's: why its numbers may carry no information
 
 
-def _mia_budget(trainer: pl.Trainer) -> Optional[float]:
-    """A ``min_bayes_security`` budget against membership inference, as the monitor's figure draws it."""
+def _budget(trainer: pl.Trainer, threat: str) -> Optional[float]:
+    """A ``min_bayes_security`` budget against ``threat`` (``"mia"`` or ``"ai"``), as the figures draw it."""
     return next(
         (
             cb.min_bayes_security
             for cb in trainer.callbacks
-            if getattr(cb, "threat", None) == "mia" and getattr(cb, "min_bayes_security", None) is not None
+            if getattr(cb, "threat", None) == threat and getattr(cb, "min_bayes_security", None) is not None
         ),
         None,
     )
+
+
+_REGION_CAPTION = (
+    "The region DP-SGD's accountant allows every membership attack (its trade-off curve), on log–log axes: the "
+    "low-FPR corner where attacks are judged; dots: the TPR bounds at FPR 0.001, 0.01 and 0.1."
+)
 
 
 def _profile_top_rows(result: Any) -> List[_Extra]:
@@ -410,13 +503,36 @@ def _extras_and_figures(name: str, cb: Any, trainer: pl.Trainer, section: _Secti
     if name == "BayesSecurityMonitor" and getattr(cb, "final", None):
         from lightning_privacy.callbacks._plots import bayes_security_figure
 
-        budget = _mia_budget(trainer)
+        budget = _budget(trainer, "mia")
         section.figures.append(
             (
                 lambda: bayes_security_figure(cb.epochs, cb.final, ledger=cb.ledger, budget=budget),
                 "Left: β*_MIA after each epoch (safe value and the approximate closed form"
                 + ("" if budget is None else f"; dotted: the budget β* ≥ {budget:g}")
                 + "). Right: the TPR–FPR region every membership attack's ROC curve lies in.",
+            )
+        )
+        if cb.ledger is not None and cb.ledger.steps:
+            from lightning_privacy.callbacks._plots import membership_region_figure
+
+            section.figures.append((lambda: membership_region_figure(cb.ledger), _REGION_CAPTION))
+    if name == "DPSGD" and cb.ledger.steps and not _of(trainer, "BayesSecurityMonitor"):
+        from lightning_privacy.callbacks._plots import membership_region_figure
+
+        section.figures.append((lambda: membership_region_figure(cb.ledger), _REGION_CAPTION))
+    if name == "AttributeInferenceMonitor" and getattr(cb, "epochs", None):
+        from lightning_privacy.callbacks._plots import attribute_inference_figure
+
+        budget = _budget(trainer, "ai")
+        section.figures.append(
+            (
+                lambda: attribute_inference_figure(
+                    cb.epochs, attribute=getattr(cb.attribute, "name", str(cb.attribute)), budget=budget
+                ),
+                "β*_AI after each epoch: the safe value (pessimistic PLD over the measured R_t) and the approximate "
+                "closed form (Cor. 10), which can overstate security"
+                + ("" if budget is None else f"; dotted: the budget β*_AI ≥ {budget:g}")
+                + ".",
             )
         )
     result = getattr(cb, "result", None)
@@ -447,6 +563,19 @@ def _extras_and_figures(name: str, cb: Any, trainer: pl.Trainer, section: _Secti
                 "with the ε range worth trying.",
             )
         )
+    elif name == "MembershipAudit":
+        section.figures.append(
+            (
+                result.figure,
+                f"Membership attack ({result.attack.upper()}): the ROC curve on log–log axes with the TPR at FPR ≤ "
+                "0.001/0.01/0.1 and their Clopper–Pearson intervals"
+                + (
+                    "; shaded: the region DP-SGD's accountant allows (its trade-off curve)."
+                    if result.region is not None
+                    else " (no DP-SGD ledger: no region)."
+                ),
+            )
+        )
     elif name == "CanaryAudit":
         from lightning_privacy.callbacks.canary_audit import _other_audits, theory_vs_practice_figure
 
@@ -464,7 +593,7 @@ def _sections(trainer: pl.Trainer) -> List[_Section]:
     for name in _REPORTED:
         title, rows = _SECTIONS[name]
         for cb in _of(trainer, name):
-            section = _Section(title, rows(cb), warnings=tuple(getattr(getattr(cb, "result", None), "warnings", ())))
+            section = _Section(title, rows(cb), warnings=_result_warnings(getattr(cb, "result", None)))
             _extras_and_figures(name, cb, trainer, section)
             sections.append(section)
     if not sections:

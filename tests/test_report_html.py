@@ -177,8 +177,9 @@ def test_figures_are_embedded_pngs_and_nothing_is_fetched(fitted):
     _, _, html_path, _ = fitted
     text = html_path.read_text(encoding="utf-8")
     page = _parse(text)
-    # the monitor (β* per epoch and the TPR-FPR region), Epsilon* (histograms and fits), the canary audit
-    assert len(page.images) == 3
+    # the monitor (β* per epoch and the TPR-FPR region; the region on log-log axes), Epsilon* (histograms and fits),
+    # the canary audit
+    assert len(page.images) == 4
     for img in page.images:
         image = matplotlib.image.imread(io.BytesIO(_png(img["src"])), format="png")
         assert image.shape[0] > 200 and image.shape[1] > 400
@@ -236,7 +237,7 @@ def test_chromium_dom_has_the_images(fitted, tmp_path):
     dom = _chromium("--dump-dom", html_path.as_uri()).stdout
     page = _parse(dom)
     assert "Privacy report" in dom and len(page.h2) == 5
-    assert len(page.images) == 3
+    assert len(page.images) == 4
     for img in page.images:
         _png(img["src"])
     # the browser decodes every image: a copy of the page records each one's natural size once loaded
@@ -249,7 +250,7 @@ def test_chromium_dom_has_the_images(fitted, tmp_path):
     probe.write_text(html_path.read_text(encoding="utf-8").replace("</body>", script + "</body>"), encoding="utf-8")
     dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
     loaded = re.findall(r'data-loaded="(true|false):(\d+)x(\d+)"', dom)
-    assert len(loaded) == 3, dom[:500]
+    assert len(loaded) == 4, dom[:500]
     for complete, width, height in loaded:
         assert complete == "true" and int(width) > 400 and int(height) > 200
 

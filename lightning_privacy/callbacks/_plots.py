@@ -56,3 +56,67 @@ def bayes_security_figure(
     right.legend(loc="lower right", fontsize=8)
     right.grid(alpha=0.3)
     return fig
+
+
+def membership_region_figure(ledger: Any, *, floor: float = 1e-5) -> Figure:
+    """The TPR–FPR region DP-SGD's accountant allows every membership attack, on log–log axes.
+
+    The same trade-off curve as the right panel of :func:`bayes_security_figure` (``ledger.tpr_bounds``), drawn
+    where attacks are judged today (low FPR, Carlini et al. 2022): a linear plot squeezes FPR ≤ 1% into a few
+    pixels. The bounds at FPR 0.001, 0.01 and 0.1 are marked.
+
+    Args:
+        ledger: the run's :class:`~lightning_privacy.ledger.PrivacyLedger` (with at least one step).
+        floor: the smallest FPR and TPR drawn.
+    """
+    fpr = np.logspace(np.log10(floor), 0, 200)
+    tpr = np.clip(np.asarray(ledger.tpr_bounds(fpr), dtype=float), floor, 1.0)
+    fig = Figure(figsize=(6.2, 5.2), layout="constrained")
+    ax = fig.subplots()
+    ax.fill_between(fpr, floor, tpr, color="C2", alpha=0.2, label="attainable by any attack (trade-off curve)")
+    ax.plot(fpr, tpr, color="C2", lw=1.5, label="accountant's TPR bound")
+    ax.plot(fpr, fpr, color="grey", ls=":", lw=1, label="random guess")
+    marks = np.array([0.001, 0.01, 0.1])
+    bounds = np.asarray(ledger.tpr_bounds(marks), dtype=float)
+    ax.plot(marks, np.maximum(bounds, floor), "o", color="C2", ms=4)
+    for x, y in zip(marks, bounds):  # upper bounds, labelled rounded up (never below the bound)
+        scale = 10.0 ** (np.floor(np.log10(y)) - 2) if y > 0 else 1.0
+        label = f"{np.ceil(y / scale) * scale:.3g}"
+        ax.annotate(label, (x, max(y, floor)), textcoords="offset points", xytext=(-6, 6), ha="right", fontsize=8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(floor, 1)
+    ax.set_ylim(floor, 1.05)
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+    ax.set_title(f"Membership attacks allowed by DP-SGD after {ledger.steps} steps (log–log)", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
+def attribute_inference_figure(
+    epochs: List[Dict[str, Any]], *, attribute: str = "", budget: Optional[float] = None
+) -> Figure:
+    """β*_AI after each epoch: the safe value (pessimistic PLD) and the approximate closed form (Cor. 10).
+
+    Args:
+        epochs: the monitor's records ``{"epoch", "steps", "safe", "closed"}``.
+        attribute: the attribute's name, for the title.
+        budget: a ``min_bayes_security`` budget of ``PrivacyBudgetStopping(threat="ai")``, drawn as a line.
+    """
+    fig = Figure(figsize=(6.8, 4.2), layout="constrained")
+    ax = fig.subplots()
+    xs = [e["epoch"] + 1 for e in epochs]  # epochs completed
+    ax.plot(xs, [e["safe"] for e in epochs], marker="o", label="β*_AI (safe: pessimistic PLD over the measured R_t)")
+    ax.plot(xs, [e["closed"] for e in epochs], marker="x", ls="--", label="closed form (Cor. 10, approx.)")
+    if budget is not None:
+        ax.axhline(budget, color="C3", ls=":", label=f"budget β*_AI ≥ {budget:g}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epochs completed")
+    ax.set_ylabel("β*_AI")
+    what = f" (attribute {attribute!r})" if attribute else ""
+    ax.set_title(f"Bayes security against attribute inference{what}", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return fig

@@ -132,6 +132,8 @@ class AttributeInferenceMonitor(Callback):
             resumed fit restores the checkpoint's), so a monitor reused for another fit holds that fit's steps only.
         segments: the ledger's run-length record ``[{noise_multiplier, sample_rate, steps, sum_sq, measured}]``.
         max_sensitivity: the largest measured R_t.
+        epochs: one record per epoch, ``{"epoch", "steps", "safe", "closed"}`` (the safe β*_AI and its closed form
+            after that epoch; the report draws them), restarted with the ledger and saved in the state.
 
     Raises:
         MisconfigurationException: for bad arguments, when training is not Opacus DP-SGD, when a name
@@ -216,6 +218,7 @@ class AttributeInferenceMonitor(Callback):
         self.check_candidates = check_candidates
         self._check: Optional[CandidateCheck] = None
         self.ledger = AttributeLedger()
+        self.epochs: List[Dict[str, Any]] = []
         self._twin, self._batch, self._pending, self._warned = None, None, None, False
         self._unsharded_twin: Optional[Any] = None
 
@@ -333,7 +336,7 @@ class AttributeInferenceMonitor(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # a reused monitor starts over; a resumed fit gets its ledger back in load_state_dict
-            self.ledger = AttributeLedger()
+            self.ledger, self.epochs = AttributeLedger(), []
         if self._attribute_name is not None:  # looked up again at every fit: the datamodule may differ
             self.attribute = look_up_attribute(trainer, self._attribute_name)
             self.tracked_attribute = self._select(self.attribute)
@@ -407,14 +410,21 @@ class AttributeInferenceMonitor(Callback):
             return
         # Every rank holds the same R_t (max-reduced per step), hence the same values; "min" keeps it safe anyway.
         # The safe value is rounded down to float32 (what loggers store), so the logged number stays a lower bound.
-        safe = _float32_toward_safety(self.bayes_security(), down=True)
-        for key, value in ((self.key, safe), (self.closed_form_key, self.bayes_security_closed_form())):
+        exact, closed = self.bayes_security(), self.bayes_security_closed_form()
+        self.epochs.append({"epoch": trainer.current_epoch, "steps": self.steps, "safe": exact, "closed": closed})
+        safe = _float32_toward_safety(exact, down=True)
+        for key, value in ((self.key, safe), (self.closed_form_key, closed)):
             pl_module.log(key, value, on_step=False, on_epoch=True, reduce_fx="min", sync_dist=True)
 
     # ------------------------------------------------------------------------------ state
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {"version": STATE_VERSION, "ledger": self.ledger.state_dict(), "steps": self.steps}
+        return {
+            "version": STATE_VERSION,
+            "ledger": self.ledger.state_dict(),
+            "steps": self.steps,
+            "epochs": [dict(e) for e in self.epochs],
+        }
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -430,3 +440,4 @@ class AttributeInferenceMonitor(Callback):
         ledger = AttributeLedger()
         ledger.load_state_dict(state_dict if version == 1 else state_dict["ledger"])  # 1: the ledger's v1 layout
         self.ledger = ledger
+        self.epochs = [dict(e) for e in state_dict.get("epochs", [])]  # added later: older checkpoints have none

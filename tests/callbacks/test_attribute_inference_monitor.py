@@ -165,6 +165,9 @@ def test_resume_continues_the_state(tmp_path):
     assert resumed.segments[0]["sum_sq"] > first.segments[0]["sum_sq"]  # continued, not restarted
     assert all(s["measured"] for s in resumed.segments)
     assert resumed.bayes_security() < first.bayes_security()
+    # the per-epoch records (the report's β*_AI figure) continue too: epoch 0 from the checkpoint, epoch 1 added
+    assert [(e["epoch"], e["steps"]) for e in resumed.epochs] == [(0, STEPS_PER_EPOCH), (1, 2 * STEPS_PER_EPOCH)]
+    assert [e["safe"] for e in resumed.epochs] == straight
 
 
 def test_steps_the_monitor_did_not_see_count_as_worst_case(tmp_path):
