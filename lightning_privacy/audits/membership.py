@@ -173,7 +173,9 @@ class MembershipAuditResult(AuditResult):
         grid = np.logspace(np.log10(floor), 0, 200)
         if self.region is not None:
             rx, ry = self.region
-            ax.fill_between(rx, np.maximum(ry, floor), floor, color="C2", alpha=0.15, label="allowed by the accountant")
+            ax.fill_between(
+                rx, np.maximum(ry, floor), floor / 1.6, color="C2", alpha=0.15, label="allowed by the accountant"
+            )
             ax.plot(rx, ry, color="C2", lw=1.5, label="accountant's TPR bound (trade-off curve)")
         ax.plot(grid, grid, color="0.5", ls=":", lw=1, label="chance")
         ax.step(
