@@ -4,12 +4,18 @@ Trains the README's Adult MLP with DPSGD + BayesSecurityMonitor + AttributeInfer
 EpsilonStarAudit(every_n_epochs=2) for 4 epochs under Lightning's default TensorBoardLogger, starts TensorBoard's
 own server on it (loopback, a free port) and takes headless-Chromium screenshots (Debian's ``chromium``).
 
+The SCALARS page is photographed with TensorBoard's "Ignore outliers in chart scaling" off, so every epoch's point is
+inside its chart (with it on, the y-range leaves out the extreme values, here the first and last epochs of each
+monotone series), and without smoothing. That setting lives in the browser's local storage, not in the URL: the
+server is wrapped so that its page first runs a one-line script that stores it (:data:`LOCAL_STORAGE`).
+
     python benchmarks/tensorboard_screenshots.py [--out benchmarks/results]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import socket
 import subprocess
@@ -38,13 +44,61 @@ CHROMIUM_FLAGS = [
 ]
 
 
+# TensorBoard settings kept in local storage (the SCALARS dashboard reads them when it starts).
+LOCAL_STORAGE = {"_ignoreYOutliers": "false"}
+SETTINGS_SCRIPT = "/lightning-privacy-screenshot-settings.js"
+# HPARAMS shows only its first 5 hyperparameters (alphabetical) until boxes are ticked: tick them all, so the model's
+# and the datamodule's own hyperparameters appear beside the dp/ settings (the query pane sits in shadow DOMs).
+SHOW_ALL_HPARAMS = """
+setInterval(function () {
+  var panes = [];
+  (function walk(root) {
+    root.querySelectorAll("*").forEach(function (el) {
+      if (el.localName === "tf-hparams-query-pane") panes.push(el);
+      if (el.shadowRoot) walk(el.shadowRoot);
+    });
+  })(document);
+  panes.forEach(function (pane) {
+    (pane._hparams || []).forEach(function (h, i) {
+      if (!h.displayed) pane.set("_hparams." + i + ".displayed", true);
+    });
+  });
+}, 500);
+"""
+
+
+def with_settings(app, local_storage: dict):
+    """TensorBoard's WSGI app whose index page first runs a script storing ``local_storage`` (same origin)."""
+    script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(v)});" for k, v in local_storage.items())
+    script = (script + SHOW_ALL_HPARAMS).encode()
+    tag = f'<head><script src=".{SETTINGS_SCRIPT}"></script>'.encode()  # a file: the page's CSP refuses inline code
+
+    def wrapped(environ, start_response):
+        path = environ.get("PATH_INFO", "")
+        if path == SETTINGS_SCRIPT:
+            start_response("200 OK", [("Content-Type", "text/javascript"), ("Content-Length", str(len(script)))])
+            return [script]
+        if path not in ("/", "/index.html"):
+            return app(environ, start_response)
+        got = {}
+        body = b"".join(app({**environ, "HTTP_ACCEPT_ENCODING": "identity"}, lambda s, h, e=None: got.update(s=s, h=h)))
+        if b"<head>" not in body:
+            raise RuntimeError("TensorBoard's index page has no <head>: cannot store the screenshot settings")
+        body = body.replace(b"<head>", tag, 1)
+        headers = [(k, v) for k, v in got["h"] if k.lower() != "content-length"] + [("Content-Length", str(len(body)))]
+        start_response(got["s"], headers)
+        return [body]
+
+    return wrapped
+
+
 def train(root: Path) -> None:
     torch.manual_seed(0)
     dm = AdultDataModule(batch_size=256)
     dm.setup("fit")
     model = TabularMLP(dm.num_features, hidden=(64, 32), lr=0.5)
     callbacks = [
-        DPSGD(noise_multiplier=1.0, log_clipping=True),
+        DPSGD(noise_multiplier=1.0, log_clipping=True, sampling_seed=0),  # fixed batches: the same charts every run
         BayesSecurityMonitor(),
         AttributeInferenceMonitor(attribute="age", values="extremes"),
         EpsilonStarAudit(every_n_epochs=2),
@@ -72,16 +126,20 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    board = program.TensorBoard()
+    board = program.TensorBoard(
+        server_class=lambda app, flags: program.create_port_scanning_werkzeug_server(
+            with_settings(app, LOCAL_STORAGE), flags
+        )
+    )
     board.configure(argv=[None, "--logdir", str(root), "--port", str(port), "--host", "127.0.0.1"])
     url = board.launch().rstrip("/")
     time.sleep(5)
     urllib.request.urlopen(url, timeout=30).read()
     args.out.mkdir(parents=True, exist_ok=True)
-    # (fragment, window): the SCALARS page filtered to the privacy keys; HPARAMS wide enough for the metric columns
+    # (fragment, window): the SCALARS page filtered to the privacy keys; HPARAMS wide enough for every column
     pages = {
         "scalars": ("#scalars&tagFilter=privacy%2F&_smoothingWeight=0", "1500,1150"),
-        "hparams": ("#hparams", "2600,600"),
+        "hparams": ("#hparams", "5200,420"),
     }
     for name, (suffix, window) in pages.items():
         png = args.out / f"tensorboard_{name}.png"
