@@ -204,8 +204,8 @@ def privacy_ledger(checkpoint: Any, *, delta: float = 1e-5) -> Any:
     """DPSGD's :class:`~lightning_privacy.ledger.PrivacyLedger` rebuilt from a checkpoint, or ``None`` if it has none.
 
     The ledger gets the saved history (and composed chunks) of the DPSGD state, so its ε, β* and trade-off curve
-    (``tpr_bounds``) are the run's. DPSGD does not save its δ: the ledger's reference δ is ``delta`` (β* and
-    ``tpr_bounds`` do not depend on it).
+    (``tpr_bounds``) are the run's. The ledger's reference δ is ``delta`` (callers pass the run's, which DPSGD saves
+    as ``"delta"`` in its state; β* and ``tpr_bounds`` do not depend on it).
 
     Raises:
         ValueError: the checkpoint holds several DPSGD states, or one that does not load (privacy state fails closed).

@@ -48,7 +48,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dp_checkpoint(tmp_path_factory):
     """Three DP-SGD steps: the checkpoint holds DPSGD's ledger."""
-    dpsgd = DPSGD(noise_multiplier=1.0, sampling_seed=0)
+    dpsgd = DPSGD(noise_multiplier=1.0, delta=1e-4, sampling_seed=0)  # a non-default delta: the audit reads it back
     return _fit(tmp_path_factory.mktemp("dp"), [dpsgd], max_steps=3)[0], dpsgd
 
 
@@ -115,7 +115,7 @@ def test_dp_checkpoint_is_audited_inside_its_ledger(dp_checkpoint, tmp_path):
     )
     out = _json(done)
     assert out["ledger"]["steps"] == dpsgd.ledger.steps == 3
-    assert out["ledger"]["epsilon"] == pytest.approx(dpsgd.ledger.epsilon(1e-5), rel=1e-9)
+    assert out["ledger"]["epsilon"] == pytest.approx(dpsgd.ledger.epsilon(dpsgd.delta), rel=1e-9)
     bounds = dpsgd.ledger.tpr_bounds([p["fpr_high"] for p in out["tpr_at_fpr"]])
     assert out["ledger_tpr_bounds"] == pytest.approx(bounds.tolist(), rel=1e-9)
     assert out["outside"] == []  # three noisy steps: no attack point beyond the accountant's bound
@@ -154,13 +154,17 @@ def test_dp_target_gets_dp_references(dp_checkpoint, tmp_path):
     args = ("--checkpoint", path, "--attack", "lira", "--num-references", "2", "--reference-epochs", "1", "--json")
     done = run_cli(*COMMAND.split(), *args, "--cache-dir", tmp_path / "refs", cwd=tmp_path)
     out = _json(done)
-    # trained like the target: DP-SGD at the checkpoint's sigma and C, batches of its training batch size (512)
+    # trained like the target: DP-SGD at the checkpoint's sigma, C, delta, loss reduction and gradient mode,
+    # batches of its training batch size (512)
     assert out["references"]["dp_sgd"] == {
         "noise_multiplier": dpsgd.noise_multiplier,
         "max_grad_norm": dpsgd.max_grad_norm,
-        "delta": 1e-5,
+        "delta": dpsgd.delta,
         "accountant": "rdp",
+        "loss_reduction": dpsgd.loss_reduction,
+        "grad_sample_mode": dpsgd.grad_sample_mode,
     }
+    assert out["delta"] == dpsgd.delta  # the run's delta, saved in the checkpoint
     assert out["population"]["population_batch_size"] == 512 and out["references"]["trained"] == 2
     assert f"with DP-SGD like the target's (sigma {dpsgd.noise_multiplier:g}" in done.stderr
     assert out["variant"] == "offline" and out["ledger"]["steps"] == 3

@@ -518,6 +518,10 @@ class DPSGD(Callback):
             # fit records its own in setup and when its train loader is built
             "fixed_modules": [dict(entry) for entry in self.fixed_modules],
             "dataset_size": self.dataset_size,
+            # the recipe, for audits that retrain like the run (reference models) and report its δ
+            "delta": self.delta,
+            "loss_reduction": self.loss_reduction,
+            "grad_sample_mode": self.grad_sample_mode,
         }
 
     @override

@@ -105,7 +105,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     attack.add_argument(
         "--alpha", type=float, default=0.05, help="significance of the intervals and bound (default: %(default)s)"
     )
-    attack.add_argument("--delta", type=float, default=None, help="delta of the epsilon lower bound (default: 1e-5)")
+    attack.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="delta of the epsilon lower bound (default: the run's, saved by DPSGD, else 1e-5)",
+    )
     attack.add_argument("--seed", type=int, default=0, help="seeds the population split and the references (0)")
     out = parser.add_argument_group("output")
     out.add_argument("--figure", default=None, help="write the log-log ROC (inside the accountant's region) here")
@@ -275,7 +280,8 @@ def _dp_recipe(contents: Any, delta: float) -> Optional[Dict[str, Any]]:
     """``DPSGD`` arguments training the references like the target (σ and C of the checkpoint), or ``None``.
 
     As the :class:`~lightning_privacy.MembershipAudit` callback: references of a DP-SGD target are trained with
-    DP-SGD at the same σ and C (the loss reduction and gradient mode are not saved: DPSGD's defaults).
+    DP-SGD at the same σ, C, loss reduction and gradient mode (checkpoints from before DPSGD saved the last two:
+    DPSGD's defaults).
     """
     from lightning_privacy.checkpoints import dpsgd_state
 
@@ -285,12 +291,16 @@ def _dp_recipe(contents: Any, delta: float) -> Optional[Dict[str, Any]]:
     sigma, norm = state.get("noise_multiplier"), state.get("max_grad_norm")
     if not isinstance(sigma, (int, float)) or sigma <= 0 or not isinstance(norm, (int, float)):
         return None
-    return {
+    recipe = {
         "noise_multiplier": float(sigma),
         "max_grad_norm": float(norm),
         "delta": delta,
         "accountant": str(state.get("accountant", "rdp")),
     }
+    for key in ("loss_reduction", "grad_sample_mode"):  # saved since DPSGD records its recipe
+        if isinstance(state.get(key), str):
+            recipe[key] = state[key]
+    return recipe
 
 
 def _cache_folder(args: argparse.Namespace) -> Path:
@@ -411,7 +421,12 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
     io.check_member_count(dm, contents)
     members, nonmembers, population, population_record = _data(args, dm, contents)
-    delta = 1e-5 if args.delta is None else args.delta
+    delta = args.delta
+    if delta is None:  # the run's δ where DPSGD saved it, else 1e-5
+        from lightning_privacy.checkpoints import dpsgd_state
+
+        saved = (dpsgd_state(contents) or {}).get("delta")
+        delta = float(saved) if isinstance(saved, float) and 0.0 < saved < 1.0 else 1e-5
     ledger, ledger_record = _ledger(contents, delta)
     refs, refs_record = None, None
     if args.attack != "loss":
