@@ -239,6 +239,7 @@ def train_references(
                     torch.manual_seed(int(np.random.SeedSequence([seed, j, 1]).generate_state(1)[0]))
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+                        warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's, about torch's API
                         pl.Trainer(**run_kwargs).fit(model, train_dataloaders=loader)
                 seconds.append(time.perf_counter() - start)
                 trained += 1

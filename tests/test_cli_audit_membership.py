@@ -57,14 +57,24 @@ def _json(done) -> dict:
     return json.loads(done.stdout)  # exactly one JSON object on stdout
 
 
+def test_without_a_separate_population_the_nonmembers_are_halved(checkpoint, tmp_path):
+    # with the test rows as non-members, Adult's population (its test split) would overlap them: they are halved
+    args = ("--checkpoint", checkpoint, "--attack", "loss", "--nonmembers", "test", "--json")
+    done = run_cli(*COMMAND.split(), *args, cwd=tmp_path)
+    out = _json(done)
+    assert out["population"]["population_rows"] == out["num_nonmembers"] == 7530
+    assert "seeded split" in out["population"]["source"]
+    assert "split by a permutation seeded with --seed 0" in done.stderr
+
+
 def test_loss_attack_json(checkpoint, tmp_path):
     done = run_cli(*COMMAND.split(), "--checkpoint", checkpoint, "--attack", "loss", "--json", cwd=tmp_path)
     out = _json(done)
     assert out["attack"] == "loss" and out["variant"] == "reference-free" and out["references"] is None
-    # Adult has no population_dataloader(): its 3016 validation rows are halved, the second half audited
-    assert out["population"]["population_rows"] == out["num_nonmembers"] == 1508
-    assert out["num_members"] == 27146 and "seeded split" in out["population"]["source"]
-    assert "split by a permutation seeded with --seed 0" in done.stderr
+    # Adult's population is its test split (15060 rows), the audited non-members all 3016 validation rows
+    assert out["population"]["population_rows"] == 15060 and out["num_nonmembers"] == 3016
+    assert out["num_members"] == 27146 and out["population"]["source"] == "AdultDataModule.population_dataloader()"
+    assert out["population"]["population_batch_size"] == 512  # the batch size the target trained with
     assert out["ledger"] is None and out["ledger_tpr_bounds"] is None and "no DP-SGD history" in done.stderr
     for key in ("auc", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1", "epsilon_lower"):
         assert 0.0 <= out[names.membership_key("loss", key)] <= (1.0 if "epsilon" not in key else np.inf)

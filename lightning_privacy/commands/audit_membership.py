@@ -201,11 +201,26 @@ def _data(args: argparse.Namespace, dm: Any, contents: Any) -> Tuple[Any, Any, A
 
     members, nonmembers = io.member_batches(dm), io.nonmember_batches(dm, args.nonmembers)
     population = io._loader(dm, "population_dataloader")
+    if population is not None and getattr(population, "dataset", None) is getattr(nonmembers, "dataset", False):
+        population = None  # e.g. Adult's population is its test split: not with `--nonmembers test`
     if population is not None:
+        from torch.utils.data import DataLoader, Dataset, IterableDataset
+
         dataset = getattr(population, "dataset", None)
         record = {"source": f"{type(dm).__name__}.population_dataloader()"}
         if hasattr(dataset, "__len__"):
             record["population_rows"] = len(dataset)
+        train_batch_size = _training_batch_size(dm, contents)
+        if (
+            train_batch_size
+            and isinstance(population, DataLoader)
+            and isinstance(dataset, Dataset)
+            and not isinstance(dataset, IterableDataset)
+        ):  # the references train on it: with the target's batch size
+            population = DataLoader(
+                dataset, batch_size=train_batch_size, shuffle=False, collate_fn=population.collate_fn
+            )
+        record["population_batch_size"] = population.batch_size
         _say(f"population: {record['source']}; non-members: all of {type(dm).__name__}.{args.nonmembers}_dataloader()")
         return members, nonmembers, population, record
     population, nonmembers, record = _split(nonmembers, args.seed, _training_batch_size(dm, contents))

@@ -122,6 +122,11 @@ class AdultDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader(self.test_dataset, shuffle=False)
 
+    def population_dataloader(self) -> DataLoader:
+        """Rows neither trained on nor in the validation split: the Adult test split (reference-model attacks
+        train their references on it and draw RMIA's population from it; see ``audit_membership``)."""
+        return self._loader(self.test_dataset, shuffle=False)
+
     def member_dataloader(self) -> DataLoader:
         """The training rows in a fixed order (for audits; not the Poisson loader)."""
         return self._loader(self.train_dataset, shuffle=False)
