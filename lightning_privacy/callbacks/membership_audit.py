@@ -43,7 +43,8 @@ class MembershipAudit(Callback):
     Args:
         attack: ``"rmia"``, ``"lira"`` or ``"loss"``.
         num_references: reference models for RMIA / LiRA (≥ 1).
-        population: a DataLoader over a map-style dataset of rows neither member nor non-member (RMIA / LiRA).
+        population: a DataLoader over a map-style dataset of rows neither member nor non-member (RMIA / LiRA);
+            default: the datamodule's ``population_dataloader()`` (Adult's: its test split).
         member_dataloader, nonmember_dataloader: the audited examples (defaults above).
         model_factory: returns a fresh untrained module of the audited architecture.
         reference_trainer_kwargs: ``Trainer`` arguments for the references (default: this run's
@@ -92,10 +93,6 @@ class MembershipAudit(Callback):
             if isinstance(num_references, bool) or not isinstance(num_references, int) or num_references < 1:
                 raise MisconfigurationException(
                     f"`num_references` must be an int >= 1 for attack={attack!r}, got {num_references!r}"
-                )
-            if population is None:
-                raise MisconfigurationException(
-                    f"`population` (a DataLoader of rows neither member nor non-member) is needed for attack={attack!r}"
                 )
         if every_n_epochs is not None and (
             isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1
@@ -180,6 +177,17 @@ class MembershipAudit(Callback):
                 ]
         return kwargs
 
+    def _population(self, trainer: pl.Trainer) -> Any:
+        if self.population is not None or self.attack == "loss":
+            return self.population
+        hook = getattr(trainer.datamodule, "population_dataloader", None)
+        if callable(hook):
+            return hook()
+        raise MisconfigurationException(
+            f"MembershipAudit: attack={self.attack!r} needs `population` (a DataLoader of rows neither member nor "
+            "non-member) or a datamodule with `population_dataloader()`"
+        )
+
     def _ledger(self, trainer: pl.Trainer) -> Any:
         from lightning_privacy.callbacks.dpsgd import DPSGD
 
@@ -198,13 +206,14 @@ class MembershipAudit(Callback):
                 "MembershipAudit: no non-member data to audit: pass `nonmember_dataloader` or give the Trainer "
                 "validation data"
             ) from err
+        population = self._population(trainer)
         if self.attack != "loss" and self.references is None:
             from lightning_privacy.references import train_references
 
             try:
                 self.references = train_references(
                     self._factory(pl_module),
-                    self.population,
+                    population,
                     num_references=self.num_references,
                     trainer_kwargs=self._trainer_kwargs(trainer),
                     cache_dir=self.cache_dir,
@@ -225,7 +234,7 @@ class MembershipAudit(Callback):
                 nonmembers,
                 attack=self.attack,
                 references=self.references,
-                population_loader=self.population,
+                population_loader=population,
                 ledger=self._ledger(trainer),
                 alpha=self.alpha,
                 delta=self.delta,

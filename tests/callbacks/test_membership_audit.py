@@ -112,8 +112,6 @@ def test_tensorboard_shows_the_scalars_the_figure_and_the_summary(fitted):
 
 
 def test_refusals_name_the_fix(data):
-    with pytest.raises(MisconfigurationException, match="population"):
-        MembershipAudit("lira", num_references=2)
     with pytest.raises(MisconfigurationException, match="attack"):
         MembershipAudit("shadow-models")
 
@@ -141,6 +139,27 @@ def test_refusals_name_the_fix(data):
     trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[callback], **QUIET)
     with pytest.raises(MisconfigurationException, match="save_hyperparameters"):
         trainer.fit(NoHparams(), _loader(data, slice(0, 200), True))
+
+
+def test_the_population_defaults_to_the_datamodules(data):
+    callback = MembershipAudit("lira", num_references=1)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[callback], **QUIET)
+    with pytest.raises(MisconfigurationException, match="population"):  # plain loaders: nowhere to take it from
+        trainer.fit(_model(), _loader(data, slice(0, 200), True), _loader(data, slice(200, 400)))
+
+    class WithPopulation(pl.LightningDataModule):
+        def train_dataloader(self):
+            return _loader(data, slice(0, 200), True)
+
+        def val_dataloader(self):
+            return _loader(data, slice(200, 400))
+
+        def population_dataloader(self):
+            return _loader(data, slice(400, 800))
+
+    callback = MembershipAudit("lira", num_references=1)
+    pl.Trainer(max_epochs=1, logger=False, callbacks=[callback], **QUIET).fit(_model(), datamodule=WithPopulation())
+    assert callback.references.inside_population.shape == (1, 400) and callback.result.variant == "offline"
 
 
 def test_the_loss_attack_needs_no_references(data):
