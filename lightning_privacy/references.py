@@ -126,6 +126,7 @@ def train_references(
     cache_dir: Optional[str] = None,
     seed: int = 0,
     targets: Optional[Sequence[Any]] = None,
+    dp_sgd: Optional[Mapping[str, Any]] = None,
     progress: Optional[bool] = None,
 ) -> ReferenceModels:
     """Train ``num_references`` reference models with a Lightning Trainer on random halves of a population.
@@ -152,6 +153,8 @@ def train_references(
             and trains none (a missing model file is trained again).
         seed: seeds the halves (``SeedSequence(seed)``) and each reference's training.
         targets: ``(member_loader, nonmember_loader)`` to mix the audited examples into the halves (online).
+        dp_sgd: train each reference with ``DPSGD(**dp_sgd)`` (e.g. the audited run's ``noise_multiplier``,
+            ``max_grad_norm``, ``delta``): the recipe of a DP-SGD target, added to ``trainer_kwargs``' callbacks.
         progress: a bar over the references on stderr (``None``: only when stderr is a terminal).
 
     Returns:
@@ -174,6 +177,13 @@ def train_references(
         raise ValueError(f"Expected argument `num_references` to be at least 1, but got {num_references!r}.")
     seed = expect_count("seed", seed)
     kwargs = _check_trainer_kwargs(trainer_kwargs)
+    if dp_sgd is not None:
+        from lightning_privacy.callbacks.dpsgd import DPSGD
+
+        if not isinstance(dp_sgd, Mapping):
+            raise TypeError(f"Expected argument `dp_sgd` to be a dict of DPSGD arguments, but got {dp_sgd!r}.")
+        given = kwargs.get("callbacks") or []
+        kwargs["callbacks"] = [*(given if isinstance(given, (list, tuple)) else [given]), DPSGD(**dict(dp_sgd))]
     datasets = [_dataset("population_loader", population_loader)]
     if targets is not None:
         if len(targets) != 2:
@@ -192,7 +202,7 @@ def train_references(
         "targets_fingerprint": targets_fp,
         "population_rows": n_pop,
         "rows": rows,
-        "recipe": _recipe(trainer_kwargs),
+        "recipe": _recipe(kwargs),
     }
     folder = Path(cache_dir) if cache_dir is not None else None
     if folder is not None:

@@ -23,7 +23,8 @@ def test_demo_runs_and_prints_the_summary(tmp_path, capsys):
     assert f"... as one page:  {page}" in out
     text = page.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>") and "<h2>Bayes security against membership inference</h2>" in text
-    assert text.count('<img src="data:image/png;base64,') == 1  # β* per epoch with the budget, the TPR-FPR region
+    # β* per epoch with the budget and the TPR-FPR region; the region on log-log axes
+    assert text.count('<img src="data:image/png;base64,') == 2
 
 
 def test_demo_rejects_bad_arguments(capsys):

@@ -356,10 +356,6 @@ def _references(args, model_class, contents, population, delta: float) -> Tuple[
         )
     trainer_kwargs: Dict[str, Any] = {"max_epochs": int(epochs), "accelerator": "cpu"}
     dp = _dp_recipe(contents, delta)
-    if dp is not None:
-        from lightning_privacy.callbacks.dpsgd import DPSGD
-
-        trainer_kwargs["callbacks"] = [DPSGD(**dp)]
     cached = [j for j in range(k) if (folder / f"reference_{j}.pt").is_file()] if stored else []
     if len(cached) == k:
         _say(f"references: loading {k} reference model(s) from {folder}")
@@ -384,6 +380,7 @@ def _references(args, model_class, contents, population, delta: float) -> Tuple[
                 trainer_kwargs=trainer_kwargs,
                 cache_dir=str(folder),
                 seed=args.seed,
+                dp_sgd=dp,
                 progress=False if args.quiet else None,
             )
     except (TypeError, ValueError) as err:

@@ -264,6 +264,26 @@ def test_references_are_reproducible_and_leave_the_callers_stream_alone(adult):
         assert torch.equal(p, q)
 
 
+@pytest.mark.filterwarnings("ignore")
+def test_dp_sgd_references_train_with_dpsgd_and_the_cache_records_it(adult, tmp_path):
+    x, y = adult
+    pop = _loader(x, y, slice(400, 600))
+    refs = train_references(
+        _factory(16),
+        pop,
+        num_references=1,
+        trainer_kwargs=dict(max_epochs=1),
+        cache_dir=tmp_path,
+        dp_sgd=dict(noise_multiplier=1.3, max_grad_norm=0.5),
+    )
+    recipe = json.loads((tmp_path / "references.json").read_text())["recipe"]
+    (key,) = recipe["callbacks"]
+    assert key.startswith("DPSGD") and "1.3" in key and "0.5" in key
+    assert refs.trained == 1
+    with pytest.raises(TypeError, match="dp_sgd"):
+        train_references(_factory(16), pop, num_references=1, trainer_kwargs=dict(max_epochs=1), dp_sgd=1.3)
+
+
 def test_bad_arguments_are_named(adult):
     x, y = adult
     loader = _loader(x, y, slice(0, 50))
