@@ -8,6 +8,7 @@ block differs from its file (run the sync script after a benchmark) or names a f
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -19,28 +20,96 @@ sync_results = importlib.util.module_from_spec(_spec)
 sys.modules.setdefault("sync_results", sync_results)
 _spec.loader.exec_module(sync_results)
 
-# Files being re-measured by their reproductions (issue 23); remove an entry once its file is committed.
-PENDING = {
-    "benchmarks/results/panoramia_adult.md": "re-run of benchmarks/panoramia_adult.py pending",
-    "benchmarks/results/panoramia_digits.md": "re-run of examples/panoramia_digits.py pending",
-    "benchmarks/results/epsilon_star_adult.md": "re-run of benchmarks/epsilon_star_adult.py pending",
-}
+# Tables outside any results block that hold numbers but are not measurements: (page, the table's header row) ->
+# why it may stay. An entry that no longer matches a table fails `test_allowed_tables_exist`.
+NOT_MEASUREMENTS: dict = {}
+
+_DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+")
+_NUMBER_CELL = re.compile(r"^[~≈<>≤≥]?\s*\d[\d,.]*(?:\s*[–-]\s*\d[\d,.]*)?\s*[%×]?$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def _measured_looking(row: str) -> bool:
+    """A table row with at least 2 decimal numbers, or at least 2 cells that are only a number (or a range)."""
+    cells = [c.strip().strip("*") for c in row.strip().strip("|").split("|")]
+    return len(_DECIMAL.findall(row)) >= 2 or sum(bool(_NUMBER_CELL.match(c)) for c in cells) >= 2
+
+
+def _measured_table(body: list) -> bool:
+    """A measured-looking row, or at least 2 cells across the rows that are only a decimal number."""
+    cells = [c.strip().strip("*") for row in body for c in row.strip().strip("|").split("|")]
+    return any(map(_measured_looking, body)) or sum(bool(_DECIMAL.fullmatch(c)) for c in cells) >= 2
+
+
+def unpublished_tables(page: Path) -> list:
+    """(line, header row) of every Markdown table outside results blocks and code fences that looks measured."""
+    text = sync_results.BLOCK.sub(lambda m: "\n" * m[0].count("\n"), page.read_text(encoding="utf-8"))
+    found, table, fenced = [], [], False
+    for number, line in enumerate([*text.splitlines(), ""], 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+        if line.startswith("|") and not fenced:
+            table.append((number, line))
+            continue
+        if table and _measured_table([row for _, row in table[2:]]):
+            found.append((table[0][0], table[0][1].strip()))
+        table = []
+    return found
 
 
 def _params():
     for page in sync_results.pages():
         for block in sync_results.blocks(page):
-            name = block.spec.split("#", 1)[0]
-            marks = []
-            if name in PENDING and not (ROOT / name).exists():
-                marks = [pytest.mark.xfail(reason=f"{name} does not exist yet: {PENDING[name]}", strict=False)]
-            yield pytest.param(block, id=f"{page.relative_to(ROOT).as_posix()}:{block.line}:{block.spec}", marks=marks)
+            yield pytest.param(block, id=f"{page.relative_to(ROOT).as_posix()}:{block.line}:{block.spec}")
 
 
 def test_pages_publish_results_files():
     specs = {b.spec.split("#")[0] for p in sync_results.pages() for b in sync_results.blocks(p)}
-    written = {f"benchmarks/results/{p.name}" for p in (ROOT / "benchmarks" / "results").glob("*.txt")}
+    written = {
+        f"benchmarks/results/{p.name}"
+        for pattern in ("*.txt", "*.md")
+        for p in (ROOT / "benchmarks" / "results").glob(pattern)
+    }
     assert written <= specs, f"results files no page publishes: {sorted(written - specs)}"
+
+
+def test_every_measured_table_is_a_results_block():
+    """A table of measured-looking numbers outside results blocks fails, unless NOT_MEASUREMENTS says why it may stay."""
+    stray = [
+        f"{page.relative_to(ROOT).as_posix()}:{line}: {header}"
+        for page in sync_results.pages()
+        for line, header in unpublished_tables(page)
+        if (page.relative_to(ROOT).as_posix(), header) not in NOT_MEASUREMENTS
+    ]
+    assert not stray, (
+        "tables of numbers outside any results block (have the script that measured them write a results file and "
+        "embed it, or add the table to NOT_MEASUREMENTS with the reason):\n" + "\n".join(stray)
+    )
+
+
+def test_allowed_tables_exist():
+    for (name, header), reason in NOT_MEASUREMENTS.items():
+        assert reason.strip(), f"{name}: {header}: an allowed table needs its reason"
+        headers = [h for _, h in unpublished_tables(ROOT / name)]
+        assert header in headers, f"NOT_MEASUREMENTS names a table {name} no longer has outside a block: {header}"
+
+
+def test_the_guard_sees_a_table_outside_blocks_and_not_inside(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "| a | b | c |\n|---|---|---|\n| x | 0.12 | 3.4 |\n\n"
+        "| setting | value |\n|---|---|\n| steps | many |\n\n"
+        "<!-- results: benchmarks/results/x.md -->\n| a | b |\n|---|---|\n| 1.5 | 2.5 |\n<!-- /results -->\n\n"
+        "```text\n| 1.5 | 2.5 |\n```\n\n"
+        "| method | trials | width |\n|---|---|---|\n| ours | 660 | 18–40% |\n\n"
+        "| selection | share |\n|---|---|\n| holdout | 0.03 |\n| none | 0.31 |\n",
+        encoding="utf-8",
+    )
+    assert unpublished_tables(page) == [
+        (1, "| a | b | c |"),
+        (19, "| method | trials | width |"),
+        (23, "| selection | share |"),
+    ]
 
 
 @pytest.mark.parametrize("block", list(_params()))
