@@ -1,6 +1,6 @@
-"""A screenshot of the self-contained HTML privacy report for the README, taken by headless Chromium.
+"""A screenshot of the self-contained HTML privacy report for ``docs/guides/html_report.md``, taken by headless Chromium.
 
-Trains the README's example (section "Audit your own model": the Adult MLP with DPSGD planned for β*_MIA ≥ 0.9
+Trains that page's example (section "One page to share": the Adult MLP with DPSGD planned for β*_MIA ≥ 0.9
 after 2 epochs, BayesSecurityMonitor, PrivacyBudgetStopping, EpsilonStarAudit and a gradient CanaryAudit), writes
 ``log_privacy_report(trainer, "privacy_report.html")`` and photographs the whole page with Debian's ``chromium``
 (the page height is measured in the browser first, so nothing is cut off).
@@ -31,7 +31,7 @@ CHROMIUM_FLAGS = [
 
 
 def train_and_report(page: Path) -> None:
-    """The README block, with fixed seeds (``seed_everything`` and DPSGD's ``sampling_seed``), logs in a temporary folder."""
+    """The block of ``docs/guides/html_report.md``, with fixed seeds (``seed_everything`` and DPSGD's ``sampling_seed``), logs in a temporary folder."""
     import lightning.pytorch as pl
     import torch
 

@@ -1,6 +1,6 @@
-"""Screenshots of what a user sees in TensorBoard for the README: the SCALARS page and the HPARAMS tab.
+"""Screenshots of what a user sees in TensorBoard for ``docs/guides/tensorboard.md``: the SCALARS page and the HPARAMS tab.
 
-Trains the README's Adult MLP with DPSGD + BayesSecurityMonitor + AttributeInferenceMonitor (age) +
+Trains the Adult MLP with DPSGD + BayesSecurityMonitor + AttributeInferenceMonitor (age) +
 EpsilonStarAudit(every_n_epochs=2) for 4 epochs under Lightning's default TensorBoardLogger, starts TensorBoard's
 own server on it (loopback, a free port) and takes headless-Chromium screenshots (Debian's ``chromium``).
 

@@ -59,7 +59,7 @@ class PanoramiaAudit(Callback):
         classifier: ``"auto"``, ``"hgb"`` or ``"torch"``.
         top_rows: most-obviously-real rows listed in the text block.
         mia_features: ``"target_loss"`` (the paper's MIA: x + target loss) or ``"calibrated"`` (also the
-            helper's loss as a reference; stronger on Adult, see the README).
+            helper's loss as a reference; stronger on Adult, see ``docs/reproductions/panoramia.md``).
         seed: seed of the whole audit.
 
     Attributes:

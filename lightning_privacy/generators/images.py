@@ -7,7 +7,8 @@ those scores is estimated with Ledoit–Wolf shrinkage, and samples are mapped b
 pixel's empirical quantile function. Marginals are therefore exactly the observed ones per class
 (always-black border pixels stay black, intensities stay on the observed grid) and the pixel
 dependence is Gaussian. On digits this was harder for the baseline to spot than PCA + Gaussian
-mixtures (measured in the README).
+mixtures (a comparison made when the generator was chosen; the digits audit it serves is in
+``docs/reproductions/panoramia.md``).
 """
 
 from __future__ import annotations
