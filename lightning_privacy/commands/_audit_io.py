@@ -293,3 +293,62 @@ def read_values(path: str, option: str) -> Any:
     if values.ndim != 1:
         raise ValueError(f"`{option}` {path!r} must hold one value per example, got shape {values.shape}")
     return values
+
+
+# --- the checkpoint audits' model and data options ---------------------------------------------------
+DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
+ADULT_DEFAULTS = {"data_path": None, "batch_size": 1024, "val_fraction": 0.1, "split_seed": 0}
+ADULT_KEYS = {"data_path": "path", "batch_size": "batch_size", "val_fraction": "val_fraction", "split_seed": "seed"}
+
+
+def add_model_arguments(parser: Any, title: str = "model and data") -> None:
+    """The options that say how to rebuild a checkpoint's model and data: ``--model``, ``--model-args``,
+    ``--datamodule``, ``--datamodule-args``, ``--fix-modules``, ``--nonmembers`` and Adult's flags (read back by
+    :func:`datamodule_args`)."""
+    model = parser.add_argument_group(title)
+    model.add_argument(
+        "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
+    )
+    model.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
+    model.add_argument(
+        "--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult's)"
+    )
+    model.add_argument(
+        "--datamodule-args",
+        default=None,
+        help="JSON object of constructor arguments (over the hyperparameters the checkpoint saved for its datamodule)",
+    )
+    model.add_argument(
+        "--fix-modules",
+        action="store_true",
+        help="replace the layers Opacus has a fixer for before loading, as DPSGD(fix_modules=True) did in training "
+        "(needed only for checkpoints that do not record it)",
+    )
+    model.add_argument(
+        "--nonmembers", choices=("val", "test"), default="val", help="non-member data (default: %(default)s)"
+    )
+    adult = parser.add_argument_group("Adult (the default datamodule; the split defaults to the checkpoint's)")
+    adult.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: bundled)")
+    adult.add_argument("--val-fraction", type=float, default=None, help="validation share used in training (0.1)")
+    adult.add_argument("--split-seed", type=int, default=None, help="seed of the train/validation split (0)")
+    adult.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (1024)")
+
+
+def datamodule_args(args: Any) -> dict:
+    """Keyword arguments of :func:`datamodule` (beside the checkpoint) from the :func:`add_model_arguments` options."""
+    given = json_object(args.datamodule_args, "--datamodule-args")
+    adult_flags = {k: getattr(args, k) for k in ADULT_DEFAULTS if getattr(args, k) is not None}
+    if args.datamodule is not None:
+        if adult_flags:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in adult_flags)
+            raise ValueError(f"{flags} only apply to the default Adult datamodule; use `--datamodule-args`")
+        return {"args": given}
+    # Adult: the split the checkpoint saved (else the defaults), under the flags; the evaluation batch size is the
+    # flag's or 1024, not the training batch size the checkpoint saved
+    batch_size = adult_flags.pop("batch_size", ADULT_DEFAULTS["batch_size"])
+    return {
+        "args": {**{ADULT_KEYS[k]: v for k, v in adult_flags.items()}, **given},
+        "defaults": {ADULT_KEYS[k]: v for k, v in ADULT_DEFAULTS.items() if k != "batch_size"},
+        "reading": {"batch_size": batch_size},
+        "options": {ADULT_KEYS[k]: f"`--{k.replace('_', '-')}`" for k in adult_flags if ADULT_KEYS[k] not in given},
+    }

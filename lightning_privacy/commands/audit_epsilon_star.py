@@ -31,42 +31,16 @@ HELP = (
     "Epsilon* (Negoescu et al. 2023) of a saved model on its datamodule's members and non-members "
     "(default: Adult), or of member / non-member loss files."
 )
-DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
-ADULT_DEFAULTS = {"data_path": None, "batch_size": 1024, "val_fraction": 0.1, "split_seed": 0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from lightning_privacy.commands import _audit_io as io
+
     source = parser.add_argument_group("what to audit (a checkpoint, or two loss files)")
     source.add_argument("--checkpoint", default=None, help="Lightning checkpoint (.ckpt) or state_dict file")
     source.add_argument("--member-losses", default=None, help="losses of members: .npy, or .csv/.txt one a line")
     source.add_argument("--nonmember-losses", default=None, help="losses of non-members (same formats)")
-    model = parser.add_argument_group("model and data (with --checkpoint)")
-    model.add_argument(
-        "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
-    )
-    model.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
-    model.add_argument(
-        "--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult's)"
-    )
-    model.add_argument(
-        "--datamodule-args",
-        default=None,
-        help="JSON object of constructor arguments (over the hyperparameters the checkpoint saved for its datamodule)",
-    )
-    model.add_argument(
-        "--fix-modules",
-        action="store_true",
-        help="replace the layers Opacus has a fixer for before loading, as DPSGD(fix_modules=True) did in training "
-        "(needed only for checkpoints that do not record it)",
-    )
-    model.add_argument(
-        "--nonmembers", choices=("val", "test"), default="val", help="non-member data (default: %(default)s)"
-    )
-    adult = parser.add_argument_group("Adult (the default datamodule; the split defaults to the checkpoint's)")
-    adult.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: bundled)")
-    adult.add_argument("--val-fraction", type=float, default=None, help="validation share used in training (0.1)")
-    adult.add_argument("--split-seed", type=int, default=None, help="seed of the train/validation split (0)")
-    adult.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (1024)")
+    io.add_model_arguments(parser, "model and data (with --checkpoint)")
     parser.add_argument(
         "--delta",
         type=float,
@@ -76,33 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-ADULT_KEYS = {"data_path": "path", "batch_size": "batch_size", "val_fraction": "val_fraction", "split_seed": "seed"}
-
-
 def _warn(message: str) -> None:
     print(f"lightning-privacy audit epsilon-star: warning: {message}", file=sys.stderr)
-
-
-def _datamodule_args(args: argparse.Namespace) -> dict:
-    """Keyword arguments of :func:`~lightning_privacy.commands._audit_io.datamodule` (beside the checkpoint)."""
-    from lightning_privacy.commands._audit_io import json_object
-
-    given = json_object(args.datamodule_args, "--datamodule-args")
-    adult_flags = {k: getattr(args, k) for k in ADULT_DEFAULTS if getattr(args, k) is not None}
-    if args.datamodule is not None:
-        if adult_flags:
-            flags = ", ".join(f"--{k.replace('_', '-')}" for k in adult_flags)
-            raise ValueError(f"{flags} only apply to the default Adult datamodule; use `--datamodule-args`")
-        return {"args": given}
-    # Adult: the split the checkpoint saved (else the defaults), under the flags; the evaluation batch size is the
-    # flag's or 1024, not the training batch size the checkpoint saved
-    batch_size = adult_flags.pop("batch_size", ADULT_DEFAULTS["batch_size"])
-    return {
-        "args": {**{ADULT_KEYS[k]: v for k, v in adult_flags.items()}, **given},
-        "defaults": {ADULT_KEYS[k]: v for k, v in ADULT_DEFAULTS.items() if k != "batch_size"},
-        "reading": {"batch_size": batch_size},
-        "options": {ADULT_KEYS[k]: f"`--{k.replace('_', '-')}`" for k in adult_flags if ADULT_KEYS[k] not in given},
-    }
 
 
 def audit(args: argparse.Namespace) -> dict:
@@ -124,7 +73,7 @@ def audit(args: argparse.Namespace) -> dict:
         source = {"member_losses": args.member_losses, "nonmember_losses": args.nonmember_losses}
     else:
         model_class = io.load_class(args.model, "--model")
-        dm_args = _datamodule_args(args)
+        dm_args = io.datamodule_args(args)
         model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
         dm = io.datamodule(
             args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args

@@ -37,42 +37,17 @@ from typing import Any, Dict, Optional, Tuple
 
 NAME = "audit membership"
 HELP = "Reference-model membership attack (RMIA, LiRA) or the LOSS baseline on a saved checkpoint; default data: Adult"
-DEFAULT_MODEL = "lightning_privacy.models:TabularMLP"
 PREFIX = "lightning-privacy audit membership"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from lightning_privacy.commands import _audit_io as io
+
     parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) or state_dict file")
     parser.add_argument(
         "--attack", choices=("rmia", "lira", "loss"), default="rmia", help="the attack (default: %(default)s)"
     )
-    model = parser.add_argument_group("model and data")
-    model.add_argument(
-        "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
-    )
-    model.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
-    model.add_argument(
-        "--datamodule", default=None, help="LightningDataModule class as module:Class (default: Adult's)"
-    )
-    model.add_argument(
-        "--datamodule-args",
-        default=None,
-        help="JSON object of constructor arguments (over the hyperparameters the checkpoint saved for its datamodule)",
-    )
-    model.add_argument(
-        "--fix-modules",
-        action="store_true",
-        help="replace the layers Opacus has a fixer for before loading, as DPSGD(fix_modules=True) did in training "
-        "(needed only for checkpoints that do not record it)",
-    )
-    model.add_argument(
-        "--nonmembers", choices=("val", "test"), default="val", help="non-member data (default: %(default)s)"
-    )
-    adult = parser.add_argument_group("Adult (the default datamodule; the split defaults to the checkpoint's)")
-    adult.add_argument("--data-path", default=None, help="folder with adult.data / adult.test (default: bundled)")
-    adult.add_argument("--val-fraction", type=float, default=None, help="validation share used in training (0.1)")
-    adult.add_argument("--split-seed", type=int, default=None, help="seed of the train/validation split (0)")
-    adult.add_argument("--batch-size", type=int, default=None, help="evaluation batch size (1024)")
+    io.add_model_arguments(parser)
     refs = parser.add_argument_group("reference models (RMIA, LiRA)")
     refs.add_argument(
         "--references",
@@ -425,10 +400,9 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     """``(result, record)``: the attack ``args`` ask for and where its inputs came from (``ValueError``: one line)."""
     from lightning_privacy.audits import audit_membership
     from lightning_privacy.commands import _audit_io as io
-    from lightning_privacy.commands.audit_epsilon_star import _datamodule_args
 
     model_class = io.load_class(args.model, "--model")
-    dm_args = _datamodule_args(args)
+    dm_args = io.datamodule_args(args)
     model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
     dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
     io.check_member_count(dm, contents)
