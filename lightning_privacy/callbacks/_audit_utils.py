@@ -6,7 +6,8 @@
 - Reading: deterministic, sharded passes over a dataset (each rank gets every ``world_size``-th example,
   no padding or duplicates; :func:`lightning_privacy.audits._common.sequential_loader`), and the
   training / validation data of a running Trainer.
-- Running: :func:`skip_audit` (``fast_dev_run``) and :func:`show_progress`.
+- Running: :func:`skip_audit` (``fast_dev_run``), :func:`show_progress`, and :class:`ScheduledAudit`, the fit-end
+  / every-n-epochs schedule of an audit callback (:func:`check_every_n_epochs` checks its argument).
 
 The audits themselves are plain functions in :mod:`lightning_privacy.audits`; the callbacks only choose
 the data, call them and log the results with these helpers.
@@ -14,16 +15,19 @@ the data, call them and log the results with these helpers.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Dict, Iterable, Mapping, Optional
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy.audits._common import sequential_loader
 
 __all__ = [
+    "ScheduledAudit",
     "announce_skip",
+    "check_every_n_epochs",
     "log_figure",
     "log_histogram",
     "log_scalars",
@@ -177,3 +181,33 @@ def announce_skip(trainer: pl.Trainer, who: str) -> None:
 def show_progress(trainer: pl.Trainer) -> bool:
     """Show a long audit's progress bar (stderr): on global rank 0 when the Trainer shows its own."""
     return bool(trainer.is_global_zero and trainer.progress_bar_callback is not None)
+
+
+def check_every_n_epochs(value: Any) -> Optional[int]:
+    """``every_n_epochs`` of an audit callback: a positive int, or ``None`` for the fit-end audit only."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise MisconfigurationException(f"`every_n_epochs` must be a positive int or None, got {value!r}")
+    return value
+
+
+class ScheduledAudit(Callback):
+    """An audit callback's schedule: after every ``every_n_epochs``-th training epoch (if set) and at fit end, at most
+    once per training step (the fit-end audit is skipped when the last epoch's already measured this model), never
+    under ``fast_dev_run``. Subclasses set ``every_n_epochs`` and ``_audited_step`` and define ``audit``."""
+
+    every_n_epochs: Optional[int] = None
+    _audited_step: Optional[int] = None
+
+    def audit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[str, float]:  # pragma: no cover
+        raise NotImplementedError
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if skip_audit(trainer):
+            return
+        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
+            self.audit(trainer, pl_module)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if skip_audit(trainer) or self._audited_step == trainer.global_step:
+            return  # fast_dev_run, or the last epoch's audit already measured this very model
+        self.audit(trainer, pl_module)

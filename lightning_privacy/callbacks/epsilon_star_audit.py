@@ -6,7 +6,6 @@ from typing import Any, Callable, Dict, Iterable, Optional
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
@@ -33,7 +32,7 @@ FIGURE_TAG = names.EPSILON_STAR_FIGURE
 SUMMARY_TAG = names.EPSILON_STAR_SUMMARY
 
 
-class EpsilonStarAudit(Callback):
+class EpsilonStarAudit(audit.ScheduledAudit):
     """Epsilon* (Negoescu et al. 2023) of the model being trained, from its per-example losses.
 
     Members are the training data in a fixed order — ``member_dataloader`` if given, else the
@@ -110,16 +109,12 @@ class EpsilonStarAudit(Callback):
             isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 0.5
         ):
             raise MisconfigurationException(f"`delta` must be in the open interval (0, 0.5), got {delta!r}")
-        if every_n_epochs is not None and (
-            isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1
-        ):
-            raise MisconfigurationException(f"`every_n_epochs` must be a positive int or None, got {every_n_epochs!r}")
         if not 0.0 < mia_alpha < 1.0:
             raise MisconfigurationException(f"`mia_alpha` must be in (0, 1), got {mia_alpha!r}")
         self.delta = None if delta is None else float(delta)
         self.member_dataloader = member_dataloader
         self.population_dataloader = population_dataloader
-        self.every_n_epochs = every_n_epochs
+        self.every_n_epochs = audit.check_every_n_epochs(every_n_epochs)
         self.forward_fn = forward_fn
         self.log_histograms = log_histograms
         self.log_figure = log_figure
@@ -133,19 +128,6 @@ class EpsilonStarAudit(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             audit.announce_skip(trainer, type(self).__name__)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if audit.skip_audit(trainer):
-            return
-        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.audit(trainer, pl_module)
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if audit.skip_audit(trainer) or self._audited_step == trainer.global_step:
-            return  # fast_dev_run, or the last epoch's audit already measured this very model
-        self.audit(trainer, pl_module)
 
     def audit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[str, float]:
         """Score both sets, compute Epsilon* (collective: call on every rank), write from rank 0."""

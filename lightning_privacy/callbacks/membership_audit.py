@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
@@ -17,7 +16,7 @@ from lightning_privacy.callbacks import _audit_utils as audit
 __all__ = ["MembershipAudit"]
 
 
-class MembershipAudit(Callback):
+class MembershipAudit(audit.ScheduledAudit):
     """A reference-model membership attack on the trained model: RMIA (default), LiRA or LOSS.
 
     At fit end (and after every ``every_n_epochs``-th epoch if asked) the callback trains ``num_references``
@@ -94,10 +93,6 @@ class MembershipAudit(Callback):
                 raise MisconfigurationException(
                     f"`num_references` must be an int >= 1 for attack={attack!r}, got {num_references!r}"
                 )
-        if every_n_epochs is not None and (
-            isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1
-        ):
-            raise MisconfigurationException(f"`every_n_epochs` must be a positive int or None, got {every_n_epochs!r}")
         if not 0.0 < alpha < 1.0:
             raise MisconfigurationException(f"`alpha` must be in (0, 1), got {alpha!r}")
         self.attack = attack
@@ -108,7 +103,7 @@ class MembershipAudit(Callback):
         self.model_factory = model_factory
         self.reference_trainer_kwargs = None if reference_trainer_kwargs is None else dict(reference_trainer_kwargs)
         self.cache_dir = cache_dir
-        self.every_n_epochs = every_n_epochs
+        self.every_n_epochs = audit.check_every_n_epochs(every_n_epochs)
         self.seed, self.gamma, self.offline_a = seed, gamma, offline_a
         self.alpha, self.delta, self.forward_fn = alpha, delta, forward_fn
         self.log_figure = log_figure
@@ -128,19 +123,6 @@ class MembershipAudit(Callback):
                 "checkpoint and run `lightning-privacy audit membership --checkpoint last.ckpt` after training."
             )
         audit.announce_skip(trainer, type(self).__name__)
-
-    @override
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if audit.skip_audit(trainer):
-            return
-        if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self.audit(trainer, pl_module)
-
-    @override
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if audit.skip_audit(trainer) or self._audited_step == trainer.global_step:
-            return
-        self.audit(trainer, pl_module)
 
     def _factory(self, pl_module: pl.LightningModule) -> Callable[[], pl.LightningModule]:
         if self.model_factory is not None:
