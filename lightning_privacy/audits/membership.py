@@ -71,6 +71,31 @@ def _losses(model: Any, loaders: Sequence[Any], forward_fn, device) -> np.ndarra
 
 
 # ------------------------------------------------------------------------------------------------------ references
+# ---------------------------------------------------------------------------------------------------------- figures
+def _beyond(point: attacks.TprAtFpr, bound: float) -> bool:
+    """A reported point beats the accountant: its TPR lower limit exceeds the bound at its FPR upper limit."""
+    return point.tpr_low > bound
+
+
+def draw_region(ax: Any, fpr: Any, bound: Any, *, floor: float) -> None:
+    """The region a ledger's trade-off curve allows every membership attack (shaded, and the curve as the first line)."""
+    bound = np.clip(np.asarray(bound, dtype=float), floor, 1.0)
+    ax.fill_between(fpr, bound, floor / 1.6, color="C2", alpha=0.15, label="allowed by the accountant")
+    ax.plot(fpr, bound, color="C2", lw=1.5, label="accountant's TPR bound (trade-off curve)")
+
+
+def log_roc_axes(ax: Any, *, floor: float) -> None:
+    """Log–log ROC axes from ``floor`` (the field's convention for low FPR) with the chance line."""
+    grid = np.logspace(np.log10(floor), 0, 200)
+    ax.plot(grid, grid, color="0.5", ls=":", lw=1, label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(floor / 1.6, 1)
+    ax.set_ylim(floor / 1.6, 1.05)
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+
+
 # ---------------------------------------------------------------------------------------------------------- result
 def metric_key(attack: str, quantity: str) -> str:
     """``audit/<attack>_<quantity>``, e.g. ``metric_key("rmia", "auc") == "audit/rmia_auc"`` (:mod:`names`)."""
@@ -170,14 +195,9 @@ class MembershipAuditResult(AuditResult):
         floor = 0.5 / max(neg, 1)
         fig = Figure(figsize=(6.2, 5.2), layout="tight")
         ax = fig.subplots()
-        grid = np.logspace(np.log10(floor), 0, 200)
         if self.region is not None:
-            rx, ry = self.region
-            ax.fill_between(
-                rx, np.maximum(ry, floor), floor / 1.6, color="C2", alpha=0.15, label="allowed by the accountant"
-            )
-            ax.plot(rx, ry, color="C2", lw=1.5, label="accountant's TPR bound (trade-off curve)")
-        ax.plot(grid, grid, color="0.5", ls=":", lw=1, label="chance")
+            draw_region(ax, *self.region, floor=floor)
+        log_roc_axes(ax, floor=floor)
         ax.step(
             np.maximum(fpr, floor),
             np.maximum(tpr, floor),
@@ -187,7 +207,7 @@ class MembershipAuditResult(AuditResult):
             label=f"{self.attack.upper()} ({self.variant}), AUC {self.auc:.3f}",
         )
         for j, p in enumerate(self.tpr):
-            bad = bool(self.outside) and self.ledger_tpr_bounds is not None and p.tpr_low > self.ledger_tpr_bounds[j]
+            bad = self.ledger_tpr_bounds is not None and _beyond(p, self.ledger_tpr_bounds[j])
             ax.errorbar(
                 max(p.achieved_fpr, floor),
                 max(p.tpr, floor),
@@ -208,12 +228,6 @@ class MembershipAuditResult(AuditResult):
                 weight="bold",
                 fontsize=9,
             )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(floor / 1.6, 1)
-        ax.set_ylim(floor / 1.6, 1.05)
-        ax.set_xlabel("false-positive rate")
-        ax.set_ylabel("true-positive rate")
         ax.set_title(
             f"Membership attack ROC ({self.attack.upper()}); dots: TPR at FPR ≤ 0.001/0.01/0.1 (95% CP)", fontsize=9
         )
@@ -253,7 +267,7 @@ def _region_check(points, ledger) -> Tuple[Tuple[float, ...], Tuple[np.ndarray, 
         f"lower limit) but the accountant allows at most {b:.4f} there: DP-SGD's guarantee is broken (a bug, broken "
         "accounting) or members and non-members were not drawn from the same rows at random"
         for p, b in zip(points, bounds)
-        if p.tpr_low > b
+        if _beyond(p, b)
     )
     grid = np.logspace(-4, 0, 121)
     return bounds, (grid, np.asarray(ledger.tpr_bounds(grid), dtype=float)), outside

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from lightning_privacy import names
+from lightning_privacy.audits.membership import draw_region, log_roc_axes
 
 
 def bayes_security_figure(
@@ -27,17 +28,16 @@ def bayes_security_figure(
     """
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     left, right = fig.subplots(1, 2)
-    xs = [e["epoch"] + 1 for e in epochs]  # epochs completed
-    left.plot(xs, [e["safe"] for e in epochs], marker="o", label="β* (exact, safe: pessimistic PLD)")
-    left.plot(xs, [e["closed"] for e in epochs], marker="x", linestyle="--", label="closed form (Cor. 7, approx.)")
-    if budget is not None:
-        left.axhline(budget, color="C3", linestyle=":", label=f"budget β* ≥ {budget:g}")
-    left.xaxis.set_major_locator(MaxNLocator(integer=True))
-    left.set_xlabel("epochs completed")
-    left.set_ylabel("β*_MIA")
+    _per_epoch(
+        left,
+        epochs,
+        safe="β* (exact, safe: pessimistic PLD)",
+        closed="closed form (Cor. 7, approx.)",
+        budget=budget,
+        budget_name="β*",
+        ylabel="β*_MIA",
+    )
     left.set_title("Bayes security against membership inference")
-    left.legend(fontsize=8)
-    left.grid(alpha=0.3)
 
     beta = final[names.MIA_BAYES_SECURITY]
     fpr = np.concatenate([[0.0], np.logspace(-4, 0, 200)])
@@ -70,12 +70,10 @@ def membership_region_figure(ledger: Any, *, floor: float = 1e-5) -> Figure:
         floor: the smallest FPR and TPR drawn.
     """
     fpr = np.logspace(np.log10(floor), 0, 200)
-    tpr = np.clip(np.asarray(ledger.tpr_bounds(fpr), dtype=float), floor, 1.0)
     fig = Figure(figsize=(6.2, 5.2), layout="constrained")
     ax = fig.subplots()
-    ax.fill_between(fpr, floor, tpr, color="C2", alpha=0.2, label="attainable by any attack (trade-off curve)")
-    ax.plot(fpr, tpr, color="C2", lw=1.5, label="accountant's TPR bound")
-    ax.plot(fpr, fpr, color="grey", ls=":", lw=1, label="random guess")
+    draw_region(ax, fpr, ledger.tpr_bounds(fpr), floor=floor)
+    log_roc_axes(ax, floor=floor)
     marks = np.array([0.001, 0.01, 0.1])
     bounds = np.asarray(ledger.tpr_bounds(marks), dtype=float)
     ax.plot(marks, np.maximum(bounds, floor), "o", color="C2", ms=4)
@@ -83,12 +81,6 @@ def membership_region_figure(ledger: Any, *, floor: float = 1e-5) -> Figure:
         scale = 10.0 ** (np.floor(np.log10(y)) - 2) if y > 0 else 1.0
         label = f"{np.ceil(y / scale) * scale:.3g}"
         ax.annotate(label, (x, max(y, floor)), textcoords="offset points", xytext=(-6, 6), ha="right", fontsize=8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(floor, 1)
-    ax.set_ylim(floor, 1.05)
-    ax.set_xlabel("false-positive rate")
-    ax.set_ylabel("true-positive rate")
     ax.set_title(f"Membership attacks allowed by DP-SGD after {ledger.steps} steps (log–log)", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3, which="both")
@@ -107,16 +99,38 @@ def attribute_inference_figure(
     """
     fig = Figure(figsize=(6.8, 4.2), layout="constrained")
     ax = fig.subplots()
-    xs = [e["epoch"] + 1 for e in epochs]  # epochs completed
-    ax.plot(xs, [e["safe"] for e in epochs], marker="o", label="β*_AI (safe: pessimistic PLD over the measured R_t)")
-    ax.plot(xs, [e["closed"] for e in epochs], marker="x", ls="--", label="closed form (Cor. 10, approx.)")
-    if budget is not None:
-        ax.axhline(budget, color="C3", ls=":", label=f"budget β*_AI ≥ {budget:g}")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("epochs completed")
-    ax.set_ylabel("β*_AI")
+    _per_epoch(
+        ax,
+        epochs,
+        safe="β*_AI (safe: pessimistic PLD over the measured R_t)",
+        closed="closed form (Cor. 10, approx.)",
+        budget=budget,
+        budget_name="β*_AI",
+        ylabel="β*_AI",
+    )
     what = f" (attribute {attribute!r})" if attribute else ""
     ax.set_title(f"Bayes security against attribute inference{what}", fontsize=10)
+    return fig
+
+
+def _per_epoch(
+    ax: Any,
+    epochs: List[Dict[str, Any]],
+    *,
+    safe: str,
+    closed: str,
+    budget: Optional[float],
+    budget_name: str,
+    ylabel: str,
+) -> None:
+    """β* after each epoch: the safe value and the closed form (records ``{"epoch", "safe", "closed"}``), a budget."""
+    xs = [e["epoch"] + 1 for e in epochs]  # epochs completed
+    ax.plot(xs, [e["safe"] for e in epochs], marker="o", label=safe)
+    ax.plot(xs, [e["closed"] for e in epochs], marker="x", ls="--", label=closed)
+    if budget is not None:
+        ax.axhline(budget, color="C3", ls=":", label=f"budget {budget_name} ≥ {budget:g}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("epochs completed")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return fig
