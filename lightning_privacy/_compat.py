@@ -12,6 +12,7 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | ``nn.Module._forward_hooks`` and the other hook dicts | a hook-free copy of a model (PANORAMIA's helper) | ``tests/functional/test_panoramia_pipeline.py::test_fresh_copy_and_losses`` |
 | SDV's ``BaseSynthesizer._set_random_state`` | seeding the first ``sample()`` of an SDV synthesizer | ``tests/generators/test_sdv_adapter.py`` (same seed, same rows; skipped without the ``sdv`` extra) |
 | ``DDPStrategy._start_method`` | refusing ``ddp_spawn``/``ddp_fork`` (the main process keeps untrained callbacks) | ``tests/callbacks/test_strategies.py::test_ddp_start_method_is_read_from_lightning`` |
+| torch's CPU generator state layout (``CPUGeneratorImplState``: the 624 MT19937 words at bytes 24..5016) | a CPU noise generator with its whole 19,968-bit state secret (``manual_seed`` keeps 32 bits of a seed) | ``tests/test_noise.py::test_cpu_generator_state_layout_fails_loudly_if_torch_changes_it`` |
 | ``param._norm_sample`` (Opacus fast gradient clipping) | ghost clipping's per-parameter norms: reset before and checked after every first backward pass | ``tests/callbacks/test_dpsgd_ghost.py::test_norm_sample_attribute_fails_loudly_if_opacus_renames_it`` |
 """
 
@@ -27,6 +28,7 @@ from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSourc
 __all__ = [
     "PoissonDataSource",
     "accountant_from_step_hook",
+    "cpu_generator_from_words",
     "clear_norm_sample",
     "ddp_start_method",
     "install_train_loader_transform",
@@ -184,3 +186,38 @@ def seed_sdv_synthesizer(model: Any, seed: int) -> bool:
         return False
     setter(seed)
     return True
+
+
+# --- torch: the CPU generator's state ----------------------------------------------------------------------------
+MT19937_WORDS = 624
+_MT_OFFSET = 24  # CPUGeneratorImplState: int64 seed, int32 left, int32 seeded, uint64 next, then uint64 state[624]
+
+
+def cpu_generator_from_words(words: Any) -> Any:
+    """A CPU ``torch.Generator`` whose whole MT19937 state is ``words`` (624 uint32 values).
+
+    ``torch.Generator.manual_seed`` keeps only the low 32 bits of a seed on the CPU (``manual_seed(1)`` and
+    ``manual_seed(1 + 2**32)`` draw the same numbers), so a seeded CPU generator has 2³² possible streams: too few for
+    noise that must stay secret. The state is written through ``get_state``/``set_state`` (the private layout of
+    ``CPUGeneratorImplState``, checked on torch 2.13.0); ``left = 1`` makes the next draw twist the whole state first.
+    Raises ``RuntimeError`` if torch no longer reads the state back as written.
+    """
+    import numpy as np
+    import torch
+
+    words = np.asarray(words, dtype=np.uint32)
+    if words.shape != (MT19937_WORDS,):
+        raise ValueError(f"`words` must hold {MT19937_WORDS} uint32 values, got shape {words.shape}")
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(0)
+    state = generator.get_state().numpy().copy()
+    state[_MT_OFFSET : _MT_OFFSET + 8 * MT19937_WORDS] = np.frombuffer(words.astype(np.uint64).tobytes(), np.uint8)
+    state[8:16] = np.frombuffer(np.array([1, 1], dtype=np.int32).tobytes(), np.uint8)  # left = 1, seeded = 1
+    generator.set_state(torch.from_numpy(state))
+    back = generator.get_state().numpy()[_MT_OFFSET : _MT_OFFSET + 8 * MT19937_WORDS]
+    if not np.array_equal(np.frombuffer(back.tobytes(), np.uint64), words.astype(np.uint64)):
+        raise RuntimeError(
+            "torch's CPU generator state no longer has the MT19937 words at bytes 24..5016 (checked on torch 2.13.0): "
+            "update lightning_privacy._compat.cpu_generator_from_words"
+        )
+    return generator

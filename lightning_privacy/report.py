@@ -87,7 +87,26 @@ def _dpsgd(cb: Any) -> List[tuple]:
             _up(cb.epsilon()),
             "the run is (ε, δ)-DP by the accountant's upper bound; a reference, in ε units",
         ),
+        *_seed_rows(cb),
     ]
+
+
+def _seed_rows(cb: Any) -> List[tuple]:
+    """Which of the run's randomness was secret: the guarantee assumes the adversary knows neither the batches nor
+    the noise, so a fixed seed is said next to the ε it weakens."""
+    settings = cb.privacy_settings() if hasattr(cb, "privacy_settings") else {}
+    rows = []
+    for key, what in ((names.DP_SAMPLING_SEED, "sampling seed"), (names.DP_NOISE_SEED, "noise seed")):
+        kind = settings.get(key)
+        if kind is None:
+            continue
+        note = (
+            "known to whoever knows the seed: the guarantee holds only against an adversary who does not"
+            if kind.startswith("fixed")
+            else "the adversary cannot reproduce it"
+        )
+        rows.append((what, kind, note))
+    return rows
 
 
 def _down(value: float, digits: int = 4) -> str:

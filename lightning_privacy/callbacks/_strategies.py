@@ -22,7 +22,6 @@ message naming what works.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
 
 import lightning.pytorch as pl
@@ -38,6 +37,7 @@ from opacus.optimizers import (
 from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
 
 from lightning_privacy import _compat
+from lightning_privacy.noise import NoiseSource
 from lightning_privacy.sampling import draw_seed
 
 __all__ = [
@@ -46,10 +46,12 @@ __all__ = [
     "disable_ddp_gradient_sync",
     "check_fsdp_settings",
     "dp_optimizer_class",
+    "fsdp_outputs_without_hook_views",
     "full_tensors",
     "grad_sample_hooks",
     "is_fsdp",
     "is_distributed",
+    "resolve_noise",
     "resolve_sampling",
 ]
 
@@ -183,43 +185,80 @@ class _ClipInParameterPrecision:
         super().clip_and_accumulate()
 
 
-class _SecureNoise:
-    """Mixin: with ``secure_mode``, the noise generator is reseeded with 64 fresh bits of OS entropy every step.
+class _SecretNoise:
+    """Mixin: every step's noise comes from the fit's :class:`~lightning_privacy.noise.NoiseSource`.
 
-    Opacus' secure mode (four Gaussian draws per coordinate against floating-point attacks) relies on a
-    cryptographically secure generator (torchcsprng, not installable with current torch). Reseeding torch's generator
-    from ``os.urandom`` at every step leaves nothing to replay from a seed or from earlier steps' noise.
+    Before Opacus adds the noise of step ``t`` (``noise_step()``, the steps recorded so far), ``self.generator`` is
+    replaced by the source's generator for ``t`` on the parameters' device: the noise never comes from torch's global
+    generator (which ``seed_everything`` makes public) and draws nothing from it. With ``secure_mode`` the source
+    gives fresh OS entropy every step and Opacus draws four Gaussians per coordinate (against floating-point attacks).
     """
 
-    secure_mode: bool
+    noise_source: Any = None  # set by DPSGD at fit start
+    noise_step: Optional[Callable[[], int]] = None
     generator: Optional[torch.Generator]
+    params: List[torch.Tensor]
 
     def add_noise(self) -> None:
-        if self.secure_mode:
-            device = self.params[0].device if self.params else torch.device("cpu")
-            if self.generator is None or self.generator.device != device:
-                self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        if self.noise_source is None or self.noise_step is None:
+            raise RuntimeError("DPSGD's DP optimizer has no noise source: it adds noise only inside a DPSGD fit")
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.generator = self.noise_source.generator(self.noise_step(), device)
         super().add_noise()
 
 
-class _DPOptimizer(_BeforeNoiseHooks, _SecureNoise, _ClipInParameterPrecision, DPOptimizer):
+class _StateInitialisationStep:
+    """Mixin: a ``step()`` that only initialises optimizer state is passed to the wrapped optimizer, not taken.
+
+    Saving an FSDP2 optimizer's state (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``, which
+    Lightning's ``ModelParallelStrategy`` uses at every checkpoint) calls ``_init_optim_state``: when the state is
+    empty — always for plain SGD — it sets every gradient to zeros, every learning rate to 0 and calls
+    ``optimizer.step(closure=None)``. Opacus' DP optimizer would take that as a training step: count it in the
+    accountant (a step that never happened) and draw noise for it. Lightning itself always steps with a closure, so
+    a closure-less step with every learning rate 0 and every gradient zero is handed to the original optimizer
+    (which creates its state, as torch intends) without clipping, noise or accounting.
+    """
+
+    original_optimizer: torch.optim.Optimizer
+
+    def _initialises_state(self, closure: Any) -> bool:
+        if closure is not None:
+            return False
+        groups = self.original_optimizer.param_groups
+        if not groups or any(float(group.get("lr", 1.0)) != 0.0 for group in groups):
+            return False
+        grads = [p.grad for group in groups for p in group["params"] if p.requires_grad]
+        return all(g is not None and not bool(torch.any(g != 0)) for g in grads)
+
+    def step(self, closure: Any = None) -> Any:
+        if self._initialises_state(closure):
+            return self.original_optimizer.step()
+        return super().step(closure)
+
+
+class _DPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DPOptimizer):
     pass
 
 
-class _DistributedDPOptimizer(_BeforeNoiseHooks, _SecureNoise, _ClipInParameterPrecision, DistributedDPOptimizer):
+class _DistributedDPOptimizer(
+    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DistributedDPOptimizer
+):
     pass
 
 
-class _GhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DPOptimizerFastGradientClipping):
+class _GhostDPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DPOptimizerFastGradientClipping):
     pass
 
 
-class _DistributedGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, DistributedDPOptimizerFastGradientClipping):
+class _DistributedGhostDPOptimizer(
+    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DistributedDPOptimizerFastGradientClipping
+):
     pass
 
 
-class _FSDPGhostDPOptimizer(_BeforeNoiseHooks, _SecureNoise, FSDPOptimizerFastGradientClipping):
+class _FSDPGhostDPOptimizer(
+    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, FSDPOptimizerFastGradientClipping
+):
     def summed(self, param: torch.Tensor) -> torch.Tensor:
         """FSDP2: the ranks' reduce-scattered average of clipped sums, this rank's shard (a ``DTensor``)."""
         return self.grad_state[param]["summed_grad"]
@@ -239,6 +278,32 @@ def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str
     return cls(module, batch_first=True, **kwargs)
 
 
+def _clone_hook_views(module: Any, args: Any, output: Any) -> Any:
+    from torch.utils._pytree import tree_map_only
+
+    def plain(t: torch.Tensor) -> torch.Tensor:
+        hooked = t._base is not None and type(t.grad_fn).__name__ == "BackwardHookFunctionBackward"
+        return t.clone() if hooked else t
+
+    return tree_map_only(torch.Tensor, plain, output)
+
+
+def fsdp_outputs_without_hook_views(module: Any) -> List[Any]:
+    """Under FSDP2, give every sharded module's output as a plain tensor instead of Opacus' hook view.
+
+    Opacus' per-example hooks are full backward hooks: a hooked layer returns its output through
+    ``BackwardHookFunction``, i.e. as a view. An FSDP2 module whose output is such a view (its last layer's) warns at
+    every forward that an in-place op on the view would drop its pre-backward hook — a warning that only DP-SGD
+    causes. A forward hook that runs before FSDP's (``prepend=True``) clones exactly those views (the logits, not
+    the parameters). Returns the hook handles.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    return [
+        m.register_forward_hook(_clone_hook_views, prepend=True) for m in module.modules() if isinstance(m, FSDPModule)
+    ]
+
+
 def dp_optimizer_class(trainer: pl.Trainer, grad_sample_mode: str) -> Type[DPOptimizer]:
     """The DP optimizer for the mode and the strategy (hooks or ghost; one process, DDP or FSDP2)."""
     if is_fsdp(trainer):
@@ -256,6 +321,11 @@ def resolve_sampling(trainer: pl.Trainer, seed: Optional[int], *, secure: bool) 
         if is_distributed(trainer):
             seed = trainer.strategy.broadcast(seed, src=0)
     return Sampling(seed=None if secure else seed, rank=trainer.global_rank, world_size=trainer.world_size)
+
+
+def resolve_noise(trainer: pl.Trainer, seed: Optional[int], *, secure: bool) -> NoiseSource:
+    """This fit's noise: a given seed, or each rank's own secret one (the ranks' noise streams are independent)."""
+    return NoiseSource(None if secure else seed, rank=trainer.global_rank, secure=secure)
 
 
 def disable_ddp_gradient_sync(trainer: pl.Trainer) -> None:

@@ -41,6 +41,47 @@ def _positive(name: str, value: Any) -> float:
     return check_positive(name, value, exc=MisconfigurationException)
 
 
+def _train_trainable_layers(module: torch.nn.Module) -> None:
+    """Put the layers with trainable parameters into train mode, warning with their names.
+
+    Opacus records a layer's activations only in train mode, so a module left in eval mode (``model.eval()`` before
+    ``fit``, or what ``from_pretrained`` leaves) would fail at its first step with "No activations detected". Layers
+    without trainable parameters keep their mode (a frozen BatchNorm kept in eval mode is deliberate); the module
+    itself is switched too (Opacus' validator asks for it).
+    """
+    chosen = [
+        (name or type(m).__name__, m)
+        for name, m in module.named_modules()
+        if not m.training and (m is module or any(p.requires_grad for p in m.parameters(recurse=False)))
+    ]
+    if not chosen:
+        return
+    for _, m in chosen:
+        m.training = True  # this module only: its children keep their own mode
+    switched = [name for name, _ in chosen]
+    others = [name for name, m in module.named_modules() if not m.training and name]
+    shown = ", ".join(f"`{n}`" for n in switched[:8]) + (f" and {len(switched) - 8} more" if len(switched) > 8 else "")
+    rest = (
+        f" {len(others)} module(s) without trainable parameters stay in eval mode "
+        f"({', '.join(f'`{n}`' for n in others[:3])}{', …' if len(others) > 3 else ''}); call `model.train()` before "
+        "`fit` if they should train (dropout)."
+        if others
+        else ""
+    )
+    rank_zero_warn(
+        f"DPSGD put {len(switched)} module(s) into train mode before the first step: {shown} — the module and its "
+        "layers with trainable parameters, which Opacus needs in train mode to compute per-example gradients (the "
+        f"module was left in eval mode).{rest}"
+    )
+
+
+def _seed_kind(seed: Optional[int], secure: bool) -> str:
+    """How a seed was chosen, for HPARAMS and the report (never the seed itself)."""
+    if secure:
+        return "secure (OS CSPRNG every step)"
+    return "fixed (reproducible, not secret)" if seed is not None else "secret (OS entropy per fit)"
+
+
 class DPSGD(Callback):
     r"""Train any LightningModule with DP-SGD (Abadi et al., 2016) through Opacus.
 
@@ -108,6 +149,12 @@ class DPSGD(Callback):
             the masks reproducible (and the same under one process, DDP and after a resume) — and known to whoever
             knows the seed: such an adversary loses nothing to subsampling, so use it for tests and debugging only.
             See :mod:`lightning_privacy.sampling`.
+        noise_seed: ``None`` (default): the Gaussian noise comes from a private generator seeded from the OS's entropy
+            at every fit (each rank its own), independent of torch's global generator and of ``seed_everything``,
+            never saved (a resumed run gets fresh noise); the noise draws nothing from the global stream. An int makes
+            the noise of step t a function of (seed, rank, t) — reproducible, also after a resume, and known to whoever
+            knows the seed, who can then subtract it from the released model: tests and debugging only. See
+            :mod:`lightning_privacy.noise`.
         log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C)
             and ``dp/grad_norm_median``, and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and to
             see that clipping is active. These values are computed from the private data and are NOT covered by
@@ -173,6 +220,7 @@ class DPSGD(Callback):
         loss_reduction: str = "mean",
         secure_mode: bool = False,
         sampling_seed: Optional[int] = None,
+        noise_seed: Optional[int] = None,
         log_clipping: bool = False,
         clipping_every_n_steps: int = 4,
         grad_sample_mode: str = "hooks",
@@ -228,6 +276,14 @@ class DPSGD(Callback):
                     "rules out (its masks come from the OS CSPRNG); give one or the other"
                 )
         self.sampling_seed = sampling_seed
+        if noise_seed is not None:
+            check_int("noise_seed", noise_seed, minimum=0, exc=MisconfigurationException)
+            if secure_mode:
+                raise MisconfigurationException(
+                    f"`noise_seed={noise_seed!r}` makes the noise reproducible, which `secure_mode=True` rules out "
+                    "(its noise comes from fresh OS entropy every step); give one or the other"
+                )
+        self.noise_seed = noise_seed
         self.sampling = _strategies.Sampling()
         self.log_clipping = check_bool("log_clipping", log_clipping, exc=MisconfigurationException)
         self.clipping_every_n_steps = check_int(
@@ -245,6 +301,7 @@ class DPSGD(Callback):
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.steps_per_epoch: Optional[int] = None
         self._hooks: Any = None  # Opacus' per-example hooks (see _strategies.grad_sample_hooks)
+        self._view_hooks: List[Any] = []  # FSDP2: forward hooks that keep Opacus' hook views from FSDP's checks
         self._backward: Optional[PerExampleBackward] = None
         self._batch_statistics: List[tuple] = []
 
@@ -283,7 +340,7 @@ class DPSGD(Callback):
             self.fixed_modules = fixed_modules_record(replaced)
             if replaced:
                 rank_zero_warn(replacements_warning(replaced))
-        if ModuleValidator.validate(pl_module, strict=False):
+        if ModuleValidator.validate(pl_module, strict=False) and (pl_module.training or incompatible_layers(pl_module)):
             owner = type(pl_module).__name__
             other = [] if pl_module.training else [f"{owner} is in eval mode: call `model.train()` before `fit`."]
             raise MisconfigurationException(
@@ -291,6 +348,7 @@ class DPSGD(Callback):
                     owner, incompatible_layers(pl_module), fix_modules=self.fix_modules, other=other
                 )
             )
+        _train_trainable_layers(pl_module)  # only eval mode remained of the validator's complaints
         _strategies.check_strategy(trainer)
         if _strategies.is_fsdp(trainer):
             _strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
@@ -332,6 +390,7 @@ class DPSGD(Callback):
             loss_reduction=self.loss_reduction,
             max_grad_norm=self.max_grad_norm,
         )
+        self._view_hooks = _strategies.fsdp_outputs_without_hook_views(pl_module) if fsdp else []
         cls = _strategies.dp_optimizer_class(trainer, self.grad_sample_mode)
         _strategies.disable_ddp_gradient_sync(trainer)
         self._backward = PerExampleBackward(
@@ -355,6 +414,8 @@ class DPSGD(Callback):
             loss_reduction=self.loss_reduction,
             secure_mode=self.secure_mode,
         )
+        dp_optimizer.noise_source = _strategies.resolve_noise(trainer, self.noise_seed, secure=self.secure_mode)
+        dp_optimizer.noise_step = lambda: self.ledger.steps  # the index of the step being taken, over the whole run
         dp_optimizer.attach_step_hook(self._record_step)
         dp_optimizer.before_noise_hooks = self._before_noise_hooks
         trainer.strategy.optimizers = [dp_optimizer]
@@ -404,6 +465,8 @@ class DPSGD(Callback):
             names.DP_DELTA: self.delta,
             names.DP_ACCOUNTANT: self.accountant_mechanism,
             names.DP_GRAD_SAMPLE_MODE: self.grad_sample_mode,
+            names.DP_SAMPLING_SEED: _seed_kind(self.sampling_seed, self.secure_mode),
+            names.DP_NOISE_SEED: _seed_kind(self.noise_seed, self.secure_mode),
         }
         if self.target_bayes_security is not None:
             settings[names.DP_TARGET_BAYES_SECURITY] = float(self.target_bayes_security)
@@ -484,6 +547,10 @@ class DPSGD(Callback):
         if stage == "fit" and self._backward is not None:
             self._backward.remove()
             self._backward = None
+        if stage == "fit":
+            for handle in self._view_hooks:
+                handle.remove()
+            self._view_hooks = []
         if stage == "fit" and self._hooks is not None:
             self._hooks.cleanup()
             self._hooks = None
@@ -514,6 +581,7 @@ class DPSGD(Callback):
             "sample_rate": self.sample_rate,
             "max_grad_norm": self.max_grad_norm,
             "sampling_seed": self.sampling_seed,  # a fixed seed only; an OS-drawn one is never saved
+            "noise_seed": self.noise_seed,  # likewise
             # for loading and auditing the checkpoint (lightning_privacy.checkpoints), not for resuming: a resumed
             # fit records its own in setup and when its train loader is built
             "fixed_modules": [dict(entry) for entry in self.fixed_modules],
@@ -547,6 +615,13 @@ class DPSGD(Callback):
                 f"The checkpoint was trained with DPSGD(sampling_seed={saved_seed}) and this DPSGD has "
                 f"sampling_seed={self.sampling_seed!r}: the resumed run draws other masks than the uninterrupted run "
                 "would have (still independent of the earlier ones)."
+            )
+        saved_noise = state_dict.get("noise_seed")
+        if saved_noise is not None and saved_noise != self.noise_seed:
+            rank_zero_warn(
+                f"The checkpoint was trained with DPSGD(noise_seed={saved_noise}) and this DPSGD has "
+                f"noise_seed={self.noise_seed!r}: the resumed run draws other noise than the uninterrupted run would "
+                "have (still independent of the earlier noise)."
             )
         if version == 1:  # before the ledger: only the history; the PLD is recomposed from its segments
             ledger = {"version": 1, "accountant": self.accountant_mechanism, "history": state_dict["history"]}
