@@ -22,7 +22,7 @@ from lightning_privacy import DPSGD, names
 from lightning_privacy.report import privacy_report
 from tests._launch import run_ddp
 from tests.callbacks._tiny import trainer
-from tests.callbacks.test_dpsgd_sampling import _ShardedMLP, _module, id_dataset, seeded_loader
+from tests.callbacks.test_dpsgd_sampling import _module, _ShardedMLP, id_dataset, seeded_loader
 
 
 class CaptureNoise(Callback):
@@ -106,7 +106,10 @@ def test_a_resumed_run_with_a_noise_seed_ends_with_the_uninterrupted_runs_weight
     def run(epochs, ckpt_path=None):
         torch.manual_seed(0)
         model = _module()
-        callbacks = [DPSGD(noise_multiplier=1.0, sampling_seed=5, noise_seed=6), ModelCheckpoint(tmp_path, save_last=True)]
+        callbacks = [
+            DPSGD(noise_multiplier=1.0, sampling_seed=5, noise_seed=6),
+            ModelCheckpoint(tmp_path, save_last=True),
+        ]
         t = trainer(callbacks, tmp_path, max_epochs=epochs, enable_checkpointing=True)
         t.fit(model, train_dataloaders=seeded_loader(256, 32), ckpt_path=ckpt_path)
         return torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -145,10 +148,6 @@ def test_a_state_initialising_step_is_not_taken_counted_or_noised():
 
 
 # ---------------------------------------------------------------------------------------------- DDP / FSDP2 (torchrun)
-class _Noisy(Callback):
-    """Records warnings that mention FSDP2's view tensors, and the optimizer steps each rank took."""
-
-
 def _checkpointing_worker(fsdp: bool, out: str):
     from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -204,7 +203,9 @@ def test_a_module_left_in_eval_mode_trains_with_one_warning_naming_the_switched_
     model = _module()
     model.eval()
     dpsgd = DPSGD(noise_multiplier=1.0, sampling_seed=0)
-    with pytest.warns(UserWarning, match=r"DPSGD put 3 module\(s\) into train mode.*`_MLP`, `net.0`, `net.2`") as record:
+    with pytest.warns(
+        UserWarning, match=r"DPSGD put 3 module\(s\) into train mode.*`_MLP`, `net.0`, `net.2`"
+    ) as record:
         trainer([dpsgd], tmp_path, max_epochs=1).fit(model, train_dataloaders=seeded_loader(256, 32))
     assert dpsgd.steps == 8 and model.net[0].training and model.net[2].training
     assert "`net.1`" in str([w.message for w in record if "DPSGD put" in str(w.message)][0])  # the ReLU stays eval
