@@ -45,6 +45,39 @@ def _epsilon_of(mechanism: str, history: Sequence[Segment], delta: float) -> flo
     return float(accountant.get_epsilon(delta=delta))
 
 
+def epsilon_floor(*, accountant: str, sample_rate: float, steps: int, delta: float) -> float:
+    """The accountant's ε at ``delta`` for ``steps`` steps at noise_multiplier 1e6: below it no σ can take ε.
+
+    RDP converts to (ε, δ) over a finite set of orders, so its ε never falls below about log(1/δ)/(max order − 1)
+    (0.10 at δ = 1e-5); PRV's floor is its discretisation (about 0.01). NaN where the accountant cannot evaluate it.
+    """
+    try:
+        return float(_epsilon_of(accountant, [(1e6, sample_rate, steps)], delta))
+    except (ValueError, ArithmeticError):
+        return float("nan")
+
+
+def _unreachable(
+    target_bayes_security: Optional[float],
+    target_epsilon: Optional[float],
+    delta: float,
+    accountant: str,
+    sample_rate: float,
+    steps: int,
+) -> str:
+    """Why no σ ≤ 1e6 meets a target: the accountant's ε floor (what ε never falls below, whatever the noise)."""
+    run = f"{steps} step(s) at sample_rate={sample_rate:.4g}"
+    if target_epsilon is None:
+        return f"No noise_multiplier below 1e6 gives target_bayes_security={target_bayes_security:g} for {run}."
+    floor = f"{epsilon_floor(accountant=accountant, sample_rate=sample_rate, steps=steps, delta=delta):.4g}"
+    other = " (or accountant='prv', whose floor is lower)" if accountant != "prv" else ""
+    return (
+        f"No noise_multiplier meets target_epsilon={target_epsilon:g} at delta={delta:g} for {run}: with the "
+        f"{accountant!r} accountant ε does not fall below {floor} whatever the noise (its value at noise_multiplier"
+        f"=1e6). Give an ε budget above {floor}{other}."
+    )
+
+
 class PrivacyLedger:
     """The privacy state of one DP-SGD run: history, ε, safe β*, closed form, predictions, calibration.
 
@@ -362,7 +395,9 @@ class PrivacyLedger:
             while not ok(hi):
                 lo, hi = hi, hi * 2
                 if hi > 1e6:
-                    raise ValueError("No noise multiplier below 1e6 meets the target.")
+                    raise ValueError(
+                        _unreachable(target_bayes_security, target_epsilon, delta, accountant, sample_rate, steps)
+                    )
         while hi / lo > 1 + 1e-5:
             mid = math.sqrt(lo * hi)
             lo, hi = (lo, mid) if ok(mid) else (mid, hi)

@@ -7,13 +7,15 @@ audits layer because it drives Lightning (the audits themselves only need the mo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -117,6 +119,21 @@ def _check_trainer_kwargs(trainer_kwargs: Optional[Mapping[str, Any]]) -> Dict[s
     return kwargs
 
 
+@contextlib.contextmanager
+def _quiet_lightning(quiet: bool) -> Iterator[None]:
+    """Lightning's info lines (accelerator banners, tips, "`Trainer.fit` stopped") at WARNING level while ``quiet``."""
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [log.level for log in loggers]
+    if quiet:
+        for log in loggers:
+            log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+
+
 def train_references(
     model_factory: Callable[[], Any],
     population_loader: Any,
@@ -128,6 +145,7 @@ def train_references(
     targets: Optional[Sequence[Any]] = None,
     dp_sgd: Optional[Mapping[str, Any]] = None,
     progress: Optional[bool] = None,
+    verbose: bool = False,
 ) -> ReferenceModels:
     """Train ``num_references`` reference models with a Lightning Trainer on random halves of a population.
 
@@ -156,6 +174,9 @@ def train_references(
         dp_sgd: train each reference with ``DPSGD(**dp_sgd)`` (e.g. the audited run's ``noise_multiplier``,
             ``max_grad_norm``, ``delta``): the recipe of a DP-SGD target, added to ``trainer_kwargs``' callbacks.
         progress: a bar over the references on stderr (``None``: only when stderr is a terminal).
+        verbose: show what each reference's ``Trainer`` logs and warns (its banners, "`Trainer.fit` stopped", the
+            callbacks' warnings). By default they are silenced: the references repeat the audited run's recipe, whose
+            messages the user has seen, K times.
 
     Returns:
         :class:`ReferenceModels`.
@@ -247,9 +268,11 @@ def train_references(
                 start = time.perf_counter()
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(int(np.random.SeedSequence([seed, j, 1]).generate_state(1)[0]))
-                    with warnings.catch_warnings():
+                    with warnings.catch_warnings(), _quiet_lightning(not verbose):
                         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
                         warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # Lightning's, about torch's API
+                        if not verbose:
+                            warnings.simplefilter("ignore")
                         pl.Trainer(**run_kwargs).fit(model, train_dataloaders=loader)
                 seconds.append(time.perf_counter() - start)
                 trained += 1

@@ -212,3 +212,14 @@ def test_panoramia_on_flat_float_rows_of_a_user_datamodule(user_model, tmp_path)
     assert "PANORAMIA" in out.stderr and "MIA classifier" in out.stderr  # the progress bar, on stderr
     quiet = _cli(*args, "--quiet", "--seed", "1", cwd=tmp_path, extra_path=folder)
     assert quiet.returncode == 0 and "PANORAMIA" not in quiet.stderr and json.loads(quiet.stdout)["epsilon"] >= 0
+
+
+@pytest.mark.parametrize("command", ["membership", "epsilon-star"])
+def test_a_checkpoint_of_another_module_without_model_names_the_option(user_model, tmp_path, command):
+    """The issue: ``audit membership --checkpoint own.ckpt`` ended in ``TabularMLP.__init__() missing 1 required ...``."""
+    _, checkpoint, _, _ = user_model
+    out = _cli("audit", command, "--checkpoint", checkpoint, cwd=tmp_path)
+    assert out.returncode == 2 and out.stdout == "", out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert "not trained with the default module lightning_privacy.models:TabularMLP" in out.stderr
+    assert "`--model module:Class`" in out.stderr and "`--datamodule module:Class`" in out.stderr

@@ -32,6 +32,7 @@ __all__ = [
     "EpsilonStarResult",
     "audit_epsilon_star",
     "audit_epsilon_star_from_losses",
+    "beyond_accountant_warning",
     "fit_warnings",
     "fits_rejected",
     "summary_text",
@@ -231,6 +232,40 @@ class EpsilonStarResult(AuditResult):
         return jsonable(out)
 
 
+def beyond_accountant_warning(
+    values: Mapping[str, float], details: Mapping[str, EpsilonStarDetails], *, epsilon: float, delta: float
+) -> Optional[str]:
+    """The warning for Epsilon* values above the accountant's ε at the same δ (``None`` when none is).
+
+    The accountant's ε is an upper bound on every attack; Epsilon* is an estimate from one sample of losses (the
+    empirical one from the few examples beyond its threshold), so exceeding ε says the estimate is noisy, not that
+    the guarantee is broken — only a lower bound above ε (e.g. ``audit/mia_epsilon_lower``) would say that.
+    """
+    over = [
+        (key, values[key]) for key in (names.EPSILON_STAR, names.EPSILON_STAR_EMPIRICAL) if values.get(key, 0) > epsilon
+    ]
+    if not over:
+        return None
+    rests = ""
+    empirical = details.get("empirical")
+    if empirical is not None and empirical.fnr is not None and empirical.fpr is not None:
+        m, n = empirical.num_members, empirical.num_nonmembers
+        members = min(round((1 - empirical.fnr) * m), round(empirical.fnr * m))
+        nonmembers = min(round(empirical.fpr * n), round((1 - empirical.fpr) * n))
+        rests = (
+            f"; the empirical value rests on {members} of {m:,} members and {nonmembers} of {n:,} non-members on the "
+            "rare side of its threshold"
+        )
+    lower = values.get(names.MIA_EPSILON_LOWER)
+    bound = f" ({names.MIA_EPSILON_LOWER} = {lower:.3g})" if lower is not None else ""
+    shown = ", ".join(f"{key} = {value:.3g}" for key, value in over)
+    return (
+        f"{shown} exceeds the accountant's certified ε = {epsilon:.3g} at δ = {delta:.3g}: Epsilon* is an estimate, "
+        f"not a lower bound{rests}, so this does not show that the guarantee is broken; only a lower bound above ε "
+        f"would{bound}"
+    )
+
+
 def _losses(values: Any) -> np.ndarray:
     if hasattr(values, "detach"):  # a torch tensor
         values = values.detach().cpu().double().numpy()
@@ -244,6 +279,7 @@ def audit_epsilon_star_from_losses(
     delta: Optional[float] = None,
     mia_alpha: float = 0.05,
     warn: bool = True,
+    ledger: Any = None,
 ) -> EpsilonStarResult:
     """Epsilon* (parametric and empirical) and the threshold attack's ε lower bound from losses.
 
@@ -256,6 +292,9 @@ def audit_epsilon_star_from_losses(
         mia_alpha: significance of the attack's bound, in ``(0, 1)``.
         warn: issue a ``UserWarning`` for each method whose fit failed (it is also in ``notes``) and for each
             of the result's ``warnings``.
+        ledger: the run's :class:`~lightning_privacy.ledger.PrivacyLedger` (e.g. ``dpsgd.ledger``): when an
+            Epsilon* value exceeds its accountant's ε at the same δ, a warning says what that means — Epsilon* is an
+            estimate, not a lower bound, and how many members its empirical threshold rests on.
 
     Returns:
         An :class:`EpsilonStarResult`.
@@ -310,6 +349,10 @@ def audit_epsilon_star_from_losses(
             f"swapped, or the values are not losses (low must mean member-like); `{names.MIA_EPSILON_LOWER}` = 0 "
             "then says nothing"
         )
+    if ledger is not None and ledger.steps:
+        beyond = beyond_accountant_warning(values, details, epsilon=ledger.epsilon(delta), delta=delta)
+        if beyond is not None:
+            found.append(beyond)
     if warn:
         for message in found:
             warnings.warn(f"audit_epsilon_star: {message}", UserWarning, stacklevel=2)
@@ -326,6 +369,7 @@ def audit_epsilon_star(
     mia_alpha: float = 0.05,
     device: Any = None,
     warn: bool = True,
+    ledger: Any = None,
 ) -> EpsilonStarResult:
     """Epsilon* of ``model``: its membership losses on ``members`` (training data) and ``nonmembers``.
 
@@ -343,6 +387,7 @@ def audit_epsilon_star(
         mia_alpha: significance of the threshold attack's ε lower bound.
         device: where to run the model (default: where its parameters are).
         warn: see :func:`audit_epsilon_star_from_losses`.
+        ledger: the run's privacy ledger, see :func:`audit_epsilon_star_from_losses`.
 
     Returns:
         An :class:`EpsilonStarResult`: ``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``.
@@ -371,5 +416,5 @@ def audit_epsilon_star(
         model, sequential_loader(nonmembers), forward_fn=forward_fn, device=device
     )
     return audit_epsilon_star_from_losses(
-        member_losses.double(), nonmember_losses.double(), delta=delta, mia_alpha=mia_alpha, warn=warn
+        member_losses.double(), nonmember_losses.double(), delta=delta, mia_alpha=mia_alpha, warn=warn, ledger=ledger
     )

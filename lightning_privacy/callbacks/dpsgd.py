@@ -439,13 +439,18 @@ class DPSGD(Callback):
             target, what = dict(target_bayes_security=float(self.target_bayes_security)), "β*_MIA ≥"
         else:
             target, what = dict(target_epsilon=self.target_epsilon, delta=self.delta), f"ε(δ={self.delta:g}) ≤"
-        self.noise_multiplier = PrivacyLedger.calibrate(
-            sample_rate=self.sample_rate,
-            steps=steps,
-            accountant=self.accountant_mechanism,
-            steps_per_read=self.steps_per_epoch,
-            **target,
-        )
+        try:
+            self.noise_multiplier = PrivacyLedger.calibrate(
+                sample_rate=self.sample_rate,
+                steps=steps,
+                accountant=self.accountant_mechanism,
+                steps_per_read=self.steps_per_epoch,
+                **target,
+            )
+        except ValueError as error:  # before any step: the target cannot be met
+            raise MisconfigurationException(
+                f"DPSGD({', '.join(f'{k}={v!r}' for k, v in target.items())}, epochs={self.epochs}): {error}"
+            ) from None
         rank_zero_info(
             f"DPSGD: planned noise_multiplier={self.noise_multiplier:.4f} for {what} {next(iter(target.values()))} "
             f"after {self.epochs} epochs ({steps} steps at sample_rate={self.sample_rate:.3g})."

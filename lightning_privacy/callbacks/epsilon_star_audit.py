@@ -21,6 +21,7 @@ from lightning_privacy.audits.epsilon_star import (
     transformed_fit_figure,
 )
 from lightning_privacy.callbacks import _audit_utils as audit
+from lightning_privacy.callbacks._opacus import find_dpsgd
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 from lightning_privacy.metrics.epsilon_star import EpsilonStar
 
@@ -137,8 +138,14 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         nonmember_losses = membership_losses_from_loader(pl_module, population_in, forward_fn=self.forward_fn)
         members, nonmembers = _gather(trainer, member_losses, nonmember_losses)
         try:
+            dpsgd = find_dpsgd(trainer)
             result = audit_epsilon_star_from_losses(
-                members, nonmembers, delta=self.delta, mia_alpha=self.mia_alpha, warn=False
+                members,
+                nonmembers,
+                delta=self.delta,
+                mia_alpha=self.mia_alpha,
+                warn=False,
+                ledger=None if dpsgd is None else dpsgd.ledger,
             )
         except ValueError as err:
             raise MisconfigurationException(str(err)) from err
@@ -166,7 +173,8 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         """A markdown table of the last audit, its warnings first (e.g. Normal fits that the KS test rejects)."""
         if self.result is not None:
             return self.result.summary()
-        return summary_text(self.results, self.details, fit_warnings(self.details))
+        found = self.result.warnings if self.result is not None else fit_warnings(self.details)
+        return summary_text(self.results, self.details, found)
 
 
 def _gather(trainer: pl.Trainer, member_losses: torch.Tensor, nonmember_losses: torch.Tensor) -> tuple:

@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from lightning_privacy._validation import check_choice, check_open_unit, check_positive
 from lightning_privacy.callbacks._opacus import find_dpsgd, next_step_mechanism, run_ledger
-from lightning_privacy.ledger import PrivacyLedger
+from lightning_privacy.ledger import PrivacyLedger, epsilon_floor
 
 THREATS = ("mia", "ai")
 
@@ -183,12 +183,23 @@ class PrivacyBudgetStopping(Callback):
             relation = "replace" if self.threat == "ai" else self.relation
             target = dict(target_bayes_security=self.min_bayes_security, relation=relation)
             broken = f"{what} = {one:.4g} < {self.min_bayes_security:g}"
-        allows = PrivacyLedger.calibrate(sample_rate=rate, steps=epoch, steps_per_read=epoch, **target)
-        return (
+        start = (
             f"PrivacyBudgetStopping({budget}): the first optimizer step already breaks the budget (one step at "
             f"noise_multiplier={sigma:g}, sample_rate={rate:.4g} gives {broken}), so training would stop before it "
-            f"starts and return an untrained model. noise_multiplier={allows:g} allows one epoch ({epoch} steps) "
-            f"within the budget: pass `DPSGD(noise_multiplier={allows:g})` (or more), or loosen the budget."
+            "starts and return an untrained model."
+        )
+        try:
+            allows = PrivacyLedger.calibrate(sample_rate=rate, steps=epoch, steps_per_read=epoch, **target)
+        except ValueError:  # an ε budget below the accountant's floor: no noise allows even one step
+            floor = epsilon_floor(accountant=ledger.mechanism, sample_rate=rate, steps=1, delta=ledger.delta)
+            return (
+                f"{start} No noise multiplier allows it: with the {ledger.mechanism!r} accountant ε at δ = "
+                f"{ledger.delta:g} does not fall below {floor:.4g} whatever the noise. Give `max_epsilon` above "
+                f"{floor:.4g}" + (" (or accountant='prv', whose floor is lower)." if ledger.mechanism != "prv" else ".")
+            )
+        return (
+            f"{start} noise_multiplier={allows:g} allows one epoch ({epoch} steps) within the budget: pass "
+            f"`DPSGD(noise_multiplier={allows:g})` (or more), or loosen the budget."
         )
 
     # -------------------------------------------------------------------------------- hooks

@@ -105,14 +105,22 @@ def read_checkpoint(path: str) -> Any:
 def load_checkpoint_model(args: Any, model_class: Any, *, warn: Any) -> Tuple[Any, Dict[str, Any]]:
     """The model of ``--checkpoint`` (with ``--model-args``, ``--fix-modules``) and the checkpoint's contents."""
     contents = read_checkpoint(args.checkpoint)
-    model = load_model(
-        model_class,
-        args.checkpoint,
-        json_object(args.model_args, "--model-args"),
-        contents=contents,
-        fix_modules=True if args.fix_modules else None,
-        warn=warn,
-    )
+    try:
+        model = load_model(
+            model_class,
+            args.checkpoint,
+            json_object(args.model_args, "--model-args"),
+            contents=contents,
+            fix_modules=True if args.fix_modules else None,
+            warn=warn,
+        )
+    except ValueError as err:
+        if getattr(args, "model", None) != DEFAULT_MODEL:
+            raise
+        raise ValueError(
+            f"`--checkpoint` {args.checkpoint!r} was not trained with the default module {DEFAULT_MODEL} ({err}): "
+            "name its LightningModule with `--model module:Class` (and its data with `--datamodule module:Class`)"
+        ) from None
     return model, contents
 
 

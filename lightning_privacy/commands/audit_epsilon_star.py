@@ -80,7 +80,11 @@ def audit(args: argparse.Namespace) -> dict:
         )
         io.check_member_count(dm, contents)
         members, nonmembers = io.member_batches(dm), io.nonmember_batches(dm, args.nonmembers)
-        result = audit_epsilon_star(model, members, nonmembers, delta=args.delta, warn=False)
+        from lightning_privacy.checkpoints import dpsgd_state, privacy_ledger
+
+        saved = dpsgd_state(contents) or {}
+        ledger = privacy_ledger(contents, delta=saved.get("delta", 1e-5))
+        result = audit_epsilon_star(model, members, nonmembers, delta=args.delta, warn=False, ledger=ledger)
         source = {"checkpoint": args.checkpoint, "datamodule": type(dm).__name__, "nonmembers": args.nonmembers}
     if "parametric" not in result.details:
         raise ValueError("; ".join(result.notes))
