@@ -79,7 +79,7 @@ def _fit(case, mode, device):
     model = make()
     assert gram_backend_reason(model) is None  # the monitor's default backend is the Gram one on every layer here
     callbacks = [
-        DPSGD(noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=0),  # same batches in both modes
+        DPSGD(noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=0, noise_seed=0),  # same batches and noise
         BayesSecurityMonitor(),
         AttributeInferenceMonitor(attribute=attribute),
         EpsilonStarAudit(),

@@ -43,17 +43,6 @@ def _fit(callbacks, epochs=3, seed=0, tmp_path=None, **kwargs):
     return t
 
 
-class _Reseed(pl.Callback):
-    """Seeds torch before every step, so an unbroken and a resumed run draw the same noise at each step.
-
-    (Their batches may still differ — Lightning fetches a batch ahead — but with the default score a canary's
-    score is C·[sampled] + noise at every step, whatever the batch.)
-    """
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        torch.manual_seed(1000 + trainer.global_step)
-
-
 def _counts(audit, steps):
     """Σ_t of the canaries' per-step sampling, recomputed from the seed."""
     return sum(audit.sampled(t).astype(int) for t in range(steps))
@@ -245,7 +234,7 @@ def test_same_seed_same_audit():
     runs = []
     for _ in range(2):
         audit = CanaryAudit(num_canaries=400, seed=2)
-        _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0), audit], epochs=2)
+        _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0, noise_seed=0), audit], epochs=2)
         runs.append(audit)
     assert np.array_equal(runs[0].scores, runs[1].scores)
     assert runs[0].results == runs[1].results
@@ -254,26 +243,28 @@ def test_same_seed_same_audit():
 
 def test_resume_equals_an_unbroken_run(tmp_path):
     def callbacks():
-        return [_Reseed(), DPSGD(noise_multiplier=1.0), CanaryAudit(num_canaries=400, seed=2)]
+        # the noise of step t is a function of (noise_seed, t): the unbroken and the resumed run draw the same noise
+        # at each step (their batches may differ, but a canary's score is C·[sampled] + noise whatever the batch)
+        return [DPSGD(noise_multiplier=1.0, noise_seed=0), CanaryAudit(num_canaries=400, seed=2)]
 
     straight = callbacks()
     _fit(straight, epochs=4)
     first = callbacks()
     ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     _fit([*first, ckpt], epochs=2, tmp_path=tmp_path, enable_checkpointing=True)
-    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"][first[2].state_key]
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"][first[1].state_key]
     assert state["steps"] == 20 and len(state["scores"]) == 400  # plain values: loads with weights_only
     resumed = callbacks()
     torch.manual_seed(123)  # a different model init: the weights come from the checkpoint
     t = trainer(resumed, tmp_path, max_epochs=4)
     t.fit(_model(), _loader(), ckpt_path=str(tmp_path / "last.ckpt"))
-    assert resumed[1].steps == straight[1].steps == 40
-    assert resumed[2].state_dict()["canaries"] == straight[2].state_dict()["canaries"]
-    assert np.array_equal(resumed[2].included, straight[2].included)
-    assert np.allclose(resumed[2].scores, straight[2].scores, rtol=0, atol=1e-4)  # float32 sums of other batches
-    assert resumed[2].results == pytest.approx(straight[2].results, rel=1e-9)
+    assert resumed[0].steps == straight[0].steps == 40
+    assert resumed[1].state_dict()["canaries"] == straight[1].state_dict()["canaries"]
+    assert np.array_equal(resumed[1].included, straight[1].included)
+    assert np.allclose(resumed[1].scores, straight[1].scores, rtol=0, atol=1e-4)  # float32 sums of other batches
+    assert resumed[1].results == pytest.approx(straight[1].results, rel=1e-9)
     # without the saved state the resumed run would start the scores and the per-step sampling at 0
-    assert np.abs(resumed[2].scores - first[2].scores).max() > 1.0
+    assert np.abs(resumed[1].scores - first[1].scores).max() > 1.0
 
 
 def test_state_is_strict():
@@ -384,10 +375,10 @@ def test_figure_without_dpsgd_or_other_audits():
 
 def test_a_reused_audit_starts_over_for_another_model_and_continues_for_the_same():
     fresh = CanaryAudit(num_canaries=400, seed=2)
-    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0), fresh], epochs=2)
+    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0, noise_seed=0), fresh], epochs=2)
     reused = CanaryAudit(num_canaries=400, seed=2)
     _fit([DPSGD(noise_multiplier=1.0, sampling_seed=5), reused], epochs=1, seed=3)  # another model first
-    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0), reused], epochs=2)  # then the fresh audit's fit
+    _fit([DPSGD(noise_multiplier=1.0, sampling_seed=0, noise_seed=0), reused], epochs=2)  # then the fresh audit's fit
     assert reused.state_dict() == fresh.state_dict()  # the second model's audit alone (it held 10 + 20 steps)
     assert reused.results == fresh.results
     model, dpsgd = _model(), DPSGD(noise_multiplier=1.0)

@@ -54,7 +54,7 @@ class Recorder(Callback):
 def _run(make, data, mode, *, dtype=torch.float64, epochs=1, extra=(), **dpsgd):
     torch.manual_seed(0)
     model = make().to(dtype)
-    dp = DPSGD(noise_multiplier=SIGMA, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=0, **dpsgd)
+    dp = DPSGD(noise_multiplier=SIGMA, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=0, noise_seed=0, **dpsgd)
     recorder = Recorder(dp)
     pl.seed_everything(1, verbose=False)  # same noise draws in both modes (sampling_seed: same batches)
     t = trainer([dp, recorder, *extra], max_epochs=epochs)

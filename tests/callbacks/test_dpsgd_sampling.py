@@ -142,15 +142,26 @@ def test_global_mask_is_a_function_of_seed_and_step_only():
 
 # ---------------------------------------------------------------------------------------------- DDP (torchrun)
 def _ddp_worker(
-    n, batch, epochs=1, seed=None, mode="hooks", nodes=1, devices=2, sigma=1.0, fsdp=False, audit=False, canary=False
+    n,
+    batch,
+    epochs=1,
+    seed=None,
+    mode="hooks",
+    nodes=1,
+    devices=2,
+    sigma=1.0,
+    fsdp=False,
+    audit=False,
+    canary=False,
+    noise_seed=None,
 ):
     """One rank of DDP (or, with ``fsdp``, of FSDP2 through ModelParallelStrategy) training the small MLP."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     torch.set_num_threads(1)
-    pl.seed_everything(0)  # every rank: same init, same noise seed (rank 0 adds the noise)
+    pl.seed_everything(0)  # every rank: the same initial weights (the noise has its own seed: rank 0 adds it)
     record = RecordBatches(n)
-    dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode=mode)
+    dpsgd = DPSGD(noise_multiplier=sigma, sampling_seed=seed, grad_sample_mode=mode, noise_seed=noise_seed)
     monitor = BayesSecurityMonitor()
     star = [EpsilonStarAudit()] if audit else []  # members: the train loader's rows; non-members: the val loader's
     canaries = [CanaryAudit(seed=2)] if canary else []  # default: one canary per trainable coordinate (58)
@@ -238,7 +249,7 @@ def test_ddp_and_two_nodes_train_on_the_single_process_batches_with_the_same_num
 
 @pytest.mark.slow
 def test_ghost_equals_hooks_under_ddp(tmp_path):
-    kwargs = dict(n=256, batch=32, epochs=2, seed=4)
+    kwargs = dict(n=256, batch=32, epochs=2, seed=4, noise_seed=4)
     hooks = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "hooks", mode="hooks", **kwargs)
     ghost = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ghost", mode="ghost", **kwargs)
     for h, g in zip(hooks, ghost):
@@ -292,15 +303,11 @@ def test_fsdp2_ghost_trains_as_ddp_ghost_on_the_same_batches(tmp_path):
 def test_a_resumed_run_ends_with_the_weights_and_every_privacy_number_of_the_uninterrupted_run(tmp_path):
     n, batch = 256, 32
 
-    class Reseed(Callback):  # the noise of epoch 1 starts from the same generator state in both runs
-        def on_train_epoch_start(self, trainer, pl_module):
-            torch.manual_seed(1000 + trainer.current_epoch)
-
-    def run_reseeded(epochs, folder, **kwargs):
+    def run_reseeded(epochs, folder, **kwargs):  # the noise of step t: a function of (noise_seed, t) in both runs
         torch.manual_seed(0)
-        dpsgd, monitor = DPSGD(noise_multiplier=1.0, sampling_seed=5), BayesSecurityMonitor()
+        dpsgd, monitor = DPSGD(noise_multiplier=1.0, sampling_seed=5, noise_seed=6), BayesSecurityMonitor()
         model = _module()
-        callbacks = [Reseed(), dpsgd, monitor, ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)]
+        callbacks = [dpsgd, monitor, ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)]
         t = trainer(callbacks, tmp_path, max_epochs=epochs, enable_checkpointing=True)
         t.fit(model, train_dataloaders=seeded_loader(n, batch), **kwargs)
         return t, dpsgd, model
@@ -315,7 +322,7 @@ def test_a_resumed_run_ends_with_the_weights_and_every_privacy_number_of_the_uni
     for a, b in zip(resumed_model.parameters(), straight_model.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)  # same masks and noise: the same training
     state = torch.load(tmp_path / "first" / "last.ckpt", weights_only=True)["callbacks"][straight.state_key]
-    assert state["sampling_seed"] == 5
+    assert state["sampling_seed"] == 5 and state["noise_seed"] == 6
 
 
 def _first_step_sensitivity_worker(sharded):
@@ -419,8 +426,9 @@ def test_the_noise_check_fires_under_fsdp2_on_every_rank(tmp_path):
 
 
 @pytest.mark.parametrize("secure", [False, True])
-def test_secure_mode_noise_does_not_follow_torchs_global_seed(secure):
+def test_the_noise_does_not_follow_torchs_global_seed_in_either_mode(secure):
     from lightning_privacy.callbacks._strategies import _DPOptimizer
+    from lightning_privacy.noise import NoiseSource
 
     param = torch.nn.Parameter(torch.zeros(1000))
     optimizer = _DPOptimizer(
@@ -431,14 +439,19 @@ def test_secure_mode_noise_does_not_follow_torchs_global_seed(secure):
         secure_mode=secure,
     )
     optimizer.before_noise_hooks = []
+    optimizer.noise_step = lambda: 0
     draws = []
     for _ in range(2):
         torch.manual_seed(0)  # what seed_everything does: an adversary who knows it knows torch's default stream
+        optimizer.noise_source = NoiseSource(None, secure=secure)  # a new fit's source (secure: fresh every step)
         param.summed_grad = torch.zeros(1000)
         optimizer.add_noise()
         draws.append(param.grad.clone())
-    assert torch.equal(draws[0], draws[1]) is not secure
+    assert not torch.equal(draws[0], draws[1])
     assert float(draws[1].std()) == pytest.approx(1.0, abs=0.1)  # σC either way (secure: four draws / 2)
+    optimizer.noise_source = None
+    with pytest.raises(RuntimeError, match="no noise source"):
+        optimizer.add_noise()
 
 
 @pytest.mark.slow
