@@ -169,13 +169,11 @@ def test_a_dpsgd_without_a_seed_does_not_adopt_a_loaded_one(tmp_path):
     fresh masks, not seed 5's."""
     n, batch = 256, 32
     seeded = _fit(n, batch, epochs=2, seed=5)[2]  # seed 5's batches of steps 0-15
-    _, first, _ = _fit(n, batch, epochs=1, seed=5, tmp_path=tmp_path / "first")
+    _, first, _ = _fit(n, batch, epochs=1, seed=5, tmp_path=tmp_path)
     with pytest.warns(UserWarning, match="sampling_seed=5"):
-        _, resumed, _ = _fit(
-            n, batch, epochs=2, ckpt_path=str(tmp_path / "first" / "last.ckpt"), tmp_path=tmp_path / "resumed"
-        )
+        _, resumed, _ = _fit(n, batch, epochs=2, ckpt_path=str(tmp_path / "last.ckpt"), tmp_path=tmp_path)
     assert resumed.steps == 16 and resumed.state_dict().get("sampling_seed") is None
-    state = torch.load(tmp_path / "resumed" / "last.ckpt", weights_only=True)["callbacks"][resumed.state_key]
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"][resumed.state_key]  # the resumed run's
     assert state.get("sampling_seed") is None
     by_hand = DPSGD(noise_multiplier=1.0)
     with pytest.warns(UserWarning, match="sampling_seed=5"):
