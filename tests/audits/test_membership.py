@@ -1,8 +1,21 @@
-"""RMIA, LiRA and LOSS: scores against hand-written loops, invariances, chance, the acceptance cases, the cache."""
+"""RMIA, LiRA and LOSS: scores against hand-written loops, invariances, chance, the acceptance cases, the cache.
+
+Two one-line changes to the attacks have no test, because no user could tell them apart from the code as it is
+(issue 29's mutation run):
+
+- RMIA's ``Pr(x) = ½ (Pr_IN + Pr_OUT)`` without the ``½`` (``- np.log(2.0)`` left out of ``_log_marginal``): every
+  ratio ``Pr(·|θ) / Pr(·)``, of the audited examples and of the population points alike, is halved, so every
+  likelihood ratio ``LR(x, z)`` and every fraction is unchanged; only the ``TIE_BREAK`` term moves, by less than
+  ``TIE_BREAK / 4 = 2.5e-10``, and never across a fraction's step.
+- RMIA's ``LR(x, z) ≥ γ`` compared strictly (``> γ``): the scores differ only for pairs whose ratio is exactly γ
+  in floating point, which real losses essentially never produce. The paper's ``≥`` is pinned anyway on a
+  constructed tie (``test_rmia_counts_a_population_point_whose_ratio_equals_gamma``).
+"""
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import lightning.pytorch as pl
 import numpy as np
@@ -124,6 +137,88 @@ def test_tpr_intervals_cover_the_rate():
         assert p.fp <= p.fpr * p.num_nonmembers
         assert p.tpr_low <= stats.norm.sf(p.threshold - 2.0) <= p.tpr_high
         assert p.achieved_fpr <= p.fpr_high and stats.norm.sf(p.threshold) <= p.fpr_high
+
+
+def test_tpr_and_fpr_limits_are_the_exact_binomial_intervals_at_one_minus_alpha():
+    """Pins the level of both limits: the TPR interval and the FPR upper limit are the two-sided Clopper–Pearson
+    interval at ``1 − alpha`` (scipy's exact binomial interval), not at ``1 − alpha/2`` or ``1 − 2·alpha``."""
+    rng = np.random.default_rng(6)
+    member = np.r_[np.ones(500, bool), np.zeros(400, bool)]
+    scores = rng.normal(1.0 * member)
+    for alpha in (0.05, 0.2):
+        points = ma.tpr_at_fpr(scores, member, [0.0, 0.01, 0.1, 0.3], alpha=alpha)
+        assert {p.fp for p in points} >= {0} and len({p.fp for p in points}) == 4  # FPR limits at 0 and above
+        for p in points:
+            tpr = stats.binomtest(p.tp, p.num_members).proportion_ci(confidence_level=1 - alpha, method="exact")
+            fpr = stats.binomtest(p.fp, p.num_nonmembers).proportion_ci(confidence_level=1 - alpha, method="exact")
+            assert (p.tpr_low, p.tpr_high) == pytest.approx((tpr.low, tpr.high), rel=1e-9, abs=1e-12), p
+            assert p.fpr_high == pytest.approx(fpr.high, rel=1e-9), p
+
+
+def test_lira_takes_per_example_variances_from_64_references():
+    """Pins the switch of the documented rule "fewer than 64 references: global variances": at 63 references the
+    default is the fixed variance, at 64 the per-example one (the two give other scores)."""
+    rng = np.random.default_rng(7)
+    assert ma.FIXED_VARIANCE_BELOW == 64
+    for k, fixed in ((63, True), (64, False)):
+        tgt, ref = rng.normal(size=12), rng.normal(size=(k, 12)) * np.linspace(0.2, 3.0, 12)  # spreads differ
+        default = ma.lira_scores(tgt, ref)
+        np.testing.assert_array_equal(default, ma.lira_scores(tgt, ref, fixed_variance=fixed))
+        assert np.abs(default - ma.lira_scores(tgt, ref, fixed_variance=not fixed)).max() > 0.1, k
+
+
+def test_rmia_counts_a_population_point_whose_ratio_equals_gamma():
+    """RMIA's ``LR(x, z) ≥ γ`` (Zarifzadeh et al. 2024, Eq. 4): at γ = 1 an example with the same losses as a
+    population point (the same ratio, computed alike) dominates it."""
+    loss, ref = np.array([0.3, -5.0]), np.array([[0.1, 0.1]])  # the examples are the population points
+    scores = ma.rmia_scores(loss, ref, loss, ref, gamma=1.0)
+    np.testing.assert_allclose(scores, [0.5, 1.0], atol=ma.TIE_BREAK)  # each dominates itself and what it beats
+
+
+class _Logits(torch.nn.Module):
+    """A "model" whose input is its logits: the audited losses are exactly the ones written into the data."""
+
+    def forward(self, x):
+        return x
+
+
+def _score_loader(scores):
+    """Rows of label 0 with logits (s, 0): membership loss −s, so the LOSS attack's score is s."""
+    logits = torch.zeros(len(scores), 2, dtype=torch.float64)
+    logits[:, 0] = torch.from_numpy(scores)
+    return DataLoader(TensorDataset(logits, torch.zeros(len(scores), dtype=torch.long)), batch_size=500)
+
+
+def test_a_point_above_the_bound_whose_lower_limit_is_below_it_is_not_flagged():
+    """Pins the region check on the TPR's lower limit: a point whose TPR estimate is above the accountant's bound
+    but whose Clopper–Pearson lower limit is not is consistent with the guarantee (no warning, nothing in
+    ``outside``); a ledger whose bound is below the lower limit is flagged."""
+    rng = np.random.default_rng(0)
+    members, nonmembers = _score_loader(rng.normal(1.0, 1.0, 1000)), _score_loader(rng.normal(0.0, 1.0, 1000))
+    point = audit_membership(_Logits(), members, nonmembers, attack="loss").tpr[-1]  # TPR at FPR ≤ 0.1
+
+    def ledger(sigma):
+        out = PrivacyLedger(delta=1e-5)
+        out.step(noise_multiplier=sigma, sample_rate=1.0)
+        return out
+
+    low, high = 1.0, 10.0  # the Gaussian mechanism's bound at the point's FPR limit falls with σ
+    target = 0.5 * (point.tpr_low + point.tpr)
+    for _ in range(40):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if ledger(mid).tpr_bounds(point.fpr_high) > target else (low, mid)
+    between = ledger(high)
+    bound = float(between.tpr_bounds(point.fpr_high))
+    assert point.tpr_low < bound < point.tpr  # the case: the estimate beyond the bound, its lower limit not
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = audit_membership(_Logits(), members, nonmembers, attack="loss", ledger=between)
+    assert not [w for w in caught if "guarantee is broken" in str(w.message)]
+    assert result.outside == () and result.ledger_tpr_bounds[-1] == pytest.approx(bound)
+    assert all(p.tpr_low <= b for p, b in zip(result.tpr, result.ledger_tpr_bounds))
+    with pytest.warns(UserWarning, match="guarantee is broken"):  # a σ whose bound is below the lower limit
+        flagged = audit_membership(_Logits(), members, nonmembers, attack="loss", ledger=ledger(4.0))
+    assert len(flagged.outside) >= 1
 
 
 # ------------------------------------------------------------------------------------------- models and data

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
-from lightning_privacy.callbacks._dp_checks import NOISE_MIN_COORDINATES, NoiseCheck
+from lightning_privacy.callbacks._dp_checks import NOISE_FALSE_ALARM, NOISE_MIN_COORDINATES, NoiseCheck
 from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
 
 
@@ -280,3 +280,80 @@ def test_noise_check_bounds_are_chi_square_quantiles_and_rarely_reject_true_nois
         low, high = check.bounds()
         std = np.sqrt((noise**2).mean(axis=1))
         assert ((std >= low) & (std <= high)).all()
+
+
+def test_noise_check_bounds_are_the_exact_chi_square_quantiles_at_every_count():
+    """Pins the χ² degrees of freedom: n noise coordinates with known mean 0 give Σ noise² / (σC)² ~ χ²(n) (not
+    n − 1, which at n = 16 widens the lower bound by 11%); noise 1% below the lower bound is rejected, 1% above it
+    passes."""
+    from scipy.stats import chi2
+
+    sigma_c = 1.5 * 2.0
+    for n in (2, 16, 256):
+        check = NoiseCheck(max_grad_norm=2.0, noise_multiplier=1.5)
+        check.count, check.eps = n, 0.0
+        low, high = check.bounds()
+        tail = NOISE_FALSE_ALARM / 2
+        assert low == pytest.approx(sigma_c * math.sqrt(chi2.ppf(tail, n) / n), rel=1e-12), n
+        assert high == pytest.approx(sigma_c * math.sqrt(chi2.isf(tail, n) / n), rel=1e-12), n
+        for factor, rejected in ((0.99, True), (1.01, False), (0.99 * high / low, False), (1.01 * high / low, True)):
+            check = NoiseCheck(max_grad_norm=2.0, noise_multiplier=1.5)
+            check.count, check.steps, check.noise_sq = n, 1, n * (factor * low) ** 2
+            if rejected:
+                with pytest.raises(MisconfigurationException, match="not noised as configured"):
+                    check.check()
+            else:
+                check.check()
+
+
+class _ClipAt(Callback):
+    """The optimizer clips to ``factor`` × the callback's C (and noises with the callback's σ·C)."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def on_train_start(self, trainer, pl_module):
+        optimizer = trainer.optimizers[0]
+        optimizer.max_grad_norm *= self.factor
+        optimizer.noise_multiplier /= self.factor  # the noise stays σ·C: only the clipping is off
+
+
+def test_a_clipping_norm_one_and_a_half_times_c_is_caught_on_a_single_example():
+    """Pins the clipping check's tolerance, 1e-4·(‖expected sum‖ + C), not 1e-4·‖expected sum‖ + C: one example's
+    gradient clipped to 1.5·C instead of C is off by 0.5·C, less than C, and is caught on the first step; the same
+    run clipping to C trains."""
+    x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=1)  # p = 1/256: ~1 example per step
+    sizes = []
+
+    class Sizes(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            sizes.append(len(batch[0]))
+
+    for factor in (1.5, 1.0):
+        torch.manual_seed(0)
+        dp = DPSGD(noise_multiplier=1.0, max_grad_norm=1e-3, sampling_seed=5)  # steps 0 and 1: one example each
+        t = trainer([_ClipAt(factor), dp, Sizes()], max_steps=2)
+        if factor == 1.5:
+            with pytest.raises(MisconfigurationException, match=r"not the sum of its per-sample gradients clipped"):
+                t.fit(tiny_module(), train_dataloaders=loader)
+            assert sizes == [1] and t.global_step == 0
+        else:
+            t.fit(tiny_module(), train_dataloaders=loader)
+            assert t.global_step == 2
+
+
+def test_the_clipped_sum_bound_of_an_average_over_ranks_is_divided_by_their_number():
+    """Pins FSDP2's bound: the ranks' average of clipped sums of B examples (over W ranks) is within B·C / W; a sum
+    of norm 0.75·B·C averaged over two ranks is refused, one of 0.45·B·C passes."""
+    from lightning_privacy.callbacks._dp_checks import check_clipped_sum_bound
+
+    c, batch = 0.5, 10
+
+    def shards(norm):  # two shards of one averaged sum, of total norm `norm`
+        return [torch.full((4,), norm / math.sqrt(8)), torch.full((4,), -norm / math.sqrt(8))]
+
+    check_clipped_sum_bound(shards(0.45 * batch * c), max_grad_norm=c, batch_size=batch, averaged_over=2)
+    with pytest.raises(MisconfigurationException, match=r"/ 2 ranks \(FSDP2 averages their sums\) = 2\.5"):
+        check_clipped_sum_bound(shards(0.75 * batch * c), max_grad_norm=c, batch_size=batch, averaged_over=2)
+    check_clipped_sum_bound(shards(0.75 * batch * c), max_grad_norm=c, batch_size=batch)  # one process: B·C

@@ -5,6 +5,7 @@ across resumes; every rank takes every step. Multi-process runs are launched as 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import lightning.pytorch as pl
@@ -17,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, BayesSecurityMonitor, CanaryAudit, EpsilonStarAudit, names
 from lightning_privacy.report import privacy_report
-from lightning_privacy.sampling import global_mask
+from lightning_privacy.sampling import PoissonBatchSampler, global_mask
 from tests._launch import run_ddp
 from tests.callbacks._architectures import PerExampleLoss
 from tests.callbacks._tiny import trainer
@@ -39,10 +40,13 @@ def seeded_loader(n: int, batch: int, seed: int = 0) -> DataLoader:
 
 
 class RecordBatches(Callback):
-    """Which rows each step's batch held, on this rank."""
+    """Which rows each step's batch held, on this rank, and the seed its Poisson batch sampler drew them from."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.batches = n, []
+        self.n, self.batches, self.seed = n, [], None
+
+    def on_train_start(self, trainer, pl_module):
+        self.seed = getattr(trainer.train_dataloader.batch_sampler, "seed", None)  # a PoissonBatchSampler's
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.batches.append(sorted(torch.round(batch[0][:, 0] * self.n).long().tolist()))
@@ -63,10 +67,12 @@ def _module():
     return _MLP()
 
 
-def _fit(n, batch, *, epochs=1, seed=None, loader_seed=0, ckpt_path=None, tmp_path=None, monitor=False, **dpsgd):
+def _fit(
+    n, batch, *, epochs=1, seed=None, loader_seed=0, ckpt_path=None, tmp_path=None, monitor=False, dp=None, **dpsgd
+):
     torch.manual_seed(0)
     record = RecordBatches(n)
-    callbacks = [DPSGD(noise_multiplier=1.0, sampling_seed=seed, **dpsgd), record]
+    callbacks = [dp if dp is not None else DPSGD(noise_multiplier=1.0, sampling_seed=seed, **dpsgd), record]
     if monitor:
         callbacks.insert(1, BayesSecurityMonitor())
     if tmp_path is not None:
@@ -122,6 +128,84 @@ def test_secure_mode_draws_fresh_masks_and_refuses_a_seed():
         DPSGD(noise_multiplier=1.0, secure_mode=True, sampling_seed=3)
     with pytest.raises(MisconfigurationException, match="sampling_seed"):
         DPSGD(noise_multiplier=1.0, sampling_seed=-1)
+
+
+def _leaves(value):
+    """Every leaf of a nested checkpoint (dicts, lists, tuples; dict keys too)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(key)
+            yield from _leaves(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
+
+
+def test_a_checkpoint_holds_a_given_seed_and_never_the_drawn_one(tmp_path):
+    """Pins what DPSGD saves of its sampling: ``sampling_seed`` as given (5: public by choice), and with the default
+    nothing of the 128-bit seed drawn from the OS — whoever holds a checkpoint would otherwise know every batch."""
+    for seed in (5, None):
+        folder = tmp_path / str(seed)
+        t, dpsgd, _ = _fit(256, 32, seed=seed, tmp_path=folder)
+        drawn = next(cb for cb in t.callbacks if isinstance(cb, RecordBatches)).seed  # the masks' seed
+        checkpoint = torch.load(folder / "last.ckpt", weights_only=True)
+        state = checkpoint["callbacks"][dpsgd.state_key]
+        assert state.get("sampling_seed") == seed and dpsgd.state_dict().get("sampling_seed") == seed
+        if seed is None:
+            assert drawn.bit_length() > 64  # drawn: 128 bits
+            leaves = list(_leaves(checkpoint))
+            assert drawn not in [leaf for leaf in leaves if isinstance(leaf, int)]
+            assert not any(str(drawn) in leaf for leaf in leaves if isinstance(leaf, str))
+            assert not any(isinstance(v, int) and abs(v) >= 2**64 for v in _leaves(state))  # no secret of its size
+        else:
+            assert drawn == 5
+
+
+def test_a_dpsgd_without_a_seed_does_not_adopt_a_loaded_one(tmp_path):
+    """Pins ``load_state_dict`` against adopting a saved seed: a DPSGD without ``sampling_seed`` that resumes from a
+    checkpoint of ``sampling_seed=5`` (or loads its state by hand) warns, saves no seed, and its next fit draws
+    fresh masks, not seed 5's."""
+    n, batch = 256, 32
+    seeded = _fit(n, batch, epochs=2, seed=5)[2]  # seed 5's batches of steps 0-15
+    _, first, _ = _fit(n, batch, epochs=1, seed=5, tmp_path=tmp_path)
+    with pytest.warns(UserWarning, match="sampling_seed=5"):
+        _, resumed, _ = _fit(n, batch, epochs=2, ckpt_path=str(tmp_path / "last.ckpt"), tmp_path=tmp_path)
+    assert resumed.steps == 16 and resumed.state_dict().get("sampling_seed") is None
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"][resumed.state_key]  # the resumed run's
+    assert state.get("sampling_seed") is None
+    by_hand = DPSGD(noise_multiplier=1.0)
+    with pytest.warns(UserWarning, match="sampling_seed=5"):
+        by_hand.load_state_dict(first.state_dict())
+    assert by_hand.state_dict().get("sampling_seed") is None
+    _, _, batches = _fit(n, batch, epochs=1, dp=by_hand)  # continues at step 8, with masks of its own
+    assert by_hand.steps == 16 and len(batches) == 8
+    assert sum(a == b for a, b in zip(batches, seeded[8:])) == 0
+
+
+def test_the_sample_rate_is_one_over_the_loaders_length():
+    """Pins ``p = 1 / len(loader)`` (the docs, and Opacus' ``make_private``), which differs from ``batch_size / N``
+    when N is not a multiple of the batch size: 100 rows in batches of 32 make 4 steps at p = 1/4 (expected batch
+    25), not 0.32."""
+    _, dpsgd, batches = _fit(100, 32, seed=3)
+    assert dpsgd.sample_rate == 0.25 and len(batches) == 4 and dpsgd.dataset_size == 100
+    for step, rows in enumerate(batches):
+        assert rows == np.flatnonzero(global_mask(3, step, 100, 0.25)).tolist()
+
+
+def test_a_secure_sampler_never_draws_the_masks_of_a_seed():
+    """Pins secure mode over a seed: ``PoissonBatchSampler(seed=..., secure=True)`` refuses the seed or ignores it
+    (every mask from ``os.urandom``) — it never draws that seed's masks, which anyone who knows the seed replays."""
+    kwargs = dict(num_samples=512, sample_rate=0.5, steps=3, seed=1)
+    try:
+        first = list(PoissonBatchSampler(secure=True, **kwargs))
+    except ValueError as err:  # refused: fine too
+        assert "seed" in str(err) and "secure" in str(err)
+        return
+    second, seeded = list(PoissonBatchSampler(secure=True, **kwargs)), list(PoissonBatchSampler(**kwargs))
+    assert len(first) == len(second) == 3
+    assert all(a != b and a != s for a, b, s in zip(first, second, seeded))
 
 
 def test_a_replaced_custom_sampler_is_named_in_a_warning():
@@ -192,6 +276,7 @@ def _ddp_worker(
         "ledger": dpsgd.ledger.state_dict(),
         "epsilon_star": star[0].results if star else None,
         "canary": canaries[0].state_dict() if canaries else None,
+        "sampling_seed": record.seed,
     }
 
 
@@ -208,6 +293,12 @@ def test_ddp_ranks_draw_independent_shares_of_one_global_mask(tmp_path):
     assert {r % 2 for b in ranks[0]["batches"] for r in b} == {0} and {
         r % 2 for b in ranks[1]["batches"] for r in b
     } == {1}
+    # the default seed: rank 0's draw, received by every rank, so the ranks' batches are the single-process batches
+    # of that seed (one seed per rank would keep the law but break this documented equality)
+    seed = ranks[0]["sampling_seed"]
+    assert seed.bit_length() > 64 and ranks[1]["sampling_seed"] == seed
+    for step, (a, b) in enumerate(zip(ranks[0]["batches"], ranks[1]["batches"])):
+        assert sorted(a + b) == np.flatnonzero(global_mask(seed, step, n, ranks[0]["sample_rate"])).tolist()
 
 
 @pytest.mark.slow
@@ -423,6 +514,64 @@ def test_the_noise_check_fires_under_fsdp2_on_every_rank(tmp_path):
             f"[rank{rank}]: lightning.fabric.utilities.exceptions.MisconfigurationException: DP-SGD self-check" in text
         )
     assert "not noised as configured" in text and "(/2 ranks under FSDP)" in text
+
+
+def _one_rank_broken_fsdp_worker(what):
+    """FSDP2 with one part of DP-SGD broken on rank 1 only: its shard's noise (none), or its clipping (to 1.5·C).
+
+    For the clipping, every row is the same example (every per-example gradient the same, and clipped): the ranks'
+    average clipped sum then has norm (B₀ + 1.5·B₁)·C / 2, above the bound B·C / 2 but within B·C.
+    """
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    broken = int(os.environ["RANK"]) == 1
+    loader = seeded_loader(256, 32)
+    if what == "clipping":
+        from opacus.grad_sample import GradSampleHooksFastGradientClipping
+
+        x, y = loader.dataset[0]
+        loader = DataLoader(TensorDataset(x.repeat(256, 1), y.repeat(256)), batch_size=32)
+        if broken:  # ghost clipping's coefficients (Opacus' hooks), 1.5 times too large on this rank
+            coefficients = GradSampleHooksFastGradientClipping.get_clipping_coef
+            GradSampleHooksFastGradientClipping.get_clipping_coef = lambda self: 1.5 * coefficients(self)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer(
+            [
+                _Break(what) if broken and what == "noise" else Callback(),
+                DPSGD(noise_multiplier=1.0, max_grad_norm=1e-3, grad_sample_mode="ghost"),
+            ],
+            max_epochs=1,
+            strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+            devices=2,
+            use_distributed_sampler=False,
+        )
+        t.fit(_ShardedMLP(), train_dataloaders=loader)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("noise", "the noise added to the gradients has standard deviation 0 "),
+        ("clipping", "the clipped gradient sum has norm"),
+    ],
+)
+def test_fsdp2_self_checks_catch_a_part_broken_on_one_rank_on_that_rank(tmp_path, what, message):
+    """Pins where the FSDP2 checks look: every rank tests the noise of its own shard (rank 1's missing noise is
+    caught by rank 1, not only reported as "failed on another rank"), and the bound on the ranks' average of clipped
+    sums is divided by the ranks (rank 1 clipping to 1.5·C is caught)."""
+    with pytest.raises(AssertionError) as info:
+        run_ddp("tests.callbacks.test_dpsgd_sampling:_one_rank_broken_fsdp_worker", tmp_path, what=what)
+    text = str(info.value)
+    assert (
+        f"[rank1]: lightning.fabric.utilities.exceptions.MisconfigurationException: DP-SGD self-check: {message}"
+        in text
+    )
+    if what == "clipping":
+        assert "/ 2 ranks (FSDP2 averages their sums)" in text
 
 
 @pytest.mark.parametrize("secure", [False, True])

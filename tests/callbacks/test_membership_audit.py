@@ -3,6 +3,8 @@ TensorBoard's own server shows, refusals that name the fix."""
 
 from __future__ import annotations
 
+import json
+
 import lightning.pytorch as pl
 import numpy as np
 import pytest
@@ -167,3 +169,27 @@ def test_the_loss_attack_needs_no_references(data):
     trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[callback], **QUIET)
     trainer.fit(_model(), _loader(data, slice(0, 200), True), _loader(data, slice(200, 400)))
     assert callback.references is None and set(callback.results) >= {names.LOSS_AUC, names.LOSS_EPSILON_LOWER}
+
+
+def test_dp_sgd_references_are_trained_with_the_targets_clipping_norm(data, tmp_path):
+    """Pins the references' recipe on the target's C (not C = 1): the cache records DPSGD with the target's σ and C,
+    and the references' DPSGD carries its δ, loss reduction and gradient mode."""
+    dp = DPSGD(noise_multiplier=1.3, max_grad_norm=0.7, delta=1e-6, grad_sample_mode="ghost", sampling_seed=0)
+    callback = MembershipAudit("lira", num_references=1, population=_loader(data, slice(800, 1000)), cache_dir=tmp_path)
+    torch.manual_seed(0)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[dp, callback], **QUIET)
+    trainer.fit(_PerExample(104, hidden=(16,)), _loader(data, slice(0, 200), True), _loader(data, slice(200, 400)))
+    assert callback.references.trained == 1
+    recipe = json.loads((tmp_path / "references.json").read_text())["recipe"]
+    assert recipe["callbacks"] == [DPSGD(noise_multiplier=1.3, max_grad_norm=0.7).state_key]
+    (reference_dp,) = callback._trainer_kwargs(trainer)["callbacks"]
+    assert (reference_dp.max_grad_norm, reference_dp.noise_multiplier, reference_dp.delta) == (0.7, 1.3, 1e-6)
+    assert (reference_dp.loss_reduction, reference_dp.grad_sample_mode) == ("mean", "ghost")
+
+
+class _PerExample(TabularMLP):
+    """Returns one loss per example (what DPSGD's ghost clipping needs)."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y, reduction="none")

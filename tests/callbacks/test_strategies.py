@@ -6,7 +6,8 @@ The checks run ``DPSGD.setup`` on a Trainer that was built but never launched: n
 
 import lightning.pytorch as pl
 import pytest
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+import torch
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import DPSGD, _compat
@@ -37,6 +38,14 @@ class MyDDP(DDPStrategy):
     pass
 
 
+class MySingleDevice(SingleDeviceStrategy):
+    """A single-device subclass, as XLA's ``SingleDeviceXLAStrategy`` is: refused like any subclass."""
+
+
+def _my_single_device():
+    return MySingleDevice(device=torch.device("cpu"))
+
+
 def _deepspeed():
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
@@ -50,6 +59,7 @@ def _deepspeed():
     ("make", "name"),
     [
         (MyDDP, "MyDDP"),
+        (_my_single_device, "MySingleDevice"),
         (_deepspeed, "DeepSpeedStrategy"),
         (FSDPStrategy, "FSDPStrategy"),
     ],
@@ -61,7 +71,8 @@ def test_other_strategies_are_refused_by_exact_type(tmp_path, monkeypatch, make,
         t = trainer([], tmp_path)
         monkeypatch.setattr(pl.Trainer, "strategy", property(lambda self: strategy))
     else:
-        t = trainer([], tmp_path, strategy=strategy, devices=2, use_distributed_sampler=False)
+        devices = 1 if isinstance(strategy, SingleDeviceStrategy) else 2
+        t = trainer([], tmp_path, strategy=strategy, devices=devices, use_distributed_sampler=False)
     assert type(t.strategy) is type(strategy)
     message = _refusal(t)
     assert f"DPSGD does not support {name}:" in message, message
