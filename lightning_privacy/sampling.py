@@ -12,6 +12,9 @@ adversary does not know. :class:`PoissonBatchSampler` draws exactly that, whatev
 - The mask of step ``t`` is a function of ``(seed, t)`` only (NumPy's ``SeedSequence(seed, spawn_key=(t,))`` feeding
   a PCG64 generator). ``t`` is the number of optimizer steps taken before the epoch started (read from the run's
   ledger at every ``iter()``), so a resumed run continues the sequence instead of replaying the first epoch.
+- **Cost O(batch), not O(N).** The selected rows are drawn as the gaps between them (:func:`global_rows`), never as
+  one decision per row: a step costs time and memory proportional to its batch, so sampling 10⁸ rows at p = 10⁻⁵
+  touches about a thousand numbers.
 - ``seed=None`` (the default of ``DPSGD(sampling_seed=...)``) draws a 128-bit seed from the operating system's
   entropy at every fit (rank 0 draws, the others receive it), independent of the loader's generator and of
   ``seed_everything``; it is never written to a checkpoint, so a resumed run gets fresh masks. An int makes the masks
@@ -21,8 +24,17 @@ adversary does not know. :class:`PoissonBatchSampler` draws exactly that, whatev
   (``os.urandom``) at every step, nothing seeded and nothing to replay; the ranks' rows are disjoint, so their draws
   are independent.
 
-Each row's decision is ``u < p`` for a uniform ``u`` with 53 random bits (PCG64) or 64 (``os.urandom``), so the
-inclusion probability is ``p`` up to 2⁻⁵³.
+**Why the gaps give the same law.** Rows 0, 1, …, N − 1 are scanned in order; the gap G from one selected row (or
+from the start) to the next selected row is drawn as G = 1 + ⌊log U / log(1 − p)⌋ with U uniform on (0, 1], so
+P(G > g) = P(U ≤ (1 − p)^g) = (1 − p)^g: G is Geometric(p), the waiting time to the first success in independent
+Bernoulli(p) trials. Gaps are drawn independently, so the selected rows are exactly the successes of one sequence of
+independent Bernoulli(p) trials, one per row (the renewal description of a Bernoulli process): every row is included
+with probability p, independently of every other row, and the batch size is Binomial(N, p). U has 53 random bits
+(PCG64's ``random``, or 53 of 64 bits from ``os.urandom``), so each inclusion probability is p up to about 2⁻⁵³.
+Drawing stops at the first gap that passes row N − 1: about N·p + 1 gaps.
+
+This draw replaced one uniform number per row (``rng.random(N) < p``) in version 0.2: the law is the same, but a
+given seed now selects other rows than before (see the changelog).
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ import torch
 from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 
-__all__ = ["PoissonBatchSampler", "PoissonDataLoader", "draw_seed", "global_mask"]
+__all__ = ["PoissonBatchSampler", "PoissonDataLoader", "draw_seed", "global_mask", "global_rows", "secure_rows"]
 
 SEED_BITS = 128
 
@@ -46,8 +58,53 @@ def draw_seed() -> int:
     return secrets.randbits(SEED_BITS)
 
 
+def _gap_rows(uniform: Callable[[int], np.ndarray], num_rows: int, sample_rate: float) -> np.ndarray:
+    """Sorted indices in ``[0, num_rows)`` of independent Bernoulli(``sample_rate``) successes, from geometric gaps.
+
+    ``uniform(n)`` returns n uniform numbers in [0, 1); each gap is 1 + ⌊log(1 − u) / log(1 − p)⌋ (the module
+    docstring proves the law). Memory and time are proportional to the number of successes, not to ``num_rows``.
+    """
+    if sample_rate >= 1.0:
+        return np.arange(num_rows, dtype=np.int64)
+    log_q = np.log1p(-sample_rate)
+    chunks: List[np.ndarray] = []
+    last = -1  # index of the last selected row
+    expected = num_rows * sample_rate
+    while True:
+        n = int(expected + 6.0 * np.sqrt(expected) + 16)  # enough gaps to pass the end with overwhelming probability
+        with np.errstate(divide="ignore"):
+            gaps = 1.0 + np.floor(np.log1p(-uniform(n)) / log_q)  # 1 − u in (0, 1]: log finite, u = 0 → gap 1
+        # a gap beyond the end ends the draw; clip before the cast so a huge gap cannot overflow int64
+        rows = last + np.cumsum(np.minimum(gaps, float(num_rows + 1)).astype(np.int64))
+        inside = rows[rows < num_rows]
+        chunks.append(inside)
+        if inside.size < rows.size:
+            break
+        last = int(rows[-1])
+        expected = (num_rows - 1 - last) * sample_rate
+    return np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
+
+
+def global_rows(seed: int, step: int, num_samples: int, sample_rate: float) -> np.ndarray:
+    """The rows of step ``step``'s batch over all ``num_samples`` rows (sorted), a function of the four arguments only.
+
+    Each row is included independently with probability ``sample_rate`` (see the module docstring); the cost is
+    proportional to the batch, not to ``num_samples``.
+
+    Example::
+
+        >>> rows = global_rows(7, 0, 10**8, 1e-5)  # 10⁸ rows: about a thousand drawn, nothing per row
+        >>> bool(800 < rows.size < 1200), bool((np.diff(rows) > 0).all()), bool(rows[-1] < 10**8)
+        (True, True, True)
+        >>> bool((rows == global_rows(7, 0, 10**8, 1e-5)).all()), rows.size == global_rows(7, 1, 10**8, 1e-5).size
+        (True, False)
+    """
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=(int(step),))))
+    return _gap_rows(rng.random, num_samples, sample_rate)
+
+
 def global_mask(seed: int, step: int, num_samples: int, sample_rate: float) -> np.ndarray:
-    """The Bernoulli(``sample_rate``) mask of step ``step`` over all ``num_samples`` rows, a function of both only.
+    """:func:`global_rows` as a boolean mask over all ``num_samples`` rows (for tests and inspection: O(N) memory).
 
     Example::
 
@@ -57,15 +114,26 @@ def global_mask(seed: int, step: int, num_samples: int, sample_rate: float) -> n
         >>> bool((m == global_mask(7, 1, 10_000, 0.1)).all())
         False
     """
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(int(seed), spawn_key=(int(step),))))
-    return rng.random(num_samples) < sample_rate
+    mask = np.zeros(num_samples, dtype=bool)
+    mask[global_rows(seed, step, num_samples, sample_rate)] = True
+    return mask
 
 
-def _secure_mask(num_samples: int, sample_rate: float) -> np.ndarray:
-    """Bernoulli(``sample_rate``) decisions from the OS CSPRNG: 64 random bits per row compared with p·2⁶⁴."""
-    bits = np.frombuffer(os.urandom(8 * num_samples), dtype=np.uint64)
-    threshold = np.uint64(min(int(round(sample_rate * 2.0**64)), 2**64 - 1))
-    return bits < threshold
+def _os_uniform(n: int) -> np.ndarray:
+    """n uniform numbers in [0, 1) with 53 bits each from the OS CSPRNG (``os.urandom``)."""
+    bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) >> np.uint64(11)
+    return bits.astype(np.float64) * 2.0**-53
+
+
+def secure_rows(rank: int, world_size: int, num_samples: int, sample_rate: float) -> List[int]:
+    """Rank ``rank``'s rows of one batch, every decision from ``os.urandom``: gaps over the rank's own rows.
+
+    The rank's rows are ``rank, rank + W, …``; the gaps run over that subsequence, so the cost is proportional to the
+    rank's share of the batch. The ranks' rows are disjoint and their bits independent, so the union is one
+    Bernoulli(p) mask over all rows.
+    """
+    own = len(range(rank, num_samples, world_size))
+    return (rank + world_size * _gap_rows(_os_uniform, own, sample_rate)).tolist()
 
 
 class PoissonBatchSampler(Sampler[List[int]]):
@@ -123,12 +191,10 @@ class PoissonBatchSampler(Sampler[List[int]]):
 
     def local_batch(self, step: int) -> List[int]:
         """This rank's rows of step ``step``'s batch (with ``secure``: a fresh draw, whatever ``step``)."""
-        rows = np.arange(self.rank, self.num_samples, self.world_size)
         if self.secure:
-            chosen = rows[_secure_mask(rows.size, self.sample_rate)]
-        else:
-            chosen = rows[global_mask(self.seed, step, self.num_samples, self.sample_rate)[rows]]
-        return chosen.tolist()
+            return secure_rows(self.rank, self.world_size, self.num_samples, self.sample_rate)
+        rows = global_rows(self.seed, step, self.num_samples, self.sample_rate)
+        return rows[rows % self.world_size == self.rank].tolist()
 
     def __iter__(self) -> Iterator[List[int]]:
         first = int(self.start_step()) if self.start_step is not None else self.next_step
