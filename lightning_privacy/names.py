@@ -18,10 +18,8 @@ DP_TARGET_BAYES_SECURITY = "dp/target_bayes_security"
 DP_TARGET_EPSILON = "dp/target_epsilon"
 DP_PLANNED_EPOCHS = "dp/planned_epochs"
 DP_GRAD_SAMPLE_MODE = "dp/grad_sample_mode"  # "hooks" (per-sample gradients) or "ghost" (ghost clipping)
-DP_SAMPLING_SEED = (
-    "dp/sampling_seed"  # how the Poisson masks' seed was chosen: secret / fixed / secure (never the seed)
-)
-DP_NOISE_SEED = "dp/noise_seed"  # how the noise's seed was chosen: secret / fixed / secure (never the seed)
+DP_SAMPLING_SEED = "dp/sampling_seed"  # the Poisson masks' seed: secret / fixed / secure (never the seed itself)
+DP_NOISE_SEED = "dp/noise_seed"  # the noise's seed: secret / fixed / secure (never the seed itself)
 
 # Clipping telemetry (per epoch, opt-in; data-dependent, not covered by the DP guarantee)
 DP_CLIP_FRACTION = "dp/clip_fraction"  # share of per-sample gradients whose norm exceeded C
