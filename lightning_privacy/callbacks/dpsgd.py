@@ -75,6 +75,19 @@ def _train_trainable_layers(module: torch.nn.Module) -> None:
     )
 
 
+def _seed(name: str, seed: Optional[int], secure: bool, what: str, whose: str) -> Optional[int]:
+    """A fixed seed (a non-negative int) or None; a fixed seed contradicts ``secure_mode``."""
+    if seed is None:
+        return None
+    check_int(name, seed, minimum=0, exc=MisconfigurationException)
+    if secure:
+        raise MisconfigurationException(
+            f"`{name}={seed!r}` makes {what} reproducible, which `secure_mode=True` rules out (its {whose} come from "
+            "fresh OS entropy every step); give one or the other"
+        )
+    return seed
+
+
 def _seed_kind(seed: Optional[int], secure: bool) -> str:
     """How a seed was chosen, for HPARAMS and the report (never the seed itself)."""
     if secure:
@@ -268,22 +281,8 @@ class DPSGD(Callback):
         self.accountant_mechanism = accountant
         self.loss_reduction = loss_reduction
         self.secure_mode = check_bool("secure_mode", secure_mode, exc=MisconfigurationException)
-        if sampling_seed is not None:
-            check_int("sampling_seed", sampling_seed, minimum=0, exc=MisconfigurationException)
-            if secure_mode:
-                raise MisconfigurationException(
-                    f"`sampling_seed={sampling_seed!r}` makes the batches reproducible, which `secure_mode=True` "
-                    "rules out (its masks come from the OS CSPRNG); give one or the other"
-                )
-        self.sampling_seed = sampling_seed
-        if noise_seed is not None:
-            check_int("noise_seed", noise_seed, minimum=0, exc=MisconfigurationException)
-            if secure_mode:
-                raise MisconfigurationException(
-                    f"`noise_seed={noise_seed!r}` makes the noise reproducible, which `secure_mode=True` rules out "
-                    "(its noise comes from fresh OS entropy every step); give one or the other"
-                )
-        self.noise_seed = noise_seed
+        self.sampling_seed = _seed("sampling_seed", sampling_seed, secure_mode, "the batches", "masks")
+        self.noise_seed = _seed("noise_seed", noise_seed, secure_mode, "the noise", "noise")
         self.sampling = _strategies.Sampling()
         self.log_clipping = check_bool("log_clipping", log_clipping, exc=MisconfigurationException)
         self.clipping_every_n_steps = check_int(
