@@ -88,10 +88,16 @@ def test_masks_are_the_global_masks_of_the_seed_and_each_row_is_drawn_with_p():
     _, dpsgd, batches = _fit(n, batch, epochs=2, seed=11)
     p = dpsgd.sample_rate
     assert p == pytest.approx(batch / n) and len(batches) == 2 * n // batch
-    # recomputed independently from (seed, step): NumPy's SeedSequence + PCG64, one uniform per row
+    # recomputed independently from (seed, step): NumPy's SeedSequence + PCG64, one geometric gap per selected row
     for step, rows in enumerate(batches):
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(11, spawn_key=(step,))))
-        assert rows == np.flatnonzero(rng.random(n) < p).tolist()
+        expected, row = [], -1
+        while True:
+            row += 1 + math.floor(math.log1p(-rng.random()) / math.log1p(-p))
+            if row >= n:
+                break
+            expected.append(row)
+        assert rows == expected
     sizes = np.array([len(b) for b in batches])
     mean, se = n * p, math.sqrt(n * p * (1 - p) / len(sizes))
     assert abs(sizes.mean() - mean) < 5 * se  # Binomial(n, p) batch sizes
