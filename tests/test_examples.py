@@ -72,3 +72,21 @@ def test_adult_canary_audit(tmp_path):
     assert 0 < values["accountant ε (upper bound"] <= 8.0  # the ε budget held
     assert 0 <= values["canary ε lower bound, binomial"] <= values["accountant ε (upper bound"]
     assert list(logdir.rglob("privacy_report.md"))
+
+
+@pytest.mark.slow
+def test_fsdp2_example_under_torchrun(tmp_path):
+    """``torchrun --nproc_per_node=2 examples/fsdp2.py``: FSDP2 with validation and checkpoints counts each step once."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    from tests._launch import _free_port
+
+    port = _free_port()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}"]
+    command += [str(EXAMPLES / "fsdp2.py"), "--epochs", "1", "--batch-size", "2048", "--logdir", str(tmp_path / "ck")]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (line,) = [line for line in proc.stdout.splitlines() if line.startswith("FSDP2 on 2 ranks:")]
+    steps = int(line.split(": ")[1].split(" optimizer steps")[0])
+    assert f"ledger {steps} steps" in line and 10 <= steps <= 18  # 27,146 rows / 2048: ~13 Poisson steps
+    assert "view tensor" not in proc.stdout + proc.stderr
+    assert (tmp_path / "ck" / "last.ckpt").exists()
