@@ -275,8 +275,8 @@ class MembershipAuditResult(AuditResult):
                 fontsize=9,
             )
         ax.set_title(
-            f"Membership attack ROC ({self.attack.upper()}, in/out game: {RELATION_LABELS[self.relation]}); dots: TPR "
-            "at FPR ≤ 0.001/0.01/0.1 (95% CP)",
+            f"Membership attack ROC ({self.attack.upper()}, in/out game: {RELATION_LABELS[self.relation]})\n"
+            "dots: TPR at FPR ≤ 0.001/0.01/0.1 (95% CP)",
             fontsize=9,
         )
         ax.legend(loc="lower right", fontsize=8)
