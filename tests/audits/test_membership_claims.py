@@ -4,7 +4,6 @@ contradicted on a model trained without noise, consistent on the DP-SGD model th
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 
 import lightning.pytorch as pl
@@ -40,7 +39,6 @@ def data():
 def _fit(train, callbacks=(), **model_kwargs):
     torch.manual_seed(0)
     model = TabularMLP(D, hidden=(256,), **model_kwargs)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pl.Trainer(max_epochs=EPOCHS, callbacks=list(callbacks), **QUIET).fit(model, train)
