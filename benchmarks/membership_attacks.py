@@ -3,7 +3,8 @@
 Targets per data set: an over-fitted MLP (no DP, many epochs) and DP-SGD MLPs at three noise multipliers. Members,
 non-members and the population are disjoint random rows; reference models train with the target's recipe (DP-SGD
 at the same σ for the DP targets) on balanced halves of the population (offline) or of the audited rows (online). Every DP row is checked against the ledger's
-trade-off curve (the TPR bound of any attack at the point's FPR upper limit). Writes
+trade-off curve for the in/out game (add/remove: the TPR bound of any attack at the point's FPR upper limit) and its
+ledger is the claim of a verdict (``audit_membership(..., claim=ledger)``). Writes
 ``benchmarks/results/membership_attacks.md`` (tables + the ordering the RMIA paper reports, checked row by row)
 and ``benchmarks/results/membership_attacks_dp.png`` (a DP row's ROC inside the accountant's region).
 
@@ -122,11 +123,13 @@ def run(name, data, n, epochs_overfit, epochs_dp, refs_max, out_rows, figure_don
                     references=ref,
                     population_loader=population,
                     ledger=ledger,
+                    claim=ledger,
                 )
             seconds = time.perf_counter() - start
             per_ref = np.mean(ref.seconds) if ref is not None and ref.seconds else float("nan")
             inside = "—" if ledger is None else ("**OUTSIDE**" if r.outside else "inside")
             bounds = "" if ledger is None else " / ".join(f"{b:.3f}" for b in r.ledger_tpr_bounds)
+            verdict = "—" if r.verdict is None else r.verdict
             out_rows.append(
                 (
                     name,
@@ -139,6 +142,7 @@ def run(name, data, n, epochs_overfit, epochs_dp, refs_max, out_rows, figure_don
                     seconds,
                     inside,
                     bounds,
+                    verdict,
                 )
             )
             if (
@@ -218,13 +222,14 @@ def main() -> None:
     total = time.perf_counter() - t0
     header = (
         "| data | target | attack | AUC | TPR@0.1% | TPR@1% | TPR@10% | ε lower | s / reference | s / audit | "
-        "ledger region | ledger TPR bound @ FPR⁺ (0.1% / 1% / 10%) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "ledger region (add/remove) | ledger TPR bound @ FPR⁺ (0.1% / 1% / 10%) | verdict (own ledger as claim) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     body = "\n".join(
         f"| {d} | {t} | {a} | {auc:.3f} | {t1:.3f} | {t2:.3f} | {t3:.3f} | {e:.2f} | "
         + ("—" if np.isnan(pr) else f"{pr:.1f}")
-        + f" | {s:.1f} | {ins} | {b or '—'} |"
-        for d, t, a, auc, t1, t2, t3, e, pr, s, ins, b in rows
+        + f" | {s:.1f} | {ins} | {b or '—'} | {v} |"
+        for d, t, a, auc, t1, t2, t3, e, pr, s, ins, b, v in rows
     )
     setup = (
         "Adult: 1,000 members, 1,000 non-members, 2,000 population rows (random, disjoint); digits (scikit-learn 8×8): "
@@ -232,7 +237,9 @@ def main() -> None:
         "= 30 epochs, expected batch 64, C = 1, δ = 1e-5. References: the target's recipe (the same MLP and epochs; DP-SGD with the same σ for the DP "
         "targets), on balanced halves of the population (offline) or of the audited rows (online, Carlini et al.'s setting). TPR at FPR ≤ x on the audited rows (threshold read off the same scores); ε lower = Bayesian 95% "
         "interval with a holdout threshold (valid). 'ledger region': every reported point's Clopper–Pearson TPR "
-        "lower limit is at most the accountant's bound at its FPR upper limit."
+        "lower limit is at most the accountant's bound at its FPR upper limit, for the in/out game these attacks play "
+        "(add/remove relation). 'verdict': the target's own ledger as the claim (ROC points and a Clopper–Pearson ε "
+        "bound against its add/remove curve and ε, 95% with the multiple comparisons corrected)."
     )
     if args.quick:
         setup = "QUICK SMOKE RUN (not the published setting)."

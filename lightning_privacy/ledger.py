@@ -78,6 +78,11 @@ def _unreachable(
     )
 
 
+def _identity(fpr: Any) -> Union[float, np.ndarray]:
+    """The TPR bound before any step: no attack beats guessing."""
+    return np.asarray(fpr, dtype=float) if np.ndim(fpr) else float(fpr)
+
+
 class PrivacyLedger:
     """The privacy state of one DP-SGD run: history, ε, safe β*, closed form, predictions, calibration.
 
@@ -119,6 +124,7 @@ class PrivacyLedger:
         self._rdp_cache: Dict[Tuple[float, float], np.ndarray] = {}  # (σ, p) -> RDP curve of one step
         self._pld_state: Optional[Any] = None  # the ComposedPLD, made on first use (dp_accounting loads lazily)
         self._composed = 0  # steps of the history already composed into the PLD
+        self._other: Dict[str, Any] = {}  # relation -> ComposedPLD of the same history for the other relation
         self._allowed: Dict[Any, int] = {}  # memoised step budgets (see steps_within)
 
     @property
@@ -203,17 +209,65 @@ class PrivacyLedger:
             return 1.0
         return bs.mia_bayes_security(**self.segments(), relation=self.relation)
 
-    def tpr_bounds(self, fpr: Union[float, Sequence[float]]) -> Union[float, np.ndarray]:
-        """Tightest valid TPR bound of any membership attack at ``fpr`` (the composed mechanism's trade-off curve)."""
-        if self.steps == 0 and self._composed == 0:  # no step taken: no attack beats guessing
-            return np.asarray(fpr, dtype=float) if np.ndim(fpr) else float(fpr)
-        self._sync()
-        return self._pld.tpr_bound(fpr)
+    def tpr_bounds(
+        self, fpr: Union[float, Sequence[float]], *, relation: Optional[str] = None
+    ) -> Union[float, np.ndarray]:
+        """Tightest valid TPR bound of any membership attack at ``fpr`` (the composed mechanism's trade-off curve).
+
+        Args:
+            fpr: false-positive rate(s) in [0, 1].
+            relation: the game the bound is for: ``"replace"`` (Cherubin et al.'s Game 2, the relation of the
+                Bayes-security values by default) or ``"add_remove"`` (the in/out game of RMIA, LiRA, LOSS and
+                canary audits: the model trained with or without the example; Opacus' ε is for this relation).
+                ``None``: the ledger's own ``relation``. Either curve comes from a pessimistic PLD of the same
+                history; for add/remove it is the trade-off of the ordered pair (with, without the example) from
+                both orders' privacy profiles, as dp_accounting's add/remove PLD gives it.
+
+        Returns:
+            The bound(s), a float or an array of the shape of ``fpr``.
+
+        Example:
+            >>> ledger = PrivacyLedger()
+            >>> ledger.step(noise_multiplier=1.0, sample_rate=0.2, steps=150)
+            >>> round(float(ledger.tpr_bounds(1e-3)), 3), round(float(ledger.tpr_bounds(1e-3, relation="add_remove")), 3)
+            (0.937, 0.397)
+        """
+        return self.privacy_loss_distribution(relation).tpr_bound(fpr) if self._has_steps() else _identity(fpr)
+
+    def _has_steps(self) -> bool:
+        return not (self.steps == 0 and self._composed == 0)
+
+    def privacy_loss_distribution(self, relation: Optional[str] = None) -> Any:
+        """The pessimistic :class:`~lightning_privacy.analysis.composition.ComposedPLD` of the recorded history.
+
+        ``relation=None`` (or the ledger's own) is the stored PLD whose chunks the checkpoint saves; the other
+        relation's is composed from the same history on first use and kept up to date (not saved: it is derived
+        from the history). Treat the returned object as read-only.
+
+        Example:
+            >>> ledger = PrivacyLedger()
+            >>> ledger.step(noise_multiplier=1.0, sample_rate=0.01, steps=100)
+            >>> ledger.privacy_loss_distribution("add_remove").relation, ledger.privacy_loss_distribution().steps
+            ('add_remove', 100)
+        """
+        relation = self.relation if relation is None else bs._check_relation(relation)
+        if relation == self.relation:
+            self._sync()
+            return self._pld
+        from lightning_privacy.analysis.composition import ComposedPLD
+
+        pld = self._other.get(relation)
+        if pld is None:
+            pld = self._other[relation] = ComposedPLD(relation=relation)
+        self._check_forward(pld.steps)
+        for sigma, rate, count in self._pending(pld.steps):
+            pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
+        return pld
 
     # --------------------------------------------------------------------------------------------------- predictions
-    def _pending(self) -> List[Segment]:
-        """The recorded steps not yet composed into the PLD, as segments in the order they were taken."""
-        left = self.steps - self._composed
+    def _pending(self, composed: Optional[int] = None) -> List[Segment]:
+        """The recorded steps not yet composed into the PLD (of ``composed`` steps), in the order they were taken."""
+        left = self.steps - (self._composed if composed is None else composed)
         out: List[Segment] = []
         for sigma, rate, count in reversed(self.history):
             if left <= 0:
@@ -223,12 +277,15 @@ class PrivacyLedger:
             left -= take
         return out[::-1]
 
-    def _sync(self) -> None:
-        if self.steps < self._composed:
+    def _check_forward(self, composed: int) -> None:
+        if self.steps < composed:
             raise RuntimeError(
-                f"The accountant has {self.steps} steps but the ledger composed {self._composed}: the history was "
+                f"The accountant has {self.steps} steps but the ledger composed {composed}: the history was "
                 "rewritten; privacy state must never go back."
             )
+
+    def _sync(self) -> None:
+        self._check_forward(self._composed)
         for sigma, rate, count in self._pending():
             self._pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
             self._composed += count
@@ -446,5 +503,6 @@ class PrivacyLedger:
         self._pld_state = ComposedPLD.from_chunks(chunks, relation=self.relation)
         self._composed = int(sum(c[2] for c in chunks))
         self._allowed = {}
+        self._other = {}
         if self._composed > self.steps:
             raise RuntimeError(f"ledger chunks hold {self._composed} steps but the history only {self.steps}")

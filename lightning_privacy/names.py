@@ -72,6 +72,9 @@ CANARY_EPSILON_LOWER_MAX = "audit/canary_epsilon_lower_max"  # the largest bound
 CANARY_EPSILON_LOWER_MAX_GDP = "audit/canary_epsilon_lower_max_gdp"
 CANARY_EPSILON_OPTIMISTIC = "audit/canary_epsilon_optimistic"  # uncorrected best over the grid: NOT a valid bound
 CANARY_EPSILON_OPTIMISTIC_GDP = "audit/canary_epsilon_optimistic_gdp"
+CANARY_CLAIM_CONTRADICTED = (
+    "audit/canary_claim_contradicted"  # 1: the canaries contradict the claimed guarantee at 1 − α, 0: consistent
+)
 CANARY_FIGURE = "audit/canary_epsilon_lower/theory_vs_practice"  # figure: accountant ε vs the empirical bounds
 CANARY_SUMMARY = "audit/canary_epsilon_lower/summary"  # text: the canary audit table
 
@@ -81,16 +84,19 @@ RMIA_TPR_AT_FPR_0_001 = "audit/rmia_tpr_at_fpr_0.001"
 RMIA_TPR_AT_FPR_0_01 = "audit/rmia_tpr_at_fpr_0.01"
 RMIA_TPR_AT_FPR_0_1 = "audit/rmia_tpr_at_fpr_0.1"
 RMIA_EPSILON_LOWER = "audit/rmia_epsilon_lower"  # valid ε lower bound from the scores (holdout threshold)
+RMIA_CLAIM_CONTRADICTED = "audit/rmia_claim_contradicted"  # 1: the attack contradicts the claimed guarantee at 1 − α (add/remove), 0: consistent
 LIRA_AUC = "audit/lira_auc"
 LIRA_TPR_AT_FPR_0_001 = "audit/lira_tpr_at_fpr_0.001"
 LIRA_TPR_AT_FPR_0_01 = "audit/lira_tpr_at_fpr_0.01"
 LIRA_TPR_AT_FPR_0_1 = "audit/lira_tpr_at_fpr_0.1"
 LIRA_EPSILON_LOWER = "audit/lira_epsilon_lower"
+LIRA_CLAIM_CONTRADICTED = "audit/lira_claim_contradicted"  # 1: the attack contradicts the claimed guarantee at 1 − α (add/remove), 0: consistent
 LOSS_AUC = "audit/loss_auc"
 LOSS_TPR_AT_FPR_0_001 = "audit/loss_tpr_at_fpr_0.001"
 LOSS_TPR_AT_FPR_0_01 = "audit/loss_tpr_at_fpr_0.01"
 LOSS_TPR_AT_FPR_0_1 = "audit/loss_tpr_at_fpr_0.1"
 LOSS_EPSILON_LOWER = "audit/loss_epsilon_lower"
+LOSS_CLAIM_CONTRADICTED = "audit/loss_claim_contradicted"  # 1: the attack contradicts the claimed guarantee at 1 − α (add/remove), 0: consistent
 MEMBERSHIP_FIGURE = "audit/membership/roc"  # figure: log-log ROC inside the accountant's region
 MEMBERSHIP_SUMMARY = "audit/membership/summary"  # text: the attack's table
 

@@ -322,8 +322,27 @@ def _canary_rows(values: Mapping[str, float], accountant_epsilon: Optional[float
     return rows
 
 
+def _claim_rows(result: Any, key: str) -> List[tuple]:
+    """The claim a result tested (add/remove, the in/out game) and its verdict; no rows without a claim."""
+    verdict = getattr(result, "claim_verdict", None)
+    if verdict is None:
+        return []
+    claim = result.claim
+    epsilon = "no finite ε" if not math.isfinite(claim.epsilon) else f"ε = {_up(claim.epsilon)}"
+    return [
+        (
+            "claim tested",
+            claim.label,
+            f"the guarantee checked, in the in/out game (add/remove relation): {epsilon} at δ = {claim.delta:.3g} "
+            "and its trade-off curve (TPR bound at every FPR)",
+        ),
+        (f"`{key}`", str(int(verdict.contradicted)), verdict.sentence() + " (multiple comparisons accounted for)"),
+    ]
+
+
 def _canary(cb: Any) -> List[tuple]:
-    return _canary_rows(getattr(cb, "results", {}), getattr(cb, "accountant_epsilon", None), cb.alpha)
+    rows = _canary_rows(getattr(cb, "results", {}), getattr(cb, "accountant_epsilon", None), cb.alpha)
+    return rows + _claim_rows(getattr(cb, "result", None), names.CANARY_CLAIM_CONTRADICTED)
 
 
 def _epsilon_star(cb: Any) -> List[tuple]:
@@ -370,7 +389,10 @@ def _membership_rows(result: Any, references: Any = None) -> List[tuple]:
             f"{100 * (1 - point.alpha):g}% Clopper–Pearson interval"
         )
         if result.ledger_tpr_bounds is not None:
-            meaning += f"; the accountant allows at most {_up(result.ledger_tpr_bounds[j])} here"
+            meaning += (
+                f"; the accountant allows at most {_up(result.ledger_tpr_bounds[j])} here (at the FPR's upper limit; "
+                f"{result.relation.replace('_', '/')} relation: the in/out game)"
+            )
         rows.append(
             (
                 f"`{names.membership_key(attack, f'tpr_at_fpr_{point.fpr:g}')}`",
@@ -389,6 +411,7 @@ def _membership_rows(result: Any, references: Any = None) -> List[tuple]:
     )
     if result.gamma is not None:
         rows.append(("RMIA γ / offline a", f"{result.gamma:g} / {result.offline_a:.3f}", "the attack's settings"))
+    rows += _claim_rows(result, names.membership_key(attack, "claim_contradicted"))
     if references is not None and len(references):
         where = f", cached in `{references.cache_dir}`" if references.cache_dir else ""
         rows.append(
@@ -495,8 +518,9 @@ def _budget(trainer: pl.Trainer, threat: str) -> Optional[float]:
 
 
 _REGION_CAPTION = (
-    "The region DP-SGD's accountant allows every membership attack (its trade-off curve), on log–log axes: the "
-    "low-FPR corner where attacks are judged; dots: the TPR bounds at FPR 0.001, 0.01 and 0.1."
+    "The region DP-SGD's accountant allows every membership attack (its trade-off curve for the relation of β*, "
+    "named in the legend), on log–log axes: the low-FPR corner where attacks are judged; dots: the TPR bounds at FPR "
+    "0.001, 0.01 and 0.1."
 )
 
 
@@ -589,9 +613,12 @@ def _extras_and_figures(name: str, cb: Any, trainer: pl.Trainer, section: _Secti
                 f"Membership attack ({result.attack.upper()}): the ROC curve on log–log axes with the TPR at FPR ≤ "
                 "0.001/0.01/0.1 and their Clopper–Pearson intervals"
                 + (
-                    "; shaded: the region DP-SGD's accountant allows (its trade-off curve)."
+                    "; shaded: the region DP-SGD's accountant allows (its trade-off curve for the in/out game, "
+                    "add/remove relation)"
+                    + ("; dashed: the claimed guarantee's curve." if result.claim is not None else ".")
                     if result.region is not None
-                    else " (no DP-SGD ledger: no region)."
+                    else " (no DP-SGD ledger: no region)"
+                    + ("; dashed: the claimed guarantee's curve (add/remove)." if result.claim is not None else ".")
                 ),
             )
         )

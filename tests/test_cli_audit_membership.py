@@ -126,7 +126,7 @@ def test_dp_checkpoint_is_audited_inside_its_ledger(dp_checkpoint, tmp_path):
     out = _json(done)
     assert out["ledger"]["steps"] == dpsgd.ledger.steps == 3
     assert out["ledger"]["epsilon"] == pytest.approx(dpsgd.ledger.epsilon(dpsgd.delta), rel=1e-9)
-    bounds = dpsgd.ledger.tpr_bounds([p["fpr_high"] for p in out["tpr_at_fpr"]])
+    bounds = dpsgd.ledger.tpr_bounds([p["fpr_high"] for p in out["tpr_at_fpr"]], relation="add_remove")
     assert out["ledger_tpr_bounds"] == pytest.approx(bounds.tolist(), rel=1e-9)
     assert out["outside"] == []  # three noisy steps: no attack point beyond the accountant's bound
     assert "DP-SGD history of 3 step(s)" in done.stderr and figure.read_bytes().startswith(b"\x89PNG")

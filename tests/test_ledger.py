@@ -206,3 +206,102 @@ def test_rdp_epsilon_after_is_a_fresh_opacus_accountant_exactly():
         reference = RDPAccountant()
         reference.history = [(1.1, 0.02, 30)] + ([(0.9, 0.03, steps)] if steps else [])
         assert ledger.epsilon_after(steps, noise_multiplier=0.9, sample_rate=0.03) == reference.get_epsilon(1e-5)
+
+
+# ---------------------------------------------------------------------------------- the in/out game (add/remove)
+def _dp_accounting_curve(segments, fpr, *, pessimistic, grid=1e-4):
+    """TPR ≤ min over a fine ε grid of e^ε·α + δ_remove(ε) and 1 − e^{−ε}(1 − δ_add(ε) − α), from dp_accounting's
+    add/remove PLD (its remove and add directions: the two orders of the pair with / without the example)."""
+    from dp_accounting import NeighboringRelation
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    composed = None
+    for sigma, rate, steps in segments:
+        pld = pld_lib.from_gaussian_mechanism(
+            standard_deviation=sigma,
+            sampling_prob=rate,
+            value_discretization_interval=grid,
+            pessimistic_estimate=pessimistic,
+            use_connect_dots=pessimistic,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        ).self_compose(steps)
+        composed = pld if composed is None else composed.compose(pld)
+    eps = np.linspace(0.0, 15.0, 30001)
+    up = np.asarray(composed._pmf_remove.get_delta_for_epsilon(eps))
+    low = np.asarray(composed._pmf_add.get_delta_for_epsilon(eps))
+    fpr = np.asarray(fpr, dtype=float)[:, None]
+    first = np.exp(eps) * fpr + up
+    second = 1.0 - np.exp(-eps) * (1.0 - low - fpr)
+    return np.clip(np.minimum(first.min(axis=1), second.min(axis=1)), fpr[:, 0], 1.0)
+
+
+FPRS = np.array([1e-4, 1e-3, 0.018, 0.036, 0.09, 0.3])
+
+
+def _ledger(segments):
+    ledger = PrivacyLedger()  # its Bayes-security values stay replace's
+    for sigma, rate, steps in segments:
+        ledger.step(noise_multiplier=sigma, sample_rate=rate, steps=steps)
+    return ledger
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [
+        [(1.0, 0.2, 150)],
+        [(3.0, 0.2, 150)],
+        [(1.5, 0.02, 1000)],
+        [(0.8, 0.05, 300), (1.2, 0.05, 200)],
+    ],
+)
+def test_add_remove_curve_is_dp_accountings(segments):
+    """The same pessimistic (connect-the-dots) PLD on the same grid: the same curve."""
+    ledger = _ledger(segments)
+    ours = ledger.tpr_bounds(FPRS, relation="add_remove")
+    grid = ledger.privacy_loss_distribution("add_remove").value_discretization_interval
+    np.testing.assert_allclose(ours, _dp_accounting_curve(segments, FPRS, pessimistic=True, grid=grid), atol=2e-6)
+    assert np.all(ours <= ledger.tpr_bounds(FPRS) + 1e-12)  # add/remove is the tighter game
+    assert ledger.relation == "replace" and ledger.tpr_bounds(FPRS, relation="replace") == pytest.approx(
+        ledger.tpr_bounds(FPRS)
+    )
+
+
+@pytest.mark.parametrize("segments", [[(3.0, 0.2, 150)], [(1.5, 0.02, 1000)]])
+def test_add_remove_curve_is_pessimistic_and_tight(segments):
+    """Against dp_accounting on a 10× finer grid: never below its optimistic curve (a lower bound on the truth, up
+    to its ε grid), at most 1e-4 above its pessimistic one (the difference of the two grids' discretisation)."""
+    ours = _ledger(segments).tpr_bounds(FPRS, relation="add_remove")
+    assert np.all(ours >= _dp_accounting_curve(segments, FPRS, pessimistic=False) - 1e-6)
+    fine = _dp_accounting_curve(segments, FPRS, pessimistic=True)
+    assert np.all(ours >= fine - 1e-6) and np.all(ours <= fine + 1e-4)
+
+
+def test_add_remove_numbers_of_the_issue():
+    """σ = 1, q = 0.2, 150 steps: 0.397 at FPR 1e-3 (replace: 0.937); σ = 3: 0.013 / 0.105 / 0.169 / 0.307."""
+    for sigma, want in ((1.0, [0.397]), (3.0, [0.013, 0.105, 0.169, 0.307])):
+        ledger = PrivacyLedger()
+        ledger.step(noise_multiplier=sigma, sample_rate=0.2, steps=150)
+        fpr = [1e-3, 0.018, 0.036, 0.09][: len(want)]
+        np.testing.assert_allclose(ledger.tpr_bounds(fpr, relation="add_remove"), want, atol=5e-4)
+    assert float(ledger.tpr_bounds(1e-3)) == pytest.approx(0.0707, abs=1e-3)  # σ = 3, replace
+
+
+def test_the_other_relation_follows_the_history_and_a_resume():
+    ledger = PrivacyLedger()
+    ledger.step(noise_multiplier=1.0, sample_rate=0.1, steps=50)
+    first = float(ledger.tpr_bounds(0.01, relation="add_remove"))
+    ledger.step(noise_multiplier=1.0, sample_rate=0.1, steps=50)  # composed onto the add/remove PLD as well
+    second = float(ledger.tpr_bounds(0.01, relation="add_remove"))
+    fresh = PrivacyLedger()
+    fresh.step(noise_multiplier=1.0, sample_rate=0.1, steps=100)
+    assert second > first and second == pytest.approx(float(fresh.tpr_bounds(0.01, relation="add_remove")), rel=1e-6)
+    resumed = PrivacyLedger()
+    resumed.load_state_dict(ledger.state_dict())
+    assert float(resumed.tpr_bounds(0.01, relation="add_remove")) == pytest.approx(second, rel=1e-6)
+    assert "add_remove" not in str(ledger.state_dict())  # derived from the history, not saved
+    ledger.accountant.history = []
+    with pytest.raises(RuntimeError, match="never go back"):
+        ledger.tpr_bounds(0.01, relation="add_remove")
+    with pytest.raises(ValueError, match="`relation`"):
+        fresh.tpr_bounds(0.01, relation="swap")
+    assert PrivacyLedger().tpr_bounds(0.2, relation="add_remove") == 0.2  # no step: chance

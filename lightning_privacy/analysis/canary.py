@@ -219,17 +219,24 @@ def _binomial_bound(m: int, r: int, v: int, delta: float, alpha: float) -> float
 
 
 def _gdp_excess(m: int, r: int, v: int, alpha: float, mu: float) -> float:
-    """(r_0 + h_0) − r/m of the recursion in the module docstring; > 0 rejects μ-GDP at level α.
+    """(r_0 + h_0) − r/m of the recursion in the module docstring; > 0 rejects μ-GDP at level α."""
+    return fdp_excess(m, r, v, alpha, lambda y: float(special.ndtr(special.ndtri(y) - mu)))
 
-    Stops once h stops changing (then nothing changes any more), or once the total exceeds 2·r/m (it
-    only grows downwards, so the verdict is settled; stopping there, not at r/m, keeps the result
-    continuous in μ near its root, where brentq needs it). r is capped at 1, a probability, which keeps
-    ξ⁻¹ defined (the total then exceeds r/m ≤ 1 anyway).
+
+def fdp_excess(m: int, r: int, v: int, alpha: float, inverse: Callable[[float], float]) -> float:
+    """(r_0 + h_0) − r/m of the recursion in the module docstring for any trade-off; > 0 rejects it at level α.
+
+    ``inverse(y)`` is ξ⁻¹(y) of a concave, non-decreasing ξ (ξ(x): the largest probability of an event under
+    one neighbour when it has probability x under the other, in both orders); for μ-GDP ξ⁻¹(y) = Φ(Φ⁻¹(y) − μ).
+    A ξ above the claim's (its ``inverse`` below) only rejects less. Stops once h stops changing (then nothing
+    changes any more), or once the total exceeds 2·r/m (it only grows downwards, so the verdict is settled;
+    stopping there, not at r/m, keeps the result continuous in μ near its root, where brentq needs it). r is
+    capped at 1, a probability, which keeps ξ⁻¹ defined (the total then exceeds r/m ≤ 1 anyway).
     """
     cap = r / m
     rr, hh = alpha * v / m, alpha * (r - v) / m
     for i in range(v - 1, -1, -1):
-        need = float(special.ndtr(special.ndtri(rr) - mu))  # ξ⁻¹(r_{i+1})
+        need = inverse(rr)  # ξ⁻¹(r_{i+1})
         if need <= hh:
             break
         rr = min(1.0, rr + i / (r - i) * (need - hh))

@@ -17,10 +17,13 @@ Example::
     ['audit/canary_correct', 'audit/canary_correct_gdp']
     >>> 0 < result.epsilon_lower < result.ceiling < 8.0
     True
+    >>> audit_canaries(scores, included, delta=1e-5, claim=(0.5, 1e-5)).verdict  # a claim the canaries refute
+    'contradicted'
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -71,6 +74,11 @@ class CanaryResult(AuditResult):
         warnings: why the bounds may carry no information: scores that look reversed (included canaries
             scoring lower than excluded ones, one-sided Mann-Whitney test at
             :data:`~lightning_privacy.analysis.estimation.REVERSED_LEVEL`).
+        claim: the :class:`~lightning_privacy.claims.Claim` tested (add/remove, the canaries' in/out game), if any;
+            ``claim_verdict``: its :class:`~lightning_privacy.analysis.claims.ClaimVerdict` at confidence 1 − α
+            (binomial ε lower bound at the claim's δ beyond its ε, or the f-DP one-run test of the claim's own
+            trade-off curve; α split between them, Bonferroni over the guess grid).
+        relation: ``"add_remove"``: the relation of the claim (each canary is in the run or not).
     """
 
     values: Dict[str, float]
@@ -83,6 +91,19 @@ class CanaryResult(AuditResult):
     accountant_epsilon: Optional[float] = None
     others: Dict[str, float] = field(default_factory=dict)
     warnings: Tuple[str, ...] = ()
+    claim: Any = None
+    claim_verdict: Any = None
+    relation: str = "add_remove"
+
+    @property
+    def verdict(self) -> Optional[str]:
+        """``"consistent"`` or ``"contradicted"`` when a claim was tested, else ``None``."""
+        return None if self.claim_verdict is None else self.claim_verdict.verdict
+
+    @property
+    def evidence(self) -> Optional[Dict[str, Any]]:
+        """The test that contradicted the claim (binomial ε bound or f-DP guesses), ``None`` otherwise."""
+        return None if self.claim_verdict is None else self.claim_verdict.evidence
 
     @property
     def epsilon_lower(self) -> float:
@@ -95,8 +116,11 @@ class CanaryResult(AuditResult):
         return self.values[names.CANARY_EPSILON_LOWER_MAX]
 
     def metrics(self) -> Dict[str, float]:
-        """The logged scalars (valid bounds, counts and ceilings; not the optimistic values)."""
-        return {k: v for k, v in self.values.items() if k not in OPTIMISTIC}
+        """The logged scalars (valid bounds, counts and ceilings, the claim's verdict; not the optimistic values)."""
+        out = {k: v for k, v in self.values.items() if k not in OPTIMISTIC}
+        if self.claim_verdict is not None:
+            out[names.CANARY_CLAIM_CONTRADICTED] = float(self.claim_verdict.contradicted)
+        return out
 
     def summary(self) -> str:
         """The Markdown text: both bounds, the warnings (if any), the table of both methods."""
@@ -124,6 +148,11 @@ class CanaryResult(AuditResult):
             f"{self.num_included} of {self.num_canaries} canaries included. The uncorrected best is the usual paper "
             "number; it is not a valid level-α bound."
         )
+        if self.claim_verdict is not None:
+            lines.append(
+                f"\nClaim tested (add/remove): {self.claim.label}, ε = {self.claim.epsilon:.4g} at δ = "
+                f"{self.claim.delta:.3g}. Verdict: {self.claim_verdict.sentence()}."
+            )
         return "\n".join(lines)
 
     def figure(self) -> Any:
@@ -134,6 +163,10 @@ class CanaryResult(AuditResult):
         bars = []
         if self.accountant_epsilon is not None:
             bars.append(("accountant ε (upper bound)", self.accountant_epsilon, "C3"))
+        if self.claim is not None and math.isfinite(self.claim.epsilon):
+            verdict = "" if self.claim_verdict is None else f": {self.claim_verdict.verdict.upper()}"
+            color = "red" if self.claim_verdict is not None and self.claim_verdict.contradicted else "C1"
+            bars.append((f"claim ε at δ = {self.claim.delta:.3g}{verdict}", self.claim.epsilon, color))
         bars += [
             ("canary ε lower bound (binomial)", v[names.CANARY_EPSILON_LOWER], "C0"),
             ("canary ε lower bound (Gaussian f-DP)", v[names.CANARY_EPSILON_LOWER_GDP], "C2"),
@@ -146,6 +179,7 @@ class CanaryResult(AuditResult):
         ax = fig.subplots()
         y = np.arange(len(bars))[::-1]
         heights = [max(value, 0.0) for _, value, _ in bars]
+        uppers = sum(1 for label, _, _ in bars if label.startswith(("accountant", "claim")))
         ax.barh(y, heights, color=[c for _, _, c in bars])
         ax.set_yticks(y, [label for label, _, _ in bars])
         for yi, value in zip(y, heights):
@@ -154,7 +188,7 @@ class CanaryResult(AuditResult):
         ax.axvline(
             ceiling, color="grey", linestyle="--", label=f"largest binomial bound m = {self.num_canaries} can give"
         )
-        if self.accountant_epsilon is not None and self.accountant_epsilon > 10 * max(heights[1:] + [ceiling]):
+        if uppers and max(heights[:uppers]) > 10 * max(heights[uppers:] + [ceiling]):
             ax.set_xscale("symlog", linthresh=1.0)  # a weak guarantee (large ε) would flatten the lower bounds
         ax.set_xlabel("ε (at the audit's δ)")
         ax.set_title(f"Theory vs practice: {self.kind} canaries, α = {self.alpha:g}")
@@ -175,6 +209,11 @@ class CanaryResult(AuditResult):
                 "details": {method: d.to_dict() for method, d in self.details.items()},
                 "others": self.others,
                 "warnings": list(self.warnings),
+                "relation": self.relation,
+                "claim": None if self.claim is None else self.claim.to_dict(),
+                "verdict": self.verdict,
+                "evidence": self.evidence,
+                "claim_tests": None if self.claim_verdict is None else [dict(t) for t in self.claim_verdict.tests],
             }
         )
 
@@ -190,6 +229,7 @@ def audit_canaries(
     kind: str = "scores",
     accountant_epsilon: Optional[float] = None,
     others: Optional[Mapping[str, float]] = None,
+    claim: Any = None,
 ) -> CanaryResult:
     """Both one-run ε lower bounds from canary scores (higher score = "this canary was included").
 
@@ -204,12 +244,19 @@ def audit_canaries(
         kind: a label for the summary and the figure.
         accountant_epsilon: the run's ε upper bound at ``delta``, drawn beside the bounds.
         others: other audits' values to draw (``names.EPSILON_STAR``, ``names.PANORAMIA_EPSILON``).
+        claim: a guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
+            ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); the result's ``verdict``
+            says whether the canaries contradict it at confidence 1 − ``alpha``
+            (:func:`~lightning_privacy.analysis.claims.check_canaries`).
 
     Raises:
         TypeError, ValueError: on bad arguments (named), from here or from
             :func:`~lightning_privacy.analysis.canary.canary_audit_from_scores`.
     """
+    from lightning_privacy.claims import Claim
+
     expect_choice("correction", correction, CORRECTIONS)
+    claim = None if claim is None else Claim.parse(claim)
     delta = expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
     alpha = expect_real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
     included_arr = np.asarray(included, dtype=bool)
@@ -246,4 +293,6 @@ def audit_canaries(
         accountant_epsilon=None if accountant_epsilon is None else float(accountant_epsilon),
         others={str(k): float(v) for k, v in (others or {}).items()},
         warnings=found,
+        claim=claim,
+        claim_verdict=None if claim is None else claim.check_canaries(scores, included_arr, alpha=alpha, seed=seed),
     )

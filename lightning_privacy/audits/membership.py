@@ -5,8 +5,11 @@
 :func:`audit_membership` scores the audited examples with the model and the references and returns a
 :class:`MembershipAuditResult` (``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``, ``.scores``,
 ``.roc``). With a :class:`~lightning_privacy.ledger.PrivacyLedger` (DP-SGD's) the figure draws the attack's
-ROC inside the region the accountant allows, and a point outside it is flagged. The attacks themselves are
-:mod:`lightning_privacy.analysis.membership_attacks` (numpy only).
+ROC inside the region the accountant allows for the in/out game these attacks play (the add/remove relation:
+the model trained with or without the example), and a point outside it is flagged. With a ``claim`` (a
+:class:`~lightning_privacy.claims.Claim`, a ledger, ``(σ, q, T[, δ])`` or ``(ε, δ)``) the result carries a verdict,
+``"consistent"`` or ``"contradicted"`` at confidence 1 − α (:mod:`lightning_privacy.analysis.claims`). The attacks
+themselves are :mod:`lightning_privacy.analysis.membership_attacks` (numpy only).
 
 No Lightning here: the reference models are trained in :mod:`lightning_privacy.references`.
 """
@@ -35,6 +38,8 @@ __all__ = [
 
 ATTACKS = ("rmia", "lira", "loss")
 REPORTED_FPRS = (0.001, 0.01, 0.1)
+RELATION = "add_remove"  # the in/out game of every attack here: trained with or without the example
+RELATION_LABELS = {"add_remove": "add/remove", "replace": "replace"}
 
 
 # ------------------------------------------------------------------------------------------------------------ data
@@ -77,11 +82,23 @@ def _beyond(point: attacks.TprAtFpr, bound: float) -> bool:
     return point.tpr_low > bound
 
 
-def draw_region(ax: Any, fpr: Any, bound: Any, *, floor: float) -> None:
-    """The region a ledger's trade-off curve allows every membership attack (shaded, and the curve as the first line)."""
+def draw_region(ax: Any, fpr: Any, bound: Any, *, floor: float, relation: Optional[str] = None) -> None:
+    """The region a ledger's trade-off curve allows every membership attack (shaded, and the curve as the first line).
+
+    ``relation`` (``"add_remove"`` or ``"replace"``) is named in the legend.
+    """
     bound = np.clip(np.asarray(bound, dtype=float), floor, 1.0)
-    ax.fill_between(fpr, bound, floor / 1.6, color="C2", alpha=0.15, label="allowed by the accountant")
+    game = f" ({RELATION_LABELS[relation]})" if relation else ""
+    ax.fill_between(fpr, bound, floor / 1.6, color="C2", alpha=0.15, label=f"allowed by the accountant{game}")
     ax.plot(fpr, bound, color="C2", lw=1.5, label="accountant's TPR bound (trade-off curve)")
+
+
+def draw_claim(ax: Any, fpr: Any, bound: Any, *, floor: float, label: str, contradicted: Optional[bool]) -> None:
+    """A claimed guarantee's TPR bound as a dashed line (red when the evidence contradicts it)."""
+    bound = np.clip(np.asarray(bound, dtype=float), floor, 1.0)
+    verdict = "" if contradicted is None else (": CONTRADICTED" if contradicted else ": consistent")
+    color = "red" if contradicted else "C1"
+    ax.plot(fpr, bound, color=color, lw=1.5, ls="--", label=f"claim {label} (add/remove){verdict}")
 
 
 def log_roc_axes(ax: Any, *, floor: float) -> None:
@@ -122,6 +139,10 @@ class MembershipAuditResult(AuditResult):
             given; ``region``: ``(fpr grid, TPR bound)`` of the ledger's trade-off curve for the figure.
         outside: one sentence per reported point whose TPR lower limit exceeds the accountant's bound: the attack
             beat DP-SGD's guarantee — a bug, broken accounting or members and non-members not drawn alike.
+        relation: the neighbouring relation of the region, the bounds and the claim: ``"add_remove"``, the in/out
+            game these attacks play (not the replace game of the Bayes-security values).
+        claim: the :class:`~lightning_privacy.claims.Claim` tested (``None`` without one); ``claim_verdict``: the
+            :class:`~lightning_privacy.analysis.claims.ClaimVerdict` (``verdict`` and ``evidence`` read from it).
         notes, warnings: what was decided and why the numbers may carry little information.
         seconds: time of the audit (scoring and attack).
     """
@@ -143,6 +164,19 @@ class MembershipAuditResult(AuditResult):
     notes: List[str] = field(default_factory=list)
     warnings: Tuple[str, ...] = ()
     seconds: float = math.nan
+    relation: str = RELATION
+    claim: Any = None
+    claim_verdict: Any = None
+
+    @property
+    def verdict(self) -> Optional[str]:
+        """``"consistent"`` or ``"contradicted"`` (at confidence 1 − α) when a claim was tested, else ``None``."""
+        return None if self.claim_verdict is None else self.claim_verdict.verdict
+
+    @property
+    def evidence(self) -> Optional[Dict[str, Any]]:
+        """The test that contradicted the claim (an FPR point or the ε lower bound), ``None`` otherwise."""
+        return None if self.claim_verdict is None else self.claim_verdict.evidence
 
     @property
     def roc(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -150,11 +184,14 @@ class MembershipAuditResult(AuditResult):
         return attacks.roc_curve(self.scores, self.is_member)
 
     def metrics(self) -> Dict[str, float]:
-        """``audit/<attack>_auc``, ``audit/<attack>_tpr_at_fpr_{0.001,0.01,0.1}``, ``audit/<attack>_epsilon_lower``."""
+        """``audit/<attack>_auc``, ``audit/<attack>_tpr_at_fpr_{0.001,0.01,0.1}``, ``audit/<attack>_epsilon_lower``
+        and, when a claim was tested, ``audit/<attack>_claim_contradicted`` (1.0 or 0.0)."""
         out = {metric_key(self.attack, "auc"): self.auc}
         for point in self.tpr:
             out[metric_key(self.attack, f"tpr_at_fpr_{point.fpr:g}")] = point.tpr
         out[metric_key(self.attack, "epsilon_lower")] = float(self.epsilon["epsilon_lower"])
+        if self.claim_verdict is not None:
+            out[metric_key(self.attack, "claim_contradicted")] = float(self.claim_verdict.contradicted)
         return out
 
     def summary(self) -> str:
@@ -170,7 +207,7 @@ class MembershipAuditResult(AuditResult):
         for j, p in enumerate(self.tpr):
             bound = ""
             if self.ledger_tpr_bounds is not None:
-                bound = f"; accountant's bound {self.ledger_tpr_bounds[j]:.4f}"
+                bound = f"; accountant's bound {self.ledger_tpr_bounds[j]:.4f} ({RELATION_LABELS[self.relation]})"
             lines.append(
                 f"| TPR at FPR ≤ {p.fpr:g} | {p.tpr:.4f} [{p.tpr_low:.4f}, {p.tpr_high:.4f}] (FPR {p.achieved_fpr:.4f}, "
                 f"{p.tp}/{p.num_members} TP, {p.fp}/{p.num_nonmembers} FP{bound}) |"
@@ -182,6 +219,9 @@ class MembershipAuditResult(AuditResult):
         )
         if self.gamma is not None:
             lines.append(f"| RMIA γ / offline a | {self.gamma:g} / {self.offline_a:.3f} |")
+        if self.claim_verdict is not None:
+            lines.append(f"| claim tested ({RELATION_LABELS[self.relation]}) | {self.claim.label} |")
+            lines.append(f"| verdict | {self.claim_verdict.sentence()} |")
         block = warnings_markdown([*self.outside, *self.warnings])
         notes = "\n\n" + "\n".join(f"- {n}" for n in self.notes) if self.notes else ""
         return head + "\n\n" + (block + "\n\n" if block else "") + "\n".join(lines) + notes
@@ -196,7 +236,13 @@ class MembershipAuditResult(AuditResult):
         fig = Figure(figsize=(6.2, 5.2), layout="tight")
         ax = fig.subplots()
         if self.region is not None:
-            draw_region(ax, *self.region, floor=floor)
+            draw_region(ax, *self.region, floor=floor, relation=self.relation)
+        if self.claim is not None:
+            grid = np.logspace(np.log10(floor), 0, 121)
+            contradicted = None if self.claim_verdict is None else self.claim_verdict.contradicted
+            draw_claim(
+                ax, grid, self.claim.tpr_bound(grid), floor=floor, label=self.claim.label, contradicted=contradicted
+            )
         log_roc_axes(ax, floor=floor)
         ax.step(
             np.maximum(fpr, floor),
@@ -229,7 +275,9 @@ class MembershipAuditResult(AuditResult):
                 fontsize=9,
             )
         ax.set_title(
-            f"Membership attack ROC ({self.attack.upper()}); dots: TPR at FPR ≤ 0.001/0.01/0.1 (95% CP)", fontsize=9
+            f"Membership attack ROC ({self.attack.upper()}, in/out game: {RELATION_LABELS[self.relation]})\n"
+            "dots: TPR at FPR ≤ 0.001/0.01/0.1 (95% CP)",
+            fontsize=9,
         )
         ax.legend(loc="lower right", fontsize=8)
         return fig
@@ -250,6 +298,11 @@ class MembershipAuditResult(AuditResult):
             "epsilon": dict(self.epsilon),
             "ledger_tpr_bounds": None if self.ledger_tpr_bounds is None else list(self.ledger_tpr_bounds),
             "outside": list(self.outside),
+            "relation": self.relation,
+            "claim": None if self.claim is None else self.claim.to_dict(),
+            "verdict": self.verdict,
+            "evidence": self.evidence,
+            "claim_tests": None if self.claim_verdict is None else [dict(t) for t in self.claim_verdict.tests],
             "notes": list(self.notes),
             "warnings": list(self.warnings),
             "seconds": self.seconds,
@@ -261,7 +314,8 @@ class MembershipAuditResult(AuditResult):
 
 # ----------------------------------------------------------------------------------------------------------- audit
 def _region_check(points, ledger) -> Tuple[Tuple[float, ...], Tuple[np.ndarray, np.ndarray], Tuple[str, ...]]:
-    bounds = tuple(float(ledger.tpr_bounds(p.fpr_high)) for p in points)
+    """The ledger's add/remove bounds at the reported points, its curve on a grid, and the points beyond it."""
+    bounds = tuple(float(ledger.tpr_bounds(p.fpr_high, relation=RELATION)) for p in points)
     outside = tuple(
         f"the attack's TPR at FPR ≤ {p.fpr:g} is at least {p.tpr_low:.4f} ({int(100 * (1 - p.alpha))}% Clopper–Pearson "
         f"lower limit) but the accountant allows at most {b:.4f} there: DP-SGD's guarantee is broken (a bug, broken "
@@ -270,7 +324,7 @@ def _region_check(points, ledger) -> Tuple[Tuple[float, ...], Tuple[np.ndarray, 
         if _beyond(p, b)
     )
     grid = np.logspace(-4, 0, 121)
-    return bounds, (grid, np.asarray(ledger.tpr_bounds(grid), dtype=float)), outside
+    return bounds, (grid, np.asarray(ledger.tpr_bounds(grid, relation=RELATION), dtype=float)), outside
 
 
 def audit_membership(
@@ -282,6 +336,7 @@ def audit_membership(
     references: Any = None,
     population_loader: Any = None,
     ledger: Any = None,
+    claim: Any = None,
     alpha: float = 0.05,
     delta: Optional[float] = None,
     gamma: float = 2.0,
@@ -304,10 +359,16 @@ def audit_membership(
         references: reference models (RMIA, LiRA).
         population_loader: RMIA's population points ``z`` (rows neither member nor non-member); usually the one the
             references were trained on (then each point's reference membership is known).
-        ledger: a :class:`~lightning_privacy.ledger.PrivacyLedger` (e.g. ``DPSGD.ledger``): its trade-off curve
-            bounds the TPR of any attack; the figure draws it and a point beyond it is flagged in ``outside``.
-        alpha: significance of the TPR intervals and of the ε lower bound.
-        delta: δ of the ε lower bound (default: the ledger's δ, else 1e-5).
+        ledger: a :class:`~lightning_privacy.ledger.PrivacyLedger` (e.g. ``DPSGD.ledger``): its add/remove trade-off
+            curve bounds the TPR of any attack in this in/out game; the figure draws it and a point beyond it is
+            flagged in ``outside``.
+        claim: a guarantee to test — a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
+            ``(noise_multiplier, sample_rate, steps[, delta])`` of a Poisson subsampled Gaussian or ``(epsilon,
+            delta)``; the result's ``verdict`` is ``"contradicted"`` when the scores refute it at confidence
+            1 − ``alpha`` (ROC points and an ε lower bound, multiple comparisons accounted for:
+            :func:`~lightning_privacy.analysis.claims.check_attack_scores`), else ``"consistent"``.
+        alpha: significance of the TPR intervals, of the ε lower bound and of the claim's verdict.
+        delta: δ of the ε lower bound (default: the ledger's δ, else the claim's, else 1e-5).
         gamma: RMIA's γ ≥ 1.
         offline_a: RMIA's offline ``a`` in [0, 1]; ``None`` fits it on the references' population rows
             (:func:`~lightning_privacy.analysis.membership_attacks.fit_offline_a`), or 1 (no correction) when the
@@ -321,16 +382,30 @@ def audit_membership(
 
     Raises:
         ValueError: for an unknown attack, missing references or population, or references trained with other
-            audited examples.
+            audited examples, or a claim out of range.
+        TypeError: a ``claim`` of another type.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> g = torch.Generator().manual_seed(0)
+        >>> x, y = torch.randn(400, 5, generator=g), torch.randint(0, 2, (400,), generator=g)
+        >>> model = torch.nn.Linear(5, 2)
+        >>> members, nonmembers = (DataLoader(TensorDataset(x[s], y[s]), batch_size=100) for s in (slice(0, 200), slice(200, 400)))
+        >>> result = audit_membership(model, members, nonmembers, attack="loss", claim=(1.0, 0.2, 150))
+        >>> result.relation, result.verdict  # an untrained model: nothing contradicts the claim
+        ('add_remove', 'consistent')
     """
     from lightning_privacy.analysis._checks import expect_choice, expect_real
     from lightning_privacy.analysis.estimation import epsilon_lower_bound, score_orientation
+    from lightning_privacy.claims import Claim
 
     start = time.perf_counter()
     expect_choice("attack", attack, ATTACKS)
     alpha = expect_real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
+    claim = None if claim is None else Claim.parse(claim)
     if delta is None:
-        delta = float(ledger.delta) if ledger is not None else 1e-5
+        delta = float(ledger.delta) if ledger is not None else claim.delta if claim is not None else 1e-5
     delta = expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
     notes: List[str] = []
     member_target = _losses(model, [member_loader], forward_fn, device)
@@ -402,9 +477,14 @@ def audit_membership(
     outside: Tuple[str, ...] = ()
     if ledger is not None:
         bounds, region, outside = _region_check(points, ledger)
+    verdict = None if claim is None else claim.check_attack_scores(scores, is_member, alpha=alpha)
     if warn:
         for message in (*outside, *found):
             warnings.warn(f"audit_membership: {message}", UserWarning, stacklevel=2)
+        if verdict is not None and verdict.contradicted:
+            warnings.warn(
+                f"audit_membership: the claim {claim.label} is {verdict.sentence()}", UserWarning, stacklevel=2
+            )
     return MembershipAuditResult(
         attack=attack,
         variant=variant,
@@ -423,4 +503,6 @@ def audit_membership(
         notes=notes,
         warnings=tuple(found),
         seconds=time.perf_counter() - start,
+        claim=claim,
+        claim_verdict=verdict,
     )

@@ -63,7 +63,9 @@ def membership_region_figure(ledger: Any, *, floor: float = 1e-5) -> Figure:
 
     The same trade-off curve as the right panel of :func:`bayes_security_figure` (``ledger.tpr_bounds``), drawn
     where attacks are judged today (low FPR, Carlini et al. 2022): a linear plot squeezes FPR ≤ 1% into a few
-    pixels. The bounds at FPR 0.001, 0.01 and 0.1 are marked.
+    pixels. The bounds at FPR 0.001, 0.01 and 0.1 are marked. The curve is for the ledger's own relation (the game of
+    its β*), named in the legend and title; the in/out game of RMIA, LiRA and canaries is add/remove
+    (``ledger.tpr_bounds(fpr, relation="add_remove")``, drawn by the membership audit's figure).
 
     Args:
         ledger: the run's :class:`~lightning_privacy.ledger.PrivacyLedger` (with at least one step).
@@ -72,7 +74,7 @@ def membership_region_figure(ledger: Any, *, floor: float = 1e-5) -> Figure:
     fpr = np.logspace(np.log10(floor), 0, 200)
     fig = Figure(figsize=(6.2, 5.2), layout="constrained")
     ax = fig.subplots()
-    draw_region(ax, fpr, ledger.tpr_bounds(fpr), floor=floor)
+    draw_region(ax, fpr, ledger.tpr_bounds(fpr), floor=floor, relation=ledger.relation)
     log_roc_axes(ax, floor=floor)
     marks = np.array([0.001, 0.01, 0.1])
     bounds = np.asarray(ledger.tpr_bounds(marks), dtype=float)
@@ -81,7 +83,8 @@ def membership_region_figure(ledger: Any, *, floor: float = 1e-5) -> Figure:
         scale = 10.0 ** (np.floor(np.log10(y)) - 2) if y > 0 else 1.0
         label = f"{np.ceil(y / scale) * scale:.3g}"
         ax.annotate(label, (x, max(y, floor)), textcoords="offset points", xytext=(-6, 6), ha="right", fontsize=8)
-    ax.set_title(f"Membership attacks allowed by DP-SGD after {ledger.steps} steps (log–log)", fontsize=10)
+    game = "replace" if ledger.relation == "replace" else "add/remove"
+    ax.set_title(f"Membership attacks allowed by DP-SGD after {ledger.steps} steps ({game}, log–log)", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     return fig

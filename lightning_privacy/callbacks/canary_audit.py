@@ -93,9 +93,18 @@ class CanaryAudit(Callback):
     (``logsumexp`` of the other logits minus the label's logit, monotone in cross-entropy) on every
     canary, included or not. Only the last model is seen, so expect bounds far below the accountant's ε.
 
+    **A claim, checked.** ``claim`` is the guarantee the canaries test (the in/out game: add/remove): a
+    :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``, ``(noise_multiplier, sample_rate, steps[, delta])``
+    or ``(epsilon, delta)``; by default, with :class:`~lightning_privacy.DPSGD`, its ledger at fit end (the run's own
+    claim). ``result.verdict`` is ``"contradicted"`` when the canaries refute it at confidence 1 − ``alpha`` (the
+    binomial ε lower bound at the claim's δ beyond its ε, or the f-DP one-run test of the claim's own trade-off
+    curve; :func:`~lightning_privacy.analysis.claims.check_canaries`), else ``"consistent"``; logged as
+    ``audit/canary_claim_contradicted`` (1 or 0).
+
     Logged at fit end through ``trainer.loggers`` at ``trainer.global_step`` (rank 0):
     ``audit/canary_epsilon_lower``, ``audit/canary_epsilon_lower_gdp``, the guesses and correct guesses of
-    both, and the ceilings ``audit/canary_epsilon_lower_max(_gdp)``; to TensorBoard a "theory vs practice"
+    both, the ceilings ``audit/canary_epsilon_lower_max(_gdp)`` and, with a claim,
+    ``audit/canary_claim_contradicted``; to TensorBoard a "theory vs practice"
     figure (accountant ε, the canary bounds, and ε* and PANORAMIA ε̃ when those audits ran in the same
     fit) and a text summary. Skipped under ``fast_dev_run``.
 
@@ -112,10 +121,13 @@ class CanaryAudit(Callback):
         num_classes: K for the wrong labels (input); default the model's number of logits (2 for one).
         forward_fn: ``forward_fn(pl_module, batch) -> (logits, target)`` to score input canaries; default
             ``pl_module(batch[0]), batch[1]``.
+        claim: the guarantee to test (see above); ``None``: DPSGD's ledger at fit end, if DPSGD trains the model.
 
     Attributes:
         results: the fit-end values by key: the logged ones plus the uncorrected best
             ``audit/canary_epsilon_optimistic(_gdp)`` (not a valid bound: kept for comparison with papers).
+        result: the last :class:`~lightning_privacy.audits.canary.CanaryResult` (``result.verdict``,
+            ``result.evidence``, ``result.claim``).
         details: the :class:`~lightning_privacy.analysis.canary.CanaryAuditResult` by method.
         accountant_epsilon: DPSGD's ε at the audit's δ (``None`` without DPSGD).
 
@@ -150,6 +162,7 @@ class CanaryAudit(Callback):
         score: str = "released_minus_batch",
         num_classes: Optional[int] = None,
         forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
+        claim: Any = None,
     ) -> None:
         if kind not in KINDS:
             raise _bad("kind", f"one of {KINDS}", kind)
@@ -167,6 +180,14 @@ class CanaryAudit(Callback):
             raise _bad("score", f"one of {SCORES}", score)
         if num_classes is not None and (not _is_int(num_classes) or num_classes < 2):
             raise _bad("num_classes", "None or an int >= 2", num_classes)
+        if claim is not None:
+            from lightning_privacy.claims import Claim
+
+            try:
+                claim = claim if hasattr(claim, "privacy_loss_distribution") else Claim.parse(claim)
+            except (TypeError, ValueError) as err:  # a ledger is read at fit end (it may still be empty here)
+                raise MisconfigurationException(str(err)) from None
+        self.claim = claim
         self._adaptive = num_canaries is None  # the default: 1000, fewer on a model with fewer coordinates
         self.num_canaries = DEFAULT_NUM_CANARIES if num_canaries is None else int(num_canaries)
         self._requested = self.num_canaries  # the state key's value: fixed at construction, whatever the run adapts
@@ -465,6 +486,11 @@ class CanaryAudit(Callback):
             self._scores = -self._input_losses(pl_module)
         delta = self.delta or (self._dpsgd.delta if self._dpsgd is not None else DEFAULT_DELTA)
         self.accountant_epsilon = float(self._dpsgd.epsilon(delta)) if self._dpsgd is not None else None
+        claim = self.claim
+        if claim is None and self._dpsgd is not None and self._dpsgd.ledger.steps:
+            from lightning_privacy.claims import Claim
+
+            claim = Claim.from_ledger(self._dpsgd.ledger, delta=delta)  # the run's own claim, at the audit's δ
         self.result = audit_canaries(
             self._scores,
             self._included,
@@ -474,8 +500,9 @@ class CanaryAudit(Callback):
             seed=self.seed,
             kind=self.kind,
             accountant_epsilon=self.accountant_epsilon,
+            claim=claim,
         )
-        self.results, self.details = dict(self.result.values), dict(self.result.details)
+        self.results, self.details = {**self.result.values, **self.result.metrics()}, dict(self.result.details)
         audit.log_scalars(trainer, self.result.metrics())
         text = self.summary()
         audit.log_text(trainer, names.CANARY_SUMMARY, text)

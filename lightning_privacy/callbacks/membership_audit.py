@@ -26,14 +26,17 @@ class MembershipAudit(audit.ScheduledAudit):
     :func:`~lightning_privacy.audits.audit_membership` on the members (``member_dataloader``, else the
     datamodule's ``member_dataloader()``, else the training data in a fixed order) and non-members
     (``nonmember_dataloader``, else the validation data). When a :class:`~lightning_privacy.DPSGD` callback
-    trains the model, its ledger is passed: the figure shows the ROC inside the region the accountant allows and
-    a point beyond it is raised as a warning (``result.outside``).
+    trains the model, its ledger is passed: the figure shows the ROC inside the region the accountant allows for
+    this in/out game (the add/remove relation) and a point beyond it is raised as a warning (``result.outside``).
+    The guarantee the attack tests (``claim``; default: DPSGD's ledger) gets a verdict, ``"consistent"`` or
+    ``"contradicted"`` at confidence 1 − ``alpha`` (``result.verdict``), logged as ``audit/<attack>_claim_contradicted``.
 
     The references are trained like the target: the same class and epochs (or steps) and, when a
     :class:`~lightning_privacy.DPSGD` trains the model, DP-SGD with the same σ, C, δ, loss reduction and gradient
     mode (each reference Poisson-samples its own half with the population loader's batch size); no other callback
     of this Trainer. ``reference_trainer_kwargs`` replaces all of that. Logged from rank 0 at ``trainer.global_step``: ``audit/<attack>_auc``,
-    ``audit/<attack>_tpr_at_fpr_0.001`` / ``_0.01`` / ``_0.1``, ``audit/<attack>_epsilon_lower``; on TensorBoard
+    ``audit/<attack>_tpr_at_fpr_0.001`` / ``_0.01`` / ``_0.1``, ``audit/<attack>_epsilon_lower`` and, with a claim,
+    ``audit/<attack>_claim_contradicted``; on TensorBoard
     the log–log ROC (``audit/membership/roc``) and the summary table (``audit/membership/summary``).
 
     Single process only: the reference models are trained in this process. Under DDP or FSDP2 save a
@@ -51,6 +54,9 @@ class MembershipAudit(audit.ScheduledAudit):
         cache_dir: where :func:`~lightning_privacy.audits.train_references` stores the references.
         every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
+        claim: the guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
+            ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
+            when DPSGD trains the model, else no verdict.
         log_figure: write the ROC figure to TensorBoard loggers.
 
     Attributes:
@@ -85,6 +91,7 @@ class MembershipAudit(audit.ScheduledAudit):
         delta: Optional[float] = None,
         forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
         log_figure: bool = True,
+        claim: Any = None,
     ) -> None:
         if attack not in ATTACKS:
             raise MisconfigurationException(f"`attack` must be one of {ATTACKS}, got {attack!r}")
@@ -95,6 +102,14 @@ class MembershipAudit(audit.ScheduledAudit):
                 )
         if not 0.0 < alpha < 1.0:
             raise MisconfigurationException(f"`alpha` must be in (0, 1), got {alpha!r}")
+        if claim is not None and not hasattr(claim, "privacy_loss_distribution"):  # a ledger is read at the audit
+            from lightning_privacy.claims import Claim
+
+            try:
+                claim = Claim.parse(claim)
+            except (TypeError, ValueError) as err:
+                raise MisconfigurationException(str(err)) from None
+        self.claim = claim
         self.attack = attack
         self.num_references = num_references
         self.population = population
@@ -209,6 +224,7 @@ class MembershipAudit(audit.ScheduledAudit):
                 rank_zero_info(
                     f"MembershipAudit: trained {self.references.trained} reference model(s) in {total:.1f} s"
                 )
+        ledger = self._ledger(trainer)
         try:
             result = audit_membership(
                 pl_module,
@@ -217,7 +233,8 @@ class MembershipAudit(audit.ScheduledAudit):
                 attack=self.attack,
                 references=self.references,
                 population_loader=population,
-                ledger=self._ledger(trainer),
+                ledger=ledger,
+                claim=self.claim if self.claim is not None else ledger,
                 alpha=self.alpha,
                 delta=self.delta,
                 gamma=self.gamma,
@@ -229,6 +246,8 @@ class MembershipAudit(audit.ScheduledAudit):
             raise MisconfigurationException(f"MembershipAudit: {err}") from err
         for message in (*result.outside, *result.warnings):
             rank_zero_warn(f"MembershipAudit: {message}")
+        if result.claim_verdict is not None and result.claim_verdict.contradicted:
+            rank_zero_warn(f"MembershipAudit: the claim {result.claim.label} is {result.claim_verdict.sentence()}")
         self.result, self.results = result, result.metrics()
         self._audited_step = trainer.global_step
         if trainer.is_global_zero:

@@ -18,11 +18,18 @@ RMIA and LiRA need a *population* (rows neither member nor non-member) and refer
   nothing is trained again) or ``--cache-dir`` (default: ``<checkpoint>.references/`` next to the checkpoint).
 
 When the checkpoint holds DPSGD's state, its privacy ledger is rebuilt from the saved history
-(:func:`lightning_privacy.checkpoints.privacy_ledger`): the TPR bounds of the accountant sit beside the attack's and
-the figure (``--figure``) draws the ROC inside the region the accountant allows. Where the population, references and
-ledger came from is printed on stderr and recorded in the JSON; the result's warnings (an attack point beyond the
-accountant's bound, scores that look reversed) are ``warning:`` lines on stderr and the JSON's ``"warnings"`` and
-``"outside"`` lists. ``--json`` prints exactly one JSON object on stdout; ``--output`` writes it with the scores.
+(:func:`lightning_privacy.checkpoints.privacy_ledger`): the TPR bounds of the accountant for this in/out game (the
+add/remove relation) sit beside the attack's and the figure (``--figure``) draws the ROC inside the region the
+accountant allows. Where the population, references and ledger came from is printed on stderr and recorded in the
+JSON; the result's warnings (an attack point beyond the accountant's bound, scores that look reversed) are
+``warning:`` lines on stderr and the JSON's ``"warnings"`` and ``"outside"`` lists. ``--json`` prints exactly one JSON
+object on stdout; ``--output`` writes it with the scores.
+
+A claim, checked: ``--claim-epsilon E --claim-delta D`` ((ε, δ)-DP), or ``--claim-noise-multiplier S
+--claim-sample-rate Q --claim-steps T [--claim-delta D]`` (T steps of a Poisson subsampled Gaussian; δ 1e-5 by
+default), or, without these, the checkpoint's own ledger is the guarantee tested. The JSON's ``"verdict"`` is
+``"consistent"`` or ``"contradicted"`` at confidence 1 − ``--alpha``, with the ``"evidence"`` that decided it and the
+``"claim"``; the text ends with the verdict and the figure draws the claim's curve.
 """
 
 from __future__ import annotations
@@ -87,6 +94,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="delta of the epsilon lower bound (default: the run's, saved by DPSGD, else 1e-5)",
     )
     attack.add_argument("--seed", type=int, default=0, help="seeds the population split and the references (0)")
+    claim = parser.add_argument_group(
+        "a claimed guarantee to test (default: the checkpoint's own DP-SGD ledger, if it has one)"
+    )
+    claim.add_argument(
+        "--claim-epsilon", type=float, default=None, metavar="E", help="claimed epsilon (with --claim-delta)"
+    )
+    claim.add_argument(
+        "--claim-delta", type=float, default=None, metavar="D", help="claimed delta (default with --claim-steps: 1e-5)"
+    )
+    claim.add_argument(
+        "--claim-noise-multiplier", type=float, default=None, metavar="S", help="claimed DP-SGD noise multiplier"
+    )
+    claim.add_argument("--claim-sample-rate", type=float, default=None, metavar="Q", help="claimed Poisson sample rate")
+    claim.add_argument("--claim-steps", type=int, default=None, metavar="T", help="claimed number of DP-SGD steps")
     out = parser.add_argument_group("output")
     out.add_argument("--figure", default=None, help="write the log-log ROC (inside the accountant's region) here")
     out.add_argument("--output", default=None, help="write the JSON (with every score) to this file")
@@ -122,6 +143,66 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError("give `--references DIR` (an earlier run's folder) or `--cache-dir DIR`, not both")
     if args.attack == "loss" and (args.references, args.num_references, args.reference_epochs) != (None, None, None):
         raise ValueError("`--attack loss` uses no reference models: drop `--references`/`--num-references`")
+    claimed(args)
+
+
+_DP_SGD_FLAGS = {
+    "--claim-noise-multiplier": "claim_noise_multiplier",
+    "--claim-sample-rate": "claim_sample_rate",
+    "--claim-steps": "claim_steps",
+}
+
+
+def claimed(args: argparse.Namespace) -> Optional[Any]:
+    """The :class:`~lightning_privacy.claims.Claim` of the ``--claim-*`` options, ``None`` without them.
+
+    Raises:
+        ValueError: one line naming the flag: a mix of the two forms, a missing flag, a value out of range.
+    """
+    from lightning_privacy.claims import Claim
+
+    given = {flag for flag, attr in _DP_SGD_FLAGS.items() if getattr(args, attr) is not None}
+    if args.claim_epsilon is not None and given:
+        raise ValueError(
+            f"give `--claim-epsilon` (with `--claim-delta`) or {sorted(given)[0]} and the other DP-SGD flags, not both"
+        )
+    if args.claim_epsilon is not None:
+        if args.claim_delta is None:
+            raise ValueError("`--claim-epsilon` needs `--claim-delta` (the delta of the claimed (epsilon, delta)-DP)")
+        if not 0.0 <= args.claim_delta < 1.0:
+            raise ValueError(f"`--claim-delta` must be in [0, 1), got {args.claim_delta!r}")
+        if not args.claim_epsilon >= 0.0 or args.claim_epsilon == float("inf"):
+            raise ValueError(f"`--claim-epsilon` must be a finite number >= 0, got {args.claim_epsilon!r}")
+        return Claim.epsilon_delta(args.claim_epsilon, args.claim_delta)
+    if given:
+        missing = [flag for flag, attr in _DP_SGD_FLAGS.items() if getattr(args, attr) is None]
+        if missing:
+            raise ValueError(f"`{missing[0]}` is missing: a DP-SGD claim needs {', '.join(_DP_SGD_FLAGS)}")
+        checks = (
+            (
+                "--claim-noise-multiplier",
+                args.claim_noise_multiplier,
+                0.0 < args.claim_noise_multiplier < float("inf"),
+                "> 0",
+            ),
+            ("--claim-sample-rate", args.claim_sample_rate, 0.0 < args.claim_sample_rate <= 1.0, "in (0, 1]"),
+            ("--claim-steps", args.claim_steps, args.claim_steps >= 1, ">= 1"),
+        )
+        for flag, value, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"`{flag}` must be {allowed}, got {value!r}")
+        delta = 1e-5 if args.claim_delta is None else args.claim_delta
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"`--claim-delta` must be in (0, 1) for a DP-SGD claim, got {delta!r}")
+        return Claim.dp_sgd(
+            noise_multiplier=args.claim_noise_multiplier,
+            sample_rate=args.claim_sample_rate,
+            steps=args.claim_steps,
+            delta=delta,
+        )
+    if args.claim_delta is not None:
+        raise ValueError("`--claim-delta` needs `--claim-epsilon` or the `--claim-noise-multiplier` flags")
+    return None
 
 
 # --- data --------------------------------------------------------------------------------------
@@ -414,6 +495,14 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
         saved = (dpsgd_state(contents) or {}).get("delta")
         delta = float(saved) if isinstance(saved, float) and 0.0 < saved < 1.0 else 1e-5
     ledger, ledger_record = _ledger(contents, delta)
+    claim = claimed(args)
+    if claim is not None:
+        _say(f"claim: {claim.label} (epsilon {claim.epsilon:.4g} at delta {claim.delta:g}, add/remove), from --claim-*")
+    elif ledger is not None:
+        from lightning_privacy.claims import Claim
+
+        claim = Claim.from_ledger(ledger)
+        _say(f"claim: the checkpoint's ledger, {claim.label} (epsilon {claim.epsilon:.4g} at delta {claim.delta:g})")
     refs, refs_record = None, None
     if args.attack != "loss":
         refs, refs_record = _references(args, model_class, contents, population, delta)
@@ -425,6 +514,7 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
         references=refs,
         population_loader=population if args.attack == "rmia" else None,
         ledger=ledger,
+        claim=claim,
         alpha=args.alpha,
         delta=delta,
         gamma=args.gamma,
@@ -459,6 +549,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for message in (*result.outside, *result.warnings):
         _warn(message)
+    if result.verdict is not None:
+        _say(f"verdict: the claim {result.claim.label} is {result.claim_verdict.sentence()}")
     text = result.summary()
     full = {**result.to_dict(), **record, "seconds": time.perf_counter() - start, "report": text}
     shown = {k: v for k, v in full.items() if k not in ("scores", "is_member")}

@@ -15,10 +15,17 @@ def test_the_callback_and_a_direct_call_give_the_same_values():
     dpsgd, audit = DPSGD(noise_multiplier=1.0), CanaryAudit(num_canaries=200)
     _fit([dpsgd, audit], epochs=2)
     direct = audit_canaries(
-        audit.scores, audit.included, delta=dpsgd.delta, kind="gradient", accountant_epsilon=dpsgd.epsilon()
+        audit.scores,
+        audit.included,
+        delta=dpsgd.delta,
+        kind="gradient",
+        accountant_epsilon=dpsgd.epsilon(),
+        claim=dpsgd.ledger,  # the callback's default claim: the run's own ledger
     )
-    assert direct.values == audit.results
+    assert {**direct.values, **direct.metrics()} == audit.results
     assert direct.summary() == audit.summary()
+    assert audit.results[names.CANARY_CLAIM_CONTRADICTED] == 0.0 and audit.result.verdict == "consistent"
+    assert audit.result.claim.epsilon <= dpsgd.epsilon()  # the PLD's ε: at most the accountant's
 
 
 def test_values_match_the_analysis_and_the_views():

@@ -65,19 +65,22 @@ def test_the_callback_logs_what_audit_membership_computes(fitted, data):
         references=callback.references,
         population_loader=population,
         ledger=dp.ledger,
+        claim=dp.ledger,  # the callback's default claim: DP-SGD's own ledger
         warn=False,
     )
     np.testing.assert_array_equal(callback.result.scores, direct.scores)
     assert callback.results == direct.metrics()
     assert set(callback.results) == {
         names.membership_key("rmia", q)
-        for q in ("auc", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1", "epsilon_lower")
+        for q in ("auc", "tpr_at_fpr_0.001", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1", "epsilon_lower", "claim_contradicted")
     }
-    # DP-SGD's ledger: its bound beside each point, and no point above it
+    # DP-SGD's ledger: its add/remove bound (the in/out game) beside each point, and no point above it
+    assert callback.result.relation == "add_remove"
     assert callback.result.ledger_tpr_bounds == tuple(
-        float(dp.ledger.tpr_bounds(p.fpr_high)) for p in callback.result.tpr
+        float(dp.ledger.tpr_bounds(p.fpr_high, relation="add_remove")) for p in callback.result.tpr
     )
     assert callback.result.outside == ()
+    assert callback.result.verdict == "consistent" and callback.results[names.RMIA_CLAIM_CONTRADICTED] == 0.0
     # the references were trained like the target (3 epochs, DP-SGD at σ = 1, C = 1) and cached: the same recipe
     # trains none, another recipe is refused
     recipe = callback._trainer_kwargs(trainer)

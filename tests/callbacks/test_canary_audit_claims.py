@@ -1,0 +1,42 @@
+"""CanaryAudit checks a claimed guarantee: a run with far less noise than claimed is caught, the run's own ledger
+(the default claim) is consistent, and the verdict is logged, summarised and drawn."""
+
+import pytest
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from lightning_privacy import DPSGD, CanaryAudit, names
+from lightning_privacy.claims import Claim
+from tests.callbacks.test_canary_audit import _fit
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def test_noise_far_below_the_claim_is_contradicted():
+    dpsgd = DPSGD(noise_multiplier=0.3, sampling_seed=0)  # the run's truth: σ = 0.3, p ≈ 0.1, 30 steps
+    claimed = CanaryAudit("gradient", num_canaries=1000, claim=(3.0, 0.1, 30))  # the claim: ten times the noise
+    default = CanaryAudit("gradient", num_canaries=1000, seed=1)  # the run's own ledger
+    _fit([dpsgd, claimed, default], epochs=3)
+    result = claimed.result
+    assert result.verdict == "contradicted" and claimed.results[names.CANARY_CLAIM_CONTRADICTED] == 1.0
+    assert result.evidence["kind"] in ("binomial", "fdp") and result.evidence["statistic"] > result.evidence["bound"]
+    assert "Verdict: contradicted at confidence 95%" in claimed.summary()
+    out = result.to_dict()
+    assert (
+        out["claim"]["noise_multiplier"] == 3.0 and out["relation"] == "add_remove" and out["verdict"] == "contradicted"
+    )
+    bars = [t.get_text() for t in result.figure().axes[0].get_yticklabels()]
+    assert any(label.startswith("claim ε at δ = 1e-05: CONTRADICTED") for label in bars)
+    # the run's own claim holds (σ = 0.3 is what it accounted for)
+    assert default.result.verdict == "consistent" and default.results[names.CANARY_CLAIM_CONTRADICTED] == 0.0
+    assert default.result.claim.parameters["history"] == [list(seg) for seg in dpsgd.ledger.history]
+    assert default.result.claim.epsilon == pytest.approx(Claim.from_ledger(dpsgd.ledger).epsilon)
+
+
+def test_no_dp_sgd_no_claim_no_verdict_and_bad_claims_are_named():
+    audit = CanaryAudit("input", num_canaries=50)
+    _fit([audit], epochs=1)
+    assert audit.result.verdict is None and names.CANARY_CLAIM_CONTRADICTED not in audit.results
+    with pytest.raises(MisconfigurationException, match="`claim` must be a Claim"):
+        CanaryAudit(claim="sigma=1")
+    with pytest.raises(MisconfigurationException, match="`sample_rate` must be in \\(0, 1\\], got 1.5"):
+        CanaryAudit(claim=(1.0, 1.5, 10))
