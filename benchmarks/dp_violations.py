@@ -130,7 +130,9 @@ def trained(case, seed: int, claim: Claim) -> Dict[str, Any]:
     train = DataLoader(TensorDataset(x[:ROWS], y[:ROWS]), batch_size=int(ROWS * RATE), shuffle=True)
     members = DataLoader(TensorDataset(x[:ROWS], y[:ROWS]), batch_size=1000)
     nonmembers = DataLoader(TensorDataset(x[ROWS:], y[ROWS:]), batch_size=1000)
-    dpsgd = DPSGD(noise_multiplier=sigma or NO_NOISE, max_grad_norm=1.0, delta=DELTA, sampling_seed=seed)
+    dpsgd = DPSGD(
+        noise_multiplier=sigma or NO_NOISE, max_grad_norm=1.0, delta=DELTA, sampling_seed=seed, noise_seed=seed
+    )
     canaries = Violating("gradient", num_canaries=M, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim)
     torch.manual_seed(seed)
     model = TabularMLP(FEATURES, hidden=(WIDTH,), lr=0.5)
