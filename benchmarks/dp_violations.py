@@ -101,6 +101,21 @@ def simulated(case, seed: int, claim: Claim) -> Dict[str, Any]:
     return _record(audit_canaries(scores, included, delta=DELTA, alpha=ALPHA, claim=claim, seed=seed))
 
 
+def simulated_lr(case, seed: int, claim: Claim, m: int) -> Dict[str, Any]:
+    """The same mechanism step by step, scored by the per-step likelihood ratio (``CanaryAudit(score=
+    "likelihood_ratio")``): Σ_t log[(1 − p) + p·exp((y_t − 1/2)/σ²)] in units of C, with the claimed σ."""
+    key, _, sigma, value, repeat, _ = case
+    rng = np.random.default_rng([seed, ord(key[0]), len(key), m])
+    included = rng.random(m) < 0.5
+    if repeat:
+        sampled = np.tile(rng.random((m, EPOCH)) < RATE, STEPS // EPOCH)
+    else:
+        sampled = rng.random((m, STEPS)) < RATE
+    y = value * (sampled & included[:, None]) + sigma * rng.standard_normal((m, STEPS))
+    scores = np.logaddexp(np.log1p(-RATE), np.log(RATE) + (y - 0.5) / SIGMA**2).sum(axis=1)
+    return _record(audit_canaries(scores, included, delta=DELTA, alpha=ALPHA, claim=claim, seed=seed))
+
+
 # -------------------------------------------------------------------------------------------------- trained
 def trained(case, seed: int, claim: Claim) -> Dict[str, Any]:
     import lightning.pytorch as pl
@@ -186,6 +201,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200, help="simulated audits per case")
     parser.add_argument("--trained-seeds", type=int, default=20, help="trained runs per case (0: none)")
+    parser.add_argument("--lr-seeds", type=int, default=100, help="simulated likelihood-ratio audits per case and m")
     parser.add_argument("--output", default=str(RESULTS / "dp_violations.md"))
     args = parser.parse_args()
     import torch
@@ -199,6 +215,13 @@ def main() -> None:
         runs = [simulated(case, seed, c) for seed in range(args.seeds)]
         rows_sim.append((case, c, runs))
         print(f"simulated {case[1]}: {_rate(runs)}", flush=True)
+    rows_lr = []
+    for m in (1000, 5000):
+        for case in CASES:
+            c = claim[case[5]]
+            runs = [simulated_lr(case, seed, c, m) for seed in range(args.lr_seeds)]
+            rows_lr.append((m, case, c, runs))
+            print(f"simulated, likelihood ratio, m = {m}, {case[1]}: {_rate(runs)}", flush=True)
     for case in CASES if args.trained_seeds else ():
         c = claim[case[5]]
         runs = []
@@ -231,6 +254,18 @@ def main() -> None:
         lines.append(
             f"| {case[1]} | {c.epsilon:.2f} | {_rate(runs)} | {_by(runs)} | {_median(runs, 'binomial')} | "
             f"{_median(runs, 'gdp')} |"
+        )
+    lines += [
+        "",
+        f'**Simulated**, the per-step **likelihood-ratio** score (`CanaryAudit(score="likelihood_ratio")`, with the '
+        f"claimed σ) instead of the sum, for m = 1000 and m = 5000 canaries ({args.lr_seeds} audits per case and m):",
+        "",
+        "| case | m | contradicted (rate) | decided by | median ε lower, binomial | median ε lower, Gaussian |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, case, _, runs in rows_lr:
+        lines.append(
+            f"| {case[1]} | {m} | {_rate(runs)} | {_by(runs)} | {_median(runs, 'binomial')} | {_median(runs, 'gdp')} |"
         )
     if rows_trained:
         lines += [

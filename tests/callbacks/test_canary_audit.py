@@ -385,3 +385,33 @@ def test_a_reused_audit_starts_over_for_another_model_and_continues_for_the_same
     for _ in range(2):  # the same model fitted twice: one audit over both fits
         trainer([dpsgd, reused], max_epochs=1).fit(model, _loader())
     assert reused.state_dict()["steps"] == 2 * 10
+
+
+class _PerStep(CanaryAudit):
+    """Records each step's score increment (released minus the batch's own sum, at every canary)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        before = self._scores.copy()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self.steps_values = [*getattr(self, "steps_values", []), self._scores - before]
+
+
+def test_the_likelihood_ratio_score_is_the_per_step_log_likelihood_ratio_summed():
+    """Same run twice (fixed masks and noise): the LR scores equal Σ_t log[(1−p) + p·exp((y_t C − C²/2)/(σC)²)] of the
+    per-step values y_t that the default score sums, computed independently here."""
+    sigma, clip = 0.7, 1.5
+    runs = {}
+    for score in ("released_minus_batch", "likelihood_ratio"):
+        audit = _PerStep(num_canaries=300, seed=3, score=score)
+        dpsgd = DPSGD(noise_multiplier=sigma, max_grad_norm=clip, sampling_seed=1, noise_seed=2)
+        _fit([dpsgd, audit], epochs=2)
+        runs[score] = audit
+    linear, lr = runs["released_minus_batch"], runs["likelihood_ratio"]
+    y = np.array(linear.steps_values)  # [steps, canaries]
+    assert y.shape == (20, 300) and np.allclose(y.sum(axis=0), linear.scores)
+    p = 0.1
+    want = np.log((1 - p) + p * np.exp((y * clip - clip**2 / 2) / (sigma * clip) ** 2)).sum(axis=0)
+    np.testing.assert_allclose(lr.scores, want, rtol=1e-9, atol=1e-9)
+    assert np.array_equal(lr.included, linear.included)
+    # included canaries score higher on average: the test separates them
+    assert lr.scores[lr.included].mean() > lr.scores[~lr.included].mean()
