@@ -11,8 +11,8 @@ Members = the training rows (a fixed-order pass), non-members = the ``adult.test
 population set), delta = 1 / (n ln n). Utility = AUROC on the non-members. Epsilon* comes from the
 ``EpsilonStarAudit`` callback (parametric and empirical) with ``audit/mia_epsilon_lower`` beside it.
 Prints a markdown table and saves the privacy-utility figure with its Pareto frontier. The DP-SGD runs use
-``DPSGD(sampling_seed=seed)`` so that a re-run trains the same models (``DPSGD``'s default draws its Poisson masks
-from fresh OS entropy at every fit). With ``--output`` the published table (``benchmarks/results/epsilon_star_adult.md``,
+``DPSGD(sampling_seed=seed, noise_seed=seed)`` so that a re-run trains the same models (``DPSGD``'s defaults draw its
+Poisson masks and its Gaussian noise from fresh OS entropy at every fit). With ``--output`` the published table (``benchmarks/results/epsilon_star_adult.md``,
 embedded in the docs by ``benchmarks/sync_results.py``) is written with the command that produced it.
 
     python benchmarks/epsilon_star_adult.py --seeds 3 --output benchmarks/results/epsilon_star_adult.md  # ~7 min
@@ -116,7 +116,7 @@ def run(seeds: int, noise_multipliers, dp_epochs: int, overfit_rows: int, overfi
             records[f"non-DP, {r['epoch']} epoch{'s' if r['epoch'] > 1 else ''}"].append(r)
         for sigma in noise_multipliers:
             pl.seed_everything(seed, verbose=False)
-            dpsgd = DPSGD(noise_multiplier=sigma, max_grad_norm=1.0, sampling_seed=seed)
+            dpsgd = DPSGD(noise_multiplier=sigma, max_grad_norm=1.0, sampling_seed=seed, noise_seed=seed)
             audit = EpsilonStarAudit(member_dataloader=members, population_dataloader=population, log_figure=False)
             at = AuditAt(audit, [dp_epochs], population, dpsgd=dpsgd)
             _trainer(dp_epochs, [dpsgd, at]).fit(TabularMLP(dm.num_features, hidden=(64,), lr=0.1), datamodule=dm)
@@ -179,23 +179,25 @@ def figure(summary, path: str) -> None:
 # Printed under the published table: why its numbers differ from the previous release's (keep with the script that
 # measures them, and rewrite when a change moves them again).
 WHY_MOVED = """\
-**Why the DP-SGD rows moved since the previous release.** Commit `ce351f9` ("Poisson sampling on every strategy")
-made `DPSGD` draw its Poisson masks from its own generator, seeded by default from 128-bit OS entropy at every fit,
-not from torch's global generator that `seed_everything(seed)` fixes; intended, since a seed anyone can replay gives
-away the batches, which the DP guarantee assumes secret. Since then every run of this script trained other DP-SGD
-models. It now passes `DPSGD(sampling_seed=seed)`, so a re-run trains the same models again; a DP-SGD row is one
-draw of the training mechanism, here as in the previous release. Nothing else the script uses moved its numbers."""
+**Why the DP-SGD rows moved since the previous release.** Commit `898a633` made `DPSGD` draw its Gaussian noise from
+a private generator, seeded by default from OS entropy at every fit (`DPSGD(noise_seed=None)`), not from torch's
+global generator that `seed_everything(seed)` fixes; intended, since whoever knows a published seed could replay the
+noise and subtract it from the released model. The Poisson masks were already fixed by `sampling_seed=seed`; the
+script now also passes `DPSGD(noise_seed=seed)`, so a re-run trains the same models again, and the DP-SGD rows moved
+once, to another draw of the noise. A DP-SGD row is one draw of the training mechanism, here as in the previous
+release. The non-DP and over-fitted runs draw no DP-SGD noise, so nothing should move their rows."""
 
-# The previous release's rows (mean ± sd over seeds 0-2), to say which rows equal it to the digit.
+# The previous release's rows (mean ± sd over seeds 0-2; DP-SGD with `sampling_seed=seed` and the noise from torch's
+# global generator), as its results file printed them, to say which rows equal it to the digit.
 PREVIOUS = {
     "non-DP, 1 epoch": ("0.033 ± 0.012", "0.515 ± 0.040", "0", "0.886 ± 0.001"),
     "non-DP, 5 epochs": ("0.055 ± 0.007", "0.376 ± 0.065", "0", "0.906 ± 0.000"),
     "non-DP, 10 epochs": ("0.098 ± 0.005", "0.202 ± 0.027", "0", "0.907 ± 0.000"),
     "non-DP, 20 epochs": ("0.112 ± 0.006", "0.213 ± 0.027", "0", "0.908 ± 0.000"),
-    "DP-SGD σ=0.7, C=1, 10 epochs": ("0.013 ± 0.008", "0.408 ± 0.082", "0", "0.894 ± 0.000"),
-    "DP-SGD σ=1, C=1, 10 epochs": ("0.013 ± 0.008", "0.441 ± 0.053", "0", "0.894 ± 0.000"),
-    "DP-SGD σ=2, C=1, 10 epochs": ("0.012 ± 0.007", "0.415 ± 0.059", "0", "0.894 ± 0.000"),
-    "DP-SGD σ=8, C=1, 10 epochs": ("0.006 ± 0.005", "0.407 ± 0.174", "0", "0.894 ± 0.002"),
+    "DP-SGD σ=0.7, C=1, 10 epochs": ("0.012 ± 0.008", "0.429 ± 0.039", "0", "0.895 ± 0.000"),
+    "DP-SGD σ=1, C=1, 10 epochs": ("0.012 ± 0.008", "0.442 ± 0.045", "0", "0.895 ± 0.000"),
+    "DP-SGD σ=2, C=1, 10 epochs": ("0.011 ± 0.007", "0.423 ± 0.047", "0", "0.895 ± 0.000"),
+    "DP-SGD σ=8, C=1, 10 epochs": ("0.008 ± 0.003", "0.411 ± 0.163", "0", "0.894 ± 0.001"),
     "over-fitted: 512x512 MLP, 500 rows, 200 epochs": (
         "3.374 ± 0.907",
         "4.746 ± 0.077",
@@ -260,7 +262,7 @@ def published_table(records: dict, seeds: int, command: str, seconds: float, ove
         "",
         f"Mean ± sd over {seeds} seeds (0–{seeds - 1}); δ = 1/(n ln n) = {delta:.2g} (n = 27,146 training rows; "
         f"over-fitted: n = {overfit_rows}); non-members: the 15,060 `adult.test` rows; DP-SGD runs with "
-        f"`DPSGD(sampling_seed=seed)`. Written by `{command}` in {seconds / 60:.0f} min (torch {torch.__version__}).",
+        f"`DPSGD(sampling_seed=seed, noise_seed=seed)`. Written by `{command}` in {seconds / 60:.0f} min (torch {torch.__version__}).",
         "",
         WHY_MOVED + _compare_previous(cells, seeds),
     ]

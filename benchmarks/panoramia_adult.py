@@ -12,8 +12,8 @@ and DP-SGD models (``DPSGD`` callback, 10 epochs, expected batch 256, clipping 1
 
 Prints one markdown table (mean and min–max over ``--seeds`` audit seeds) plus wall and CPU seconds
 per audit and the load average. Trained targets are cached in ``--cache-dir``. The DP-SGD targets use
-``DPSGD(sampling_seed=0)`` so that a re-run trains the same models (``DPSGD``'s default draws its Poisson
-masks from fresh OS entropy at every fit).
+``DPSGD(sampling_seed=0, noise_seed=0)`` so that a re-run trains the same models (``DPSGD``'s defaults draw its
+Poisson masks and its Gaussian noise from fresh OS entropy at every fit).
 
 With ``--output`` the script also audits every target with the calibrated MIA and the Bayes-net generator
 (E10 and E100) over the same seeds and writes the published table (``benchmarks/results/panoramia_adult.md``,
@@ -45,6 +45,7 @@ from lightning_privacy.models import TabularMLP
 
 HIDDEN = (150, 100, 50, 10)
 SAMPLING_SEED = 0  # DPSGD's Poisson masks: fixed so that a re-run trains the same DP-SGD targets
+NOISE_SEED = 0  # DPSGD's Gaussian noise: likewise (the default draws a secret seed from the OS at every fit)
 PAPER = {  # Table 4 of the paper (tabular): c_lb, {c+eps}_lb, eps_tilde, and the comparisons it reports
     "MLP_E10": (2.37, 2.47, 0.10, "O(1) 0.00"),
     "MLP_E100": (2.37, 2.71, 0.34, "O(1) 0.23; half-data target: 1.25/1.62/0.37, RM;RN 0.64"),
@@ -58,7 +59,7 @@ def _make_model() -> TabularMLP:
 def train_target(name: str, *, epochs: int, batch_size: int, dp_epsilon: float | None, cache: Path) -> dict:
     import lightning.pytorch as pl
 
-    path = cache / (f"{name}.pt" if dp_epsilon is None else f"{name}_sampling{SAMPLING_SEED}.pt")
+    path = cache / (f"{name}.pt" if dp_epsilon is None else f"{name}_sampling{SAMPLING_SEED}_noise{NOISE_SEED}.pt")
     dm = AdultDataModule(batch_size=batch_size, seed=0)
     dm.setup("fit")
     model = _make_model()
@@ -80,7 +81,13 @@ def train_target(name: str, *, epochs: int, batch_size: int, dp_epsilon: float |
             sigma = get_noise_multiplier(
                 target_epsilon=dp_epsilon, target_delta=1e-5, sample_rate=sample_rate, epochs=epochs, accountant="rdp"
             )
-            dp = DPSGD(noise_multiplier=sigma, max_grad_norm=1.0, delta=1e-5, sampling_seed=SAMPLING_SEED)
+            dp = DPSGD(
+                noise_multiplier=sigma,
+                max_grad_norm=1.0,
+                delta=1e-5,
+                sampling_seed=SAMPLING_SEED,
+                noise_seed=NOISE_SEED,
+            )
             callbacks.append(dp)
         start = time.perf_counter()
         trainer = pl.Trainer(
@@ -163,51 +170,47 @@ def _fmt(values: list) -> str:
 # Printed under the published table: why its numbers differ from the previous release's (keep with the script that
 # measures them, and rewrite when a change moves them again).
 WHY_MOVED = """\
-**Why the DP-SGD rows moved since the previous release.** The MLP_E10 and MLP_E100 rows and every `c_lb`
-equal the previous release's to the digit: the audit and the non-DP training did not change. The DP-SGD rows moved
-because of commit `ce351f9` ("Poisson sampling on every strategy"), which is intended: `DPSGD` now draws its Poisson
-masks from its own generator, seeded by default from 128-bit OS entropy at every fit, not from torch's global
-generator that this script seeds with `torch.manual_seed(0)`. A seed that anyone can replay gives away the batches,
-and the DP guarantee assumes they are secret. Before that commit every run trained the same DP-SGD targets. From it
-on, every run trained new ones: two runs of the ε = 1 target at `ce351f9`, audited with the same 5 seeds, gave
-ε̃ = 0.05 and 0.08. The script now passes `DPSGD(sampling_seed=0)`, so a re-run trains the same targets again. A
-DP-SGD row is one draw of the training mechanism, here as in the previous release. The calibrated-MIA column and
-the Bayes-net row now come from the same invocation and the same 5 audit seeds as the rest; the previous release
-ran them separately with 3 seeds (0–2), so their means also moved by the two added seeds."""
+**Why the DP-SGD rows moved since the previous release.** Commit `898a633` made `DPSGD` draw its Gaussian noise from
+a private generator, seeded by default from OS entropy at every fit (`DPSGD(noise_seed=None)`), not from torch's
+global generator that this script seeds with `torch.manual_seed(0)`; intended, since whoever knows a published seed
+could replay the noise and subtract it from the released model. The Poisson masks were already fixed
+(`sampling_seed=0`); the script now also passes `DPSGD(noise_seed=0)`, so a re-run trains the same targets again, and
+the DP-SGD targets moved once, to another draw of the noise. A DP-SGD row is one draw of the training mechanism, here
+as in the previous release. The non-DP targets, the generators and the audits draw no DP-SGD noise."""
 
-# The previous release's 3-seed (0-2) calibrated column and Bayes-net row, non-DP targets: (model, audit, value) -> text
-PREVIOUS_3_SEEDS = {
-    ("MLP_E10", "calibrated", "eps"): "0.03 (0.01–0.05)",
-    ("MLP_E100", "calibrated", "eps"): "1.03 (0.84–1.17)",
-    ("MLP_E10", "bayesnet", "c_lb"): "2.24 (1.89–2.42)",
-    ("MLP_E10", "bayesnet", "c_eps"): "2.22",
-    ("MLP_E100", "bayesnet", "c_eps"): "2.25",
-    ("MLP_E10", "bayesnet", "eps"): "0.07",
-    ("MLP_E100", "bayesnet", "eps"): "0.05",
+# The previous release's rows (DP-SGD targets with `sampling_seed=0` and the noise from torch's global generator), as
+# its results file printed them, by their first cell: which rows come out again to the digit.
+PREVIOUS_ROWS = {
+    "MLP_E10": "| 0.869 / 0.850 | 0.30 (0.20–0.47) | 0.22 (0.14–0.32) | 0.03 (0.00–0.06) | 0.03 (0.00–0.06) "
+    "| 0.00 (0.00–0.00) | 2.37 / 2.47 / 0.10 |",
+    "MLP_E100": "| 0.947 / 0.823 | 0.30 (0.20–0.47) | 0.89 (0.64–1.17) | **0.59** (0.31–0.96) | **0.97** (0.72–1.17) "
+    "| 0.39 (0.26–0.48) | 2.37 / 2.71 / 0.34 |",
+    "DP-SGD ε = 1 (σ = 1.47)": "| 0.838 / 0.838 | 0.30 (0.20–0.47) | 0.24 (0.08–0.44) | 0.02 (0.00–0.11) "
+    "| 0.01 (0.00–0.03) | 0.00 (0.00–0.00) | — (images: ε̃ = 0 at ε ≤ 2) |",
+    "DP-SGD ε = 3 (σ = 0.85)": "| 0.844 / 0.845 | 0.30 (0.20–0.47) | 0.21 (0.09–0.29) | 0.01 (0.00–0.03) "
+    "| 0.00 (0.00–0.02) | 0.00 (0.00–0.00) | — |",
+    "DP-SGD ε = 10 (σ = 0.57)": "| 0.847 / 0.847 | 0.30 (0.20–0.47) | 0.27 (0.15–0.39) | 0.01 (0.00–0.06) "
+    "| 0.05 (0.00–0.16) | 0.00 (0.00–0.00) | — |",
+    "*MST-like `BayesNetGenerator`*: E10 / E100": "| | 2.27 (1.89–2.47) | 2.13 / 2.22 | 0.04 / 0.03 | | "
+    "| paper's MST: 2.37 |",
 }
 
 
-def _compare_three_seeds(rows: list) -> str:
-    """One sentence: how many of the previous release's 3-seed values the same seeds give again, to the digit."""
-    audits = {name: dict(zip(("calibrated", "bayesnet"), extra)) for name, _, _, _, *extra in rows}
-    same, total = 0, 0
-    for (name, kind, key), before in PREVIOUS_3_SEEDS.items():
-        values = [a[key] for a in audits.get(name, {}).get(kind, [])[:3]]
-        if len(values) < 3:
-            continue
-        total += 1
-        now = _fmt(values) if "(" in before else f"{np.mean(values):.2f}"
-        same += now == before
-    if not total:
+def _compare_rows(lines: list) -> str:
+    """One sentence: which table rows equal the previous release's to the digit, and which moved."""
+    same, moved = [], []
+    for line in lines:
+        label, _, cells = line.removeprefix("| ").partition(" | ")
+        if label in PREVIOUS_ROWS:
+            (same if PREVIOUS_ROWS[label] == f"| {cells}" else moved).append(label)
+    if not same and not moved:
         return ""
-    return (
-        f" Over seeds 0–2 alone, {same} of the previous release's {total} calibrated-MIA (E10, E100) and Bayes-net "
-        "values come out again to the digit (per-seed values: `benchmarks/results/panoramia_adult.json`)."
-    )
+    text = f" Equal to the previous release's to the digit: {'; '.join(same) or 'no row'}."
+    return text + (f" Moved: {'; '.join(moved)}." if moved else "")
 
 
 # The previous release's DP-SGD eps_tilde (paper's MIA): mean, min, max over 5 audit seeds, by target epsilon.
-PREVIOUS_DP = {1.0: (0.08, 0.00, 0.25), 3.0: (0.00, 0.00, 0.00), 10.0: (0.01, 0.00, 0.04)}
+PREVIOUS_DP = {1.0: (0.02, 0.00, 0.11), 3.0: (0.01, 0.00, 0.03), 10.0: (0.01, 0.00, 0.06)}
 
 
 def _compare_previous(rows: list) -> str:
@@ -269,10 +272,11 @@ def published_table(rows: list, seeds: list, command: str, seconds: float) -> st
         "",
         f"Mean (min–max) over {len(seeds)} audit seeds ({', '.join(map(str, seeds))}), every column and the Bayes-net "
         f"row (E10 / E100: means); m = {m:,} audit points with generated non-members, {real_m:,} with real ones "
-        f"(RM;RN); β = 0.05; DP-SGD targets trained with `DPSGD(sampling_seed={SAMPLING_SEED})`. Written by "
+        f"(RM;RN); β = 0.05; DP-SGD targets trained with `DPSGD(sampling_seed={SAMPLING_SEED}, noise_seed={NOISE_SEED})`. "
+        f"Written by "
         f"`{command}` in {seconds / 60:.0f} min (torch {torch.__version__}, scikit-learn {_sklearn_version()}).",
         "",
-        WHY_MOVED + _compare_three_seeds(rows) + _compare_previous(rows),
+        WHY_MOVED + _compare_rows(lines[2:]) + _compare_previous(rows),
     ]
     return "\n".join(lines) + "\n"
 

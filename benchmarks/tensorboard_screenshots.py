@@ -98,7 +98,8 @@ def train(root: Path) -> None:
     dm.setup("fit")
     model = TabularMLP(dm.num_features, hidden=(64, 32), lr=0.5)
     callbacks = [
-        DPSGD(noise_multiplier=1.0, log_clipping=True, sampling_seed=0),  # fixed batches: the same charts every run
+        # fixed batches and noise: the same charts on every run
+        DPSGD(noise_multiplier=1.0, log_clipping=True, sampling_seed=0, noise_seed=0),
         BayesSecurityMonitor(),
         AttributeInferenceMonitor(attribute="age", values="extremes"),
         EpsilonStarAudit(every_n_epochs=2),

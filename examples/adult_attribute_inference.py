@@ -2,9 +2,9 @@
 
 Reproduces the Adult experiment of Cherubin et al. (2024), Section 6: sensitive attribute ``age``
 (candidates 17..90), batch size 256, σ planned so that β*_MIA = 0.9 after 20 epochs, 30 epochs of
-DP-SGD with ``DPSGD(sampling_seed=seed)``, so that a re-run trains the same model. R_t is tracked with both the
-approximate (upper bound, safe side) and the exact diameter in the same run, so the β*_AI curves share one training
-trajectory. For each diameter two values are
+DP-SGD with ``DPSGD(sampling_seed=seed, noise_seed=seed)`` (fixed Poisson batches and Gaussian noise), so that a
+re-run trains the same model. R_t is tracked with both the approximate (upper bound, safe side) and the exact
+diameter in the same run, so the β*_AI curves share one training trajectory. For each diameter two values are
 logged: the safe β*_AI (pessimistic PLD composed over the per-step R_t; never above the exact value)
 and the paper's closed form (an approximation) beside it.
 
@@ -133,13 +133,15 @@ def main(argv=None) -> int:
         "exact": AttributeInferenceMonitor(attribute=age, method="exact", key=AI_EXACT, publish=True),  # same run
     }
     table = EpochTable(dm, monitors)
-    # sampling_seed: the same Poisson batches on every run of this reproduction (DPSGD's default draws a secret seed
-    # from the OS at every fit, which a deployment wants and a published table cannot reproduce)
+    # sampling_seed, noise_seed: the same Poisson batches and Gaussian noise on every run of this reproduction (DPSGD's
+    # defaults draw secret seeds from the OS at every fit, which a deployment wants and a published table cannot
+    # reproduce)
     dpsgd = DPSGD(
         target_bayes_security=args.target,
         epochs=args.plan_epochs,
         max_grad_norm=args.max_grad_norm,
         sampling_seed=args.seed,
+        noise_seed=args.seed,
     )
     callbacks = [dpsgd, BayesSecurityMonitor(), *monitors.values(), table]
     trainer = pl.Trainer(
@@ -237,7 +239,7 @@ def published_tables(rows: list, args, dpsgd, num_values: int, n: int, seconds: 
         "",
         f"Adult, age 17..90 (|A| = {num_values}), batch {args.batch_size}, σ planned for the safe β*_MIA = "
         f"{args.target:g} after {args.plan_epochs} epochs, C = {args.max_grad_norm:g}, {args.epochs} epochs of "
-        f"{args.optimizer.upper()} (lr {args.lr:g}), seed {args.seed} (`DPSGD(sampling_seed={args.seed})`), "
+        f"{args.optimizer.upper()} (lr {args.lr:g}), seed {args.seed} (`DPSGD(sampling_seed={args.seed}, noise_seed={args.seed})`), "
         f"{args.threads} torch thread(s); ms: composing both "
         f"safe β*_AI values that epoch. Largest closed form − safe β*_AI over the {len(rows)} epochs: {over:.1e}. "
         f"Written by `{command}` in {seconds / 60:.1f} min (torch {torch.__version__}, Python "
