@@ -119,6 +119,23 @@ def _check_trainer_kwargs(trainer_kwargs: Optional[Mapping[str, Any]]) -> Dict[s
     return kwargs
 
 
+def _seed_dpsgd(callbacks: Any, seed: int, j: int) -> None:
+    """Give reference j's DPSGD masks and noise of its own, from (seed, j), where the recipe leaves them to the OS.
+
+    A reference is the auditor's model, not a release: nothing in it needs to stay secret, and seeding it makes the
+    references (and the audit) the same on every run of the same seed, each reference with independent masks and noise.
+    """
+    from lightning_privacy.callbacks.dpsgd import DPSGD
+
+    for callback in callbacks if isinstance(callbacks, (list, tuple)) else [callbacks]:
+        if isinstance(callback, DPSGD) and not callback.secure_mode:
+            sampling, noise = (int(v) for v in np.random.SeedSequence([seed, j, 3]).generate_state(2))
+            if callback.sampling_seed is None:
+                callback.sampling_seed = sampling
+            if callback.noise_seed is None:
+                callback.noise_seed = noise
+
+
 @contextlib.contextmanager
 def _quiet_lightning(quiet: bool) -> Iterator[None]:
     """Lightning's info lines (accelerator banners, tips, "`Trainer.fit` stopped") at WARNING level while ``quiet``."""
@@ -173,6 +190,8 @@ def train_references(
         targets: ``(member_loader, nonmember_loader)`` to mix the audited examples into the halves (online).
         dp_sgd: train each reference with ``DPSGD(**dp_sgd)`` (e.g. the audited run's ``noise_multiplier``,
             ``max_grad_norm``, ``delta``): the recipe of a DP-SGD target, added to ``trainer_kwargs``' callbacks.
+            Reference j's Poisson masks and noise are seeded from ``(seed, j)`` unless the recipe fixes them (a
+            reference is the auditor's model, not a release): the same seed gives the same references on every run.
         progress: a bar over the references on stderr (``None``: only when stderr is a terminal).
         verbose: show what each reference's ``Trainer`` logs and warns (its banners, "`Trainer.fit` stopped", the
             callbacks' warnings). By default they are silenced: the references repeat the audited run's recipe, whose
@@ -265,6 +284,7 @@ def train_references(
                 run_kwargs = dict(kwargs)
                 if "callbacks" in run_kwargs:
                     run_kwargs["callbacks"] = copy.deepcopy(run_kwargs["callbacks"])
+                    _seed_dpsgd(run_kwargs["callbacks"], seed, j)
                 start = time.perf_counter()
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(int(np.random.SeedSequence([seed, j, 1]).generate_state(1)[0]))

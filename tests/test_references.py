@@ -82,3 +82,27 @@ def test_every_reference_starts_from_its_own_initial_weights():
     assert len(starts) == 3
     assert not any(torch.equal(starts[i], starts[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
     assert all(torch.equal(a, b) for a, b in zip(starts, _initial_weights(seed=4)))  # the same seed: the same starts
+
+
+def test_dp_sgd_references_are_the_same_on_every_run_of_a_seed_and_differ_between_references():
+    """Each DP-SGD reference's masks and noise are seeded from (seed, j): the audit re-runs to the digit, and two
+    references of one run are still independent draws (not one copied DPSGD's seeds)."""
+    pop = _loader(*_data(0, 64))
+
+    def weights(seed):
+        refs = train_references(
+            _factory(),
+            pop,
+            num_references=2,
+            trainer_kwargs=dict(max_epochs=2),
+            dp_sgd=dict(noise_multiplier=1.0),
+            seed=seed,
+            progress=False,
+        )
+        return [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in refs.models]
+
+    a, b = weights(4), weights(4)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(weights(5)[0], a[0])
+    # reference 1 differs from reference 0 by more than its own initial weights: its own noise too
+    assert float((a[0] - a[1]).abs().max()) > 0
