@@ -63,11 +63,13 @@ def _fingerprint(*loaders: Any) -> str:
     return digest.hexdigest()
 
 
-def _losses(model: Any, loaders: Sequence[Any], forward_fn, device) -> np.ndarray:
+def _losses(model: Any, loaders: Sequence[Any], forward_fn, device, signal_fn=None) -> np.ndarray:
     from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 
     parts = [
-        membership_losses_from_loader(model, sequential_loader(loader), forward_fn=forward_fn, device=device)
+        membership_losses_from_loader(
+            model, sequential_loader(loader), forward_fn=forward_fn, device=device, signal_fn=signal_fn
+        )
         .double()
         .numpy()
         for loader in loaders
@@ -344,6 +346,7 @@ def audit_membership(
     forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
     device: Any = None,
     warn: bool = True,
+    signal_fn: Optional[Callable[[Any, Any], Any]] = None,
 ) -> MembershipAuditResult:
     """Attack ``model``'s membership with RMIA, LiRA or the LOSS baseline and summarise the attack.
 
@@ -376,6 +379,11 @@ def audit_membership(
         forward_fn: ``forward_fn(model, batch) -> (logits, target)``; default ``model(batch[0]), batch[1]``.
         device: where to run the models.
         warn: issue each of the result's warnings and ``outside`` sentences as a ``UserWarning``.
+        signal_fn: ``signal_fn(model, batch) -> losses`` (one per example, low = member-like) instead of
+            ``forward_fn``, for examples that are not classification rows: for a causal language model
+            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` (each sequence's mean next-token loss
+            over its non-padding tokens). RMIA and LiRA then use that per-sequence loss as the signal of every model
+            (through the same monotone map as the classification loss).
 
     Returns:
         A :class:`MembershipAuditResult`.
@@ -408,8 +416,8 @@ def audit_membership(
         delta = float(ledger.delta) if ledger is not None else claim.delta if claim is not None else 1e-5
     delta = expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
     notes: List[str] = []
-    member_target = _losses(model, [member_loader], forward_fn, device)
-    nonmember_target = _losses(model, [nonmember_loader], forward_fn, device)
+    member_target = _losses(model, [member_loader], forward_fn, device, signal_fn)
+    nonmember_target = _losses(model, [nonmember_loader], forward_fn, device, signal_fn)
     target = np.r_[member_target, nonmember_target]
     is_member = np.r_[np.ones(member_target.size, bool), np.zeros(nonmember_target.size, bool)]
     k, used_gamma, used_a, variant = 0, None, None, "reference-free"
@@ -432,14 +440,18 @@ def audit_membership(
                 )
             inside = references.inside_targets
         variant = "online" if inside is not None else "offline"
-        ref = np.stack([_losses(m, [member_loader, nonmember_loader], forward_fn, device) for m in references.models])
+        ref = np.stack(
+            [_losses(m, [member_loader, nonmember_loader], forward_fn, device, signal_fn) for m in references.models]
+        )
         if attack == "lira":
             scores = attacks.lira_scores(target, ref, inside=inside)
         else:
             if population_loader is None:
                 raise ValueError("Expected `population_loader` for attack='rmia' (its points are RMIA's z).")
-            pop_target = _losses(model, [population_loader], forward_fn, device)
-            pop_ref = np.stack([_losses(m, [population_loader], forward_fn, device) for m in references.models])
+            pop_target = _losses(model, [population_loader], forward_fn, device, signal_fn)
+            pop_ref = np.stack(
+                [_losses(m, [population_loader], forward_fn, device, signal_fn) for m in references.models]
+            )
             same = _fingerprint(population_loader) == references.population_fingerprint
             pop_inside = references.inside_population if same else None
             if not same:

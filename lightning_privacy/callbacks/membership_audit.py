@@ -54,6 +54,8 @@ class MembershipAudit(audit.ScheduledAudit):
         cache_dir: where :func:`~lightning_privacy.audits.train_references` stores the references.
         every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
+        signal_fn: one membership loss per example from ``signal_fn(model, batch)`` instead of ``forward_fn`` (e.g.
+            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language model).
         claim: the guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
             when DPSGD trains the model, else no verdict.
@@ -90,6 +92,7 @@ class MembershipAudit(audit.ScheduledAudit):
         alpha: float = 0.05,
         delta: Optional[float] = None,
         forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
+        signal_fn: Optional[Callable[[Any, Any], Any]] = None,
         log_figure: bool = True,
         claim: Any = None,
     ) -> None:
@@ -120,7 +123,7 @@ class MembershipAudit(audit.ScheduledAudit):
         self.cache_dir = cache_dir
         self.every_n_epochs = audit.check_every_n_epochs(every_n_epochs)
         self.seed, self.gamma, self.offline_a = seed, gamma, offline_a
-        self.alpha, self.delta, self.forward_fn = alpha, delta, forward_fn
+        self.alpha, self.delta, self.forward_fn, self.signal_fn = alpha, delta, forward_fn, signal_fn
         self.log_figure = log_figure
         self.hparams_metric_keys = (names.membership_key(attack, "auc"),)
         self.result: Optional[MembershipAuditResult] = None
@@ -240,6 +243,7 @@ class MembershipAudit(audit.ScheduledAudit):
                 gamma=self.gamma,
                 offline_a=self.offline_a,
                 forward_fn=self.forward_fn,
+                signal_fn=self.signal_fn,
                 warn=False,
             )
         except ValueError as err:

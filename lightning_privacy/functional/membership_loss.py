@@ -19,7 +19,7 @@ of any size (a probability of 1 - 1e-20 would round to 1 and give an infinite lo
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -111,6 +111,42 @@ def _default_forward(module: torch.nn.Module, batch) -> tuple:
     return module(x), y
 
 
+def _num_examples(batch: Any) -> Optional[int]:
+    """Rows of a batch: its (first) tensor's first dimension; ``input_ids`` of a mapping. None when there is none."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.ndim else None
+    if isinstance(batch, Mapping):
+        first = batch.get("input_ids")
+        items = [first] if isinstance(first, Tensor) else list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        items = list(batch)
+    else:
+        return None
+    return next((int(t.shape[0]) for t in items if isinstance(t, Tensor) and t.ndim), None)
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(b.to(device) if isinstance(b, Tensor) else b for b in batch)
+    return batch
+
+
+def _one_per_example(losses: Tensor, batch: Any, what: str) -> Tensor:
+    expected = _num_examples(batch)
+    if expected is not None and (losses.ndim != 1 or losses.shape[0] != expected):
+        raise ValueError(
+            f"{what} gave {list(losses.shape)} losses for a batch of {expected} examples: an audit needs one "
+            "membership loss per example. For sequences (language models), per-token logits [B·T, V] are not "
+            "examples: pass `signal_fn=causal_lm_signal` (lightning_privacy.functional.sequence_loss), or a signal_fn "
+            "returning one loss per sequence."
+        )
+    return losses
+
+
 @torch.no_grad()
 def membership_losses_from_loader(
     module: torch.nn.Module,
@@ -118,14 +154,23 @@ def membership_losses_from_loader(
     *,
     forward_fn: Optional[Callable[[torch.nn.Module, object], tuple]] = None,
     device: Optional[torch.device] = None,
+    signal_fn: Optional[Callable[[torch.nn.Module, object], Tensor]] = None,
 ) -> Tensor:
     """Membership losses of every example of ``batches`` (eval mode, no grad; mode restored after).
 
     Args:
         module: the model; by default ``module(x)`` gives logits for a batch ``(x, y, ...)``.
         batches: an iterable of batches (e.g. a DataLoader, in a fixed order).
-        forward_fn: ``forward_fn(module, batch) -> (logits, target)`` for other batch layouts.
-        device: where to move ``x`` and ``y`` (default: the module's first parameter's device).
+        forward_fn: ``forward_fn(module, batch) -> (logits, target)`` for other batch layouts (classification).
+        device: where to move the batch's tensors (default: the module's first parameter's device).
+        signal_fn: ``signal_fn(module, batch) -> losses`` of shape ``[batch size]`` (low = member-like), for
+            examples that are not classification rows, e.g.
+            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for language models. Instead of
+            ``forward_fn``.
+
+    Raises:
+        ValueError: both ``forward_fn`` and ``signal_fn``, or a batch whose losses are not one per example (e.g.
+            token logits ``[B·T, V]`` for ``B`` sequences), naming the fix.
 
     Returns:
         A float32/float64 CPU tensor of shape ``(num_examples,)``, in loader order.
@@ -137,6 +182,8 @@ def membership_losses_from_loader(
         >>> membership_losses_from_loader(net, data).shape
         torch.Size([4])
     """
+    if forward_fn is not None and signal_fn is not None:
+        raise ValueError("Give `forward_fn` (logits and targets) or `signal_fn` (one loss per example), not both")
     forward = forward_fn or _default_forward
     if device is None:
         param = next(iter(module.parameters()), None)
@@ -146,10 +193,13 @@ def membership_losses_from_loader(
     out = []
     try:
         for batch in batches:
-            if isinstance(batch, (list, tuple)):
-                batch = type(batch)(b.to(device) if isinstance(b, Tensor) else b for b in batch)
-            logits, target = forward(module, batch)
-            out.append(membership_loss(logits, target).detach().cpu())
+            batch = _to(batch, device)
+            if signal_fn is not None:
+                losses = _one_per_example(torch.as_tensor(signal_fn(module, batch)), batch, "signal_fn")
+            else:
+                logits, target = forward(module, batch)
+                losses = _one_per_example(membership_loss(logits, target), batch, "forward_fn")
+            out.append(losses.detach().cpu())
     finally:
         module.train(was_training)
     if not out:

@@ -1,0 +1,113 @@
+"""Per-sequence membership losses for language models: checked against a token loop, padding and ignored labels left
+out, token logits refused where examples were expected, and a membership audit per sequence on a memorising LM."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_privacy.audits import audit_membership
+from lightning_privacy.functional.membership_loss import membership_losses_from_loader
+from lightning_privacy.functional.sequence_loss import causal_lm_losses, causal_lm_signal
+
+V, T = 20, 12
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding → GRU → vocabulary logits; called as Hugging Face causal LMs are (keywords, ``.logits``)."""
+
+    def __init__(self, hf_output: bool = True) -> None:
+        super().__init__()
+        self.embed, self.rnn, self.head = torch.nn.Embedding(V, 32), torch.nn.GRU(32, 64, batch_first=True), None
+        self.head = torch.nn.Linear(64, V)
+        self.hf_output = hf_output
+
+    def forward(self, input_ids, attention_mask=None):
+        logits = self.head(self.rnn(self.embed(input_ids))[0])
+        return SimpleNamespace(logits=logits) if self.hf_output else logits
+
+
+class Sequences(Dataset):
+    """Random token sequences of lengths 6..T, right-padded with 0, as a tokenizer's collator gives them."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, V, (n, T), generator=g)
+        lengths = torch.randint(6, T + 1, (n,), generator=g)
+        self.mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+        self.ids = self.ids * self.mask
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i]}
+
+
+def test_the_loss_is_each_sequences_mean_token_loss_over_its_counted_tokens():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, T, V, generator=g)
+    data = Sequences(3, seed=1)
+    labels = data.ids.clone()
+    labels[2, 3] = -100  # a token left out by its label
+    got = causal_lm_losses(logits, labels, data.mask)
+    for b in range(3):
+        terms = []
+        for t in range(T - 1):
+            if data.mask[b, t + 1] and labels[b, t + 1] != -100:
+                terms.append(-torch.log_softmax(logits[b, t], dim=0)[labels[b, t + 1]])
+        assert float(got[b]) == pytest.approx(float(torch.stack(terms).mean()), rel=1e-6)
+    padded = torch.cat([logits, torch.randn(3, 4, V, generator=g)], dim=1)  # more padding changes nothing
+    more_ids = torch.cat([labels, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    more_mask = torch.cat([data.mask, torch.zeros(3, 4, dtype=torch.long)], dim=1)
+    torch.testing.assert_close(causal_lm_losses(padded, more_ids, more_mask), got)
+
+
+def test_a_sequence_without_a_scored_token_and_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match=r"sequence\(s\) \[1\] .* no scored token"):
+        causal_lm_losses(torch.zeros(2, 3, V), torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [1, 0, 0]]))
+    with pytest.raises(ValueError, match=r"`logits` of shape \[B, T, V\]"):
+        causal_lm_losses(torch.zeros(6, V), torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="input_ids"):
+        causal_lm_signal(TinyLM(), (torch.ones(2, 3, dtype=torch.long),))
+
+
+def test_token_logits_where_examples_were_expected_are_refused_naming_the_fix():
+    """The issue: a forward_fn returning [B·T, V] token logits ran silently as B·T "examples", padding included."""
+    model, loader = TinyLM(), DataLoader(Sequences(8, seed=2), batch_size=4)
+
+    def per_token(m, batch):
+        logits = m(**batch).logits
+        return logits.reshape(-1, V), batch["input_ids"].reshape(-1)
+
+    with pytest.raises(
+        ValueError, match=r"forward_fn gave \[48\] losses for a batch of 4 examples.*signal_fn=causal_lm"
+    ):
+        membership_losses_from_loader(model, loader, forward_fn=per_token)
+    losses = membership_losses_from_loader(TinyLM(hf_output=False), loader, signal_fn=causal_lm_signal)
+    assert losses.shape == (8,) and bool(torch.isfinite(losses).all())
+    with pytest.raises(ValueError, match="not both"):
+        membership_losses_from_loader(model, loader, forward_fn=per_token, signal_fn=causal_lm_signal)
+
+
+def test_a_memorising_language_model_is_audited_per_sequence():
+    members, nonmembers = Sequences(64, seed=3), Sequences(64, seed=4)
+    torch.manual_seed(0)
+    model = TinyLM()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    loader = DataLoader(members, batch_size=16, shuffle=True, generator=torch.Generator().manual_seed(0))
+    for _ in range(40):  # memorise the member sequences
+        for batch in loader:
+            optimizer.zero_grad()
+            causal_lm_signal(model, batch).mean().backward()
+            optimizer.step()
+    member_loader, nonmember_loader = DataLoader(members, batch_size=32), DataLoader(nonmembers, batch_size=32)
+    result = audit_membership(
+        model, member_loader, nonmember_loader, attack="loss", signal_fn=causal_lm_signal, warn=False
+    )
+    assert result.to_dict()["num_members"] == 64 and result.to_dict()["num_nonmembers"] == 64  # sequences, not tokens
+    assert result.metrics()["audit/loss_auc"] > 0.95
+    assert result.metrics()["audit/loss_epsilon_lower"] > 1.0
