@@ -179,25 +179,27 @@ def figure(summary, path: str) -> None:
 # Printed under the published table: why its numbers differ from the previous release's (keep with the script that
 # measures them, and rewrite when a change moves them again).
 WHY_MOVED = """\
-**Why the DP-SGD rows moved since the previous release.** Commit `898a633` made `DPSGD` draw its Gaussian noise from
-a private generator, seeded by default from OS entropy at every fit (`DPSGD(noise_seed=None)`), not from torch's
-global generator that `seed_everything(seed)` fixes; intended, since whoever knows a published seed could replay the
-noise and subtract it from the released model. The Poisson masks were already fixed by `sampling_seed=seed`; the
-script now also passes `DPSGD(noise_seed=seed)`, so a re-run trains the same models again, and the DP-SGD rows moved
-once, to another draw of the noise. A DP-SGD row is one draw of the training mechanism, here as in the previous
-release. The non-DP and over-fitted runs draw no DP-SGD noise, so nothing should move their rows."""
+**Why the DP-SGD rows moved since the previous release.** Two changes to DP-SGD's randomness. Commit `898a633` made
+`DPSGD` draw its Gaussian noise from a private generator (seeded from OS entropy at every fit unless
+`DPSGD(noise_seed=...)` fixes it), not from torch's global generator that `seed_everything(seed)` fixes; the script
+passes `DPSGD(noise_seed=seed)`, so a re-run trains the same models. Commit `96bf2ed` made the Poisson sampler draw
+each step's rows as geometric gaps between selected rows (O(batch) per step instead of one coin per row): the same
+law (every row in every step independently with probability q), but a given `sampling_seed` now selects other rows
+than before. So each DP-SGD row is another draw of the same training mechanism, here as in the previous release.
+The non-DP and over-fitted runs use neither the DP-SGD noise nor the Poisson sampler, so nothing should move their
+rows."""
 
-# The previous release's rows (mean ± sd over seeds 0-2; DP-SGD with `sampling_seed=seed` and the noise from torch's
-# global generator), as its results file printed them, to say which rows equal it to the digit.
+# The previous release's rows (mean ± sd over seeds 0-2; DP-SGD with `DPSGD(sampling_seed=seed, noise_seed=seed)` and
+# the per-row-coin sampler before `96bf2ed`), as its results file printed them, to say which rows equal it to the digit.
 PREVIOUS = {
     "non-DP, 1 epoch": ("0.033 ± 0.012", "0.515 ± 0.040", "0", "0.886 ± 0.001"),
     "non-DP, 5 epochs": ("0.055 ± 0.007", "0.376 ± 0.065", "0", "0.906 ± 0.000"),
     "non-DP, 10 epochs": ("0.098 ± 0.005", "0.202 ± 0.027", "0", "0.907 ± 0.000"),
     "non-DP, 20 epochs": ("0.112 ± 0.006", "0.213 ± 0.027", "0", "0.908 ± 0.000"),
-    "DP-SGD σ=0.7, C=1, 10 epochs": ("0.012 ± 0.008", "0.429 ± 0.039", "0", "0.895 ± 0.000"),
-    "DP-SGD σ=1, C=1, 10 epochs": ("0.012 ± 0.008", "0.442 ± 0.045", "0", "0.895 ± 0.000"),
-    "DP-SGD σ=2, C=1, 10 epochs": ("0.011 ± 0.007", "0.423 ± 0.047", "0", "0.895 ± 0.000"),
-    "DP-SGD σ=8, C=1, 10 epochs": ("0.008 ± 0.003", "0.411 ± 0.163", "0", "0.894 ± 0.001"),
+    "DP-SGD σ=0.7, C=1, 10 epochs": ("0.012 ± 0.008", "0.435 ± 0.044", "0", "0.895 ± 0.000"),
+    "DP-SGD σ=1, C=1, 10 epochs": ("0.012 ± 0.008", "0.428 ± 0.053", "0", "0.894 ± 0.000"),
+    "DP-SGD σ=2, C=1, 10 epochs": ("0.011 ± 0.007", "0.405 ± 0.062", "0", "0.894 ± 0.000"),
+    "DP-SGD σ=8, C=1, 10 epochs": ("0.014 ± 0.010", "0.423 ± 0.058", "0", "0.892 ± 0.001"),
     "over-fitted: 512x512 MLP, 500 rows, 200 epochs": (
         "3.374 ± 0.907",
         "4.746 ± 0.077",
