@@ -8,6 +8,10 @@ The contract (documented on :class:`~lightning_privacy.DPSGD`):
 - ``grad_sample_mode="ghost"``: ``training_step`` must return the per-example losses (shape ``[batch_size]``, e.g.
   ``F.cross_entropy(logits, y, reduction="none")``), as a tensor or as the ``"loss"`` of a dict. A reduced loss
   has lost what ghost clipping needs and is refused, naming what was returned.
+- Either mode: a dict with both ``"loss"`` (the reduced loss, what a plain ``Trainer`` trains on) and
+  ``"per_example_loss"`` (shape ``[batch_size]``) is trained on its per-example losses, so one module trains
+  unchanged with and without DPSGD. DPSGD stands in for ``training_step`` on the instance for one fit to make that
+  swap (Lightning passes only ``"loss"`` to ``backward``).
 
 Ghost clipping (Li et al. 2022; Bu et al. 2023) as in Opacus' ``DPTensorFastGradientClipping.backward``: a first
 backward pass of the reduced loss lets Opacus' fast-gradient-clipping hooks compute each example's gradient norm
@@ -31,7 +35,9 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
 
-__all__ = ["PerExampleBackward", "is_empty_batch"]
+__all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward", "is_empty_batch"]
+
+PER_EXAMPLE_LOSS = "per_example_loss"  # training_step's dict key for the per-example losses (beside "loss")
 
 EXAMPLE = "e.g. `F.cross_entropy(logits, y, reduction='none')`"
 # torch/utils/hooks.py, BackwardHook: a full backward hook fired on a module none of whose inputs needs a gradient
@@ -132,6 +138,22 @@ class PerExampleBackward:
         self._original = pl_module.backward
         self._had_own = "backward" in vars(pl_module)
         pl_module.backward = self
+        self._original_step = pl_module.training_step
+        self._had_own_step = "training_step" in vars(pl_module)
+        pl_module.training_step = self._training_step
+
+    def _training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's ``training_step``, its ``"per_example_loss"`` put where Lightning takes the loss from."""
+        out = self._original_step(*args, **kwargs)
+        if isinstance(out, dict) and PER_EXAMPLE_LOSS in out:
+            losses = out[PER_EXAMPLE_LOSS]
+            if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
+                raise MisconfigurationException(
+                    f"`training_step` returned {PER_EXAMPLE_LOSS!r} as {_describe(losses)}; DPSGD expects one loss per "
+                    f"example, a tensor of shape [batch_size] ({EXAMPLE})."
+                )
+            out = {**out, "loss": losses}
+        return out
 
     def start_batch(self, *, empty: bool) -> None:
         """Called at every batch start: an empty batch runs without hooks (ghost mode; see the class docstring)."""
@@ -144,11 +166,15 @@ class PerExampleBackward:
             self.hooks.disable_hooks()
 
     def remove(self) -> None:
-        """Give the module its own ``backward`` back."""
-        if self._had_own:
-            self.pl_module.backward = self._original
-        elif "backward" in vars(self.pl_module):
-            del self.pl_module.backward
+        """Give the module its own ``backward`` and ``training_step`` back."""
+        for name, had_own, original in (
+            ("backward", self._had_own, self._original),
+            ("training_step", self._had_own_step, self._original_step),
+        ):
+            if had_own:
+                setattr(self.pl_module, name, original)
+            elif name in vars(self.pl_module):
+                delattr(self.pl_module, name)
 
     def __call__(self, loss: Any, *args: Any, **kwargs: Any) -> None:
         if self.mode == "hooks":

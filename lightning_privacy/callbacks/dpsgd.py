@@ -126,7 +126,9 @@ class DPSGD(Callback):
     loss per example — a tensor of shape ``[batch_size]`` such as ``F.cross_entropy(logits, y, reduction="none")``,
     returned as is or as the ``"loss"`` of a dict — which DPSGD reduces with ``loss_reduction``. Ghost clipping
     needs the per-example losses (it weights each by its clipping coefficient) and refuses a reduced loss, naming
-    what was returned; ``self.log`` takes a scalar, so log ``losses.mean()``. DPSGD performs the backward through
+    what was returned; ``self.log`` takes a scalar, so log ``losses.mean()``. To train one module unchanged with and
+    without DPSGD, return ``{"loss": losses.mean(), "per_example_loss": losses}``: a plain ``Trainer`` trains on
+    ``"loss"``, DPSGD on ``"per_example_loss"``. DPSGD performs the backward through
     the module's ``backward`` hook, which ghost mode does not allow to be overridden.
 
     Layers DP-SGD cannot train (BatchNorm, ``nn.MultiheadAttention``, ``nn.LSTM``, …) are an error that starts with

@@ -251,3 +251,24 @@ def test_torchs_full_backward_hook_warning_is_silenced_only_in_dpsgds_backward(m
         plain(torch.randn(4, 8)).sum().backward()  # the same warning after the fit: the filter did not outlive it
     assert not [m for m in during_fit if m.startswith("Full backward hook is firing")]
     assert [str(w.message) for w in record[len(during_fit) :] if "Full backward hook is firing" in str(w.message)]
+
+
+class BothLosses(MLP):
+    """Returns the reduced loss for a plain Trainer and the per-example losses for DPSGD, with no switch."""
+
+    def training_step(self, batch, batch_idx):
+        losses = F.cross_entropy(self(batch[0]), batch[1], reduction="none")
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_one_module_trains_unchanged_with_and_without_dpsgd(mode):
+    """The issue: the per-example loss vector ghost mode wants made a plain Trainer fail, so users kept a switch."""
+    torch.manual_seed(0)
+    plain = BothLosses().double()
+    trainer([], max_epochs=1).fit(plain, train_dataloaders=DataLoader(tabular64(), batch_size=32))  # takes "loss"
+    runs = [_run(cls, tabular64(), mode) for cls in (BothLosses, MLP)]  # MLP returns the per-example losses itself
+    for _, dp, _, model in runs:
+        assert dp.steps > 0 and "training_step" not in vars(model)  # the module's own training_step is back
+    weights = [torch.cat([p.detach().flatten() for p in model.parameters()]) for *_, model in runs]
+    torch.testing.assert_close(weights[0], weights[1], rtol=0, atol=1e-9)  # the same DP-SGD training
