@@ -221,6 +221,12 @@ class PerExampleBackward:
                 "per-example gradient norm in this step: unused in the forward pass, or in a layer Opacus cannot "
                 "handle. Freeze them (requires_grad=False) or replace the layer."
             )
+        if not self.sharded:
+            sizes = {self._name(p): int(_compat.norm_sample(p).shape[0]) for p in params}
+            if len(set(sizes.values())) > 1:
+                from lightning_privacy.callbacks._dp_checks import odd_batch_message
+
+                raise MisconfigurationException(odd_batch_message(sizes).replace("gradients of", "gradient norms of"))
         for param in params:
             param.grad = None
         coefficients = self.hooks.get_clipping_coef()

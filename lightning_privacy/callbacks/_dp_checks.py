@@ -56,7 +56,7 @@ def per_sample_norms(params: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def check_per_sample_gradients(params: Sequence[torch.Tensor], param_names: Dict[int, str]) -> None:
     """Every trainable parameter the optimizer updates carries a per-sample gradient of the batch's size."""
-    sizes = set()
+    sizes: Dict[str, int] = {}
     for param in params:
         name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
         if getattr(param, "grad_sample", None) is None:
@@ -65,12 +65,25 @@ def check_per_sample_gradients(params: Sequence[torch.Tensor], param_names: Dict
                 "without clipping and the privacy accounting would be wrong. Its layer type may have no Opacus grad "
                 "sampler, or it is unused in the forward pass: freeze it (requires_grad=False) or replace the layer."
             )
-        sizes.add(int(_grad_sample(param).shape[0]))
-    if len(sizes) > 1:
-        raise MisconfigurationException(
-            f"DP-SGD self-check: per-sample gradients disagree on the batch size ({sorted(sizes)}); a parameter is "
-            "used by several forward passes or on inputs of another batch dimension."
-        )
+        sizes[name] = int(_grad_sample(param).shape[0])
+    if len(set(sizes.values())) > 1:
+        raise MisconfigurationException(odd_batch_message(sizes))
+
+
+def odd_batch_message(sizes: Dict[str, int]) -> str:
+    """The parameters whose per-example gradients (or norms) count other examples than the batch, and the fix."""
+    counts: Dict[int, int] = {}
+    for size in sizes.values():
+        counts[size] = counts.get(size, 0) + 1
+    batch = max(counts, key=lambda size: (counts[size], size))  # the size most parameters agree on
+    odd = {name: size for name, size in sizes.items() if size != batch}
+    shown = ", ".join(f"`{name}` ({size})" for name, size in list(odd.items())[:5])
+    return (
+        f"DP-SGD self-check: per-example gradients of {shown} count other examples than the batch's {batch}: "
+        "their layer was called on a tensor whose first dimension is not the batch — e.g. position ids of shape "
+        "[1, T] broadcast over the batch, as GPT-2's `wpe` — or by several forward passes. Call it with batch-first "
+        "inputs (`position_ids.expand(batch_size, -1)`) or freeze it (requires_grad=False)."
+    )
 
 
 def check_clipping(params: Sequence[torch.Tensor], param_names: Dict[int, str], *, max_grad_norm: float) -> None:

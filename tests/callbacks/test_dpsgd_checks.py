@@ -357,3 +357,34 @@ def test_the_clipped_sum_bound_of_an_average_over_ranks_is_divided_by_their_numb
     with pytest.raises(MisconfigurationException, match=r"/ 2 ranks \(FSDP2 averages their sums\) = 2\.5"):
         check_clipped_sum_bound(shards(0.75 * batch * c), max_grad_norm=c, batch_size=batch, averaged_over=2)
     check_clipped_sum_bound(shards(0.75 * batch * c), max_grad_norm=c, batch_size=batch)  # one process: B·C
+
+
+class _PositionEmbedding(pl.LightningModule):
+    """Token + position embeddings, the positions looked up once per batch with ids of shape [1, T] (GPT-2's `wpe`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok, self.pos, self.head = torch.nn.Embedding(20, 8), torch.nn.Embedding(6, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, ids):
+        return self.head((self.tok(ids) + self.pos(torch.arange(ids.shape[1])[None, :])).mean(1))
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self(batch[0]), batch[1], reduction="none")
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_layer_called_on_a_broadcast_batch_is_named_with_the_fix(tmp_path, mode):
+    """The issue: GPT-2's `wpe` (position ids [1, T]) stopped hooks mode at a self-check naming no parameter, and ghost
+    mode at Opacus' "stack expects each tensor to be equal size"."""
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randint(0, 20, (128, 6), generator=g), torch.randint(0, 2, (128,), generator=g))
+    t = trainer([DPSGD(noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=0)], tmp_path, max_epochs=1)
+    with pytest.raises(MisconfigurationException) as info:
+        t.fit(_PositionEmbedding(), train_dataloaders=DataLoader(data, batch_size=16))
+    message = str(info.value)
+    assert "`pos.weight` (1) count other examples than the batch's" in message
+    assert "`tok.weight`" not in message and "position_ids.expand(batch_size, -1)" in message
