@@ -116,3 +116,117 @@ def membership_key(attack: str, quantity: str) -> str:
 
 
 ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
+
+# --- what each key means, its unit, and how far to trust it (the logged-keys page renders this; a test checks that
+# every key has all three)
+SETTING = "setting (as configured)"
+REFERENCE = "accountant's upper bound on ε (reference; Opacus' RDP/PRV/GDP)"
+CERTIFIED = "certified bound, on the safe side (pessimistic PLD of the recorded history)"
+APPROXIMATION = "approximation (may overstate security; shown beside the certified value)"
+LOWER_BOUND = "valid lower bound at confidence 1 − α (statistical evidence)"
+ESTIMATE = "estimate: no guarantee either way"
+VERDICT = "verdict at confidence 1 − α, multiple comparisons corrected"
+DIAGNOSTIC = "diagnostic: how a bound was obtained"
+NOT_PRIVATE = "data-dependent, NOT covered by the DP guarantee"
+MEDIA = "figure / text / histogram (for reading, not a number)"
+
+KEY_DOCS = {
+    DP_NOISE_MULTIPLIER: ("σ, the noise standard deviation relative to the clipping norm C", "ratio", SETTING),
+    DP_SAMPLE_RATE: ("p, each row's Poisson inclusion probability per step", "probability", SETTING),
+    DP_STEPS: ("optimizer steps the accountant recorded (over resumes)", "steps", CERTIFIED),
+    DP_EPSILON: ("the accountant's ε at the run's δ", "ε (nats)", REFERENCE),
+    DP_MAX_GRAD_NORM: ("C, each example's gradient clipped to this norm", "gradient norm", SETTING),
+    DP_DELTA: ("δ of the reference ε", "probability", SETTING),
+    DP_ACCOUNTANT: ("the Opacus accountant: rdp, prv or gdp", "name", SETTING),
+    DP_TARGET_BAYES_SECURITY: ("the β*_MIA σ was planned for", "β* in [0, 1]", SETTING),
+    DP_TARGET_EPSILON: ("the ε σ was planned for", "ε (nats)", SETTING),
+    DP_PLANNED_EPOCHS: ("the epochs σ was planned for", "epochs", SETTING),
+    DP_GRAD_SAMPLE_MODE: ("hooks (per-sample gradients) or ghost (ghost clipping)", "name", SETTING),
+    DP_SAMPLING_SEED: ("how the Poisson masks' seed was chosen: secret, fixed or secure", "kind", SETTING),
+    DP_NOISE_SEED: ("how the noise's seed was chosen: secret, fixed or secure", "kind", SETTING),
+    DP_CLIP_FRACTION: ("share of per-sample gradients whose norm exceeded C", "fraction", NOT_PRIVATE),
+    DP_GRAD_NORM_MEDIAN: ("median per-sample gradient norm before clipping", "gradient norm", NOT_PRIVATE),
+    DP_GRAD_NORMS: ("histogram of per-sample gradient norms", "gradient norm", NOT_PRIVATE),
+    MIA_BAYES_SECURITY: (
+        "β*_MIA: 1 − the best membership attack's advantage (replace game)",
+        "β* in [0, 1]",
+        CERTIFIED,
+    ),
+    MIA_BAYES_SECURITY_CLOSED_FORM: (
+        "β*_MIA by the paper's closed form (Cherubin et al. 2024, Eq. 4)",
+        "β*",
+        APPROXIMATION,
+    ),
+    MIA_BAYES_SECURITY_EXACT: ("the certified β*_MIA, in fit-end summaries", "β* in [0, 1]", CERTIFIED),
+    MIA_ADVANTAGE: ("1 − β*_MIA: the largest TPR − FPR of any membership attack", "advantage in [0, 1]", CERTIFIED),
+    MIA_TPR_BOUND_FPR_0_001: ("the largest TPR any attack reaches at FPR 0.001", "TPR", CERTIFIED),
+    MIA_TPR_BOUND_FPR_0_01: ("the largest TPR any attack reaches at FPR 0.01", "TPR", CERTIFIED),
+    MIA_TPR_BOUND_FPR_0_1: ("the largest TPR any attack reaches at FPR 0.1", "TPR", CERTIFIED),
+    APPROXIMATION_ERROR: ("closed form − certified β*_MIA (> 0: the closed form overstates)", "β*", DIAGNOSTIC),
+    BAYES_SECURITY_FIGURE: ("β* per epoch and the TPR–FPR region", "figure", MEDIA),
+    AI_BAYES_SECURITY: ("β*_AI against attribute inference, over the measured sensitivities R_t", "β*", CERTIFIED),
+    AI_BAYES_SECURITY_CLOSED_FORM: ("β*_AI by the paper's Corollary 10", "β*", APPROXIMATION),
+    AI_SENSITIVITY: (
+        "R_t, the step's attribute sensitivity (only when publishing is allowed)",
+        "gradient norm",
+        NOT_PRIVATE,
+    ),
+    EPSILON_STAR: ("Epsilon* from Normal fits of the transformed losses (Negoescu et al. 2023)", "ε", ESTIMATE),
+    EPSILON_STAR_EMPIRICAL: ("Epsilon* from the empirical loss distributions", "ε", ESTIMATE),
+    MIA_EPSILON_LOWER: (
+        "ε lower bound of the loss-threshold attack (Bayesian interval, holdout threshold)",
+        "ε",
+        LOWER_BOUND,
+    ),
+    PANORAMIA_EPSILON: ("ε̃ = (c + ε)_lb − c_lb of PANORAMIA (Kazmi et al. 2024)", "ε", ESTIMATE),
+    PANORAMIA_C_LB: ("c_lb, how well a baseline tells real from generated data", "ε-like", LOWER_BOUND),
+    PANORAMIA_C_PLUS_EPSILON_LB: ("(c + ε)_lb, the membership attack's lower bound", "ε-like", LOWER_BOUND),
+    PROFILE_MAX_LOSS: ("max_i |l(x, y_i, M)|, the most exposed row's privacy loss", "ε units", ESTIMATE),
+    PROFILE_EPSILON_LOW: ("recommended ε range, lower end (LeBlond et al. 2023)", "ε", ESTIMATE),
+    PROFILE_EPSILON_HIGH: ("recommended ε range, upper end", "ε", ESTIMATE),
+    PROFILE_GRADIENT_NORM: ("‖∇J(A(x))‖ at the trained model (0 at the optimum)", "gradient norm", DIAGNOSTIC),
+    PROFILE_APPROXIMATION_BOUND: ("bound on ‖A_wc − A(y)‖ / ‖A(y) − A(x)‖", "ratio", DIAGNOSTIC),
+    PROFILE_LOSSES: ("histogram of |l| over rows", "ε units", MEDIA),
+    PROFILE_TOP_ROWS: ("the most exposed rows", "text", MEDIA),
+    PROFILE_FIGURE: ("the typical privacy profile across ε", "figure", MEDIA),
+    EPSILON_STAR_MEMBER_LOSSES: ("histogram of the member losses", "loss", MEDIA),
+    EPSILON_STAR_NONMEMBER_LOSSES: ("histogram of the non-member losses", "loss", MEDIA),
+    EPSILON_STAR_FIGURE: ("transformed losses and their Normal fits", "figure", MEDIA),
+    EPSILON_STAR_SUMMARY: ("the Epsilon* table", "text", MEDIA),
+    PANORAMIA_FIGURE: ("precision–recall and the bounds over recall", "figure", MEDIA),
+    PANORAMIA_SUMMARY: ("PANORAMIA's numbers, their meaning, the most real rows", "text", MEDIA),
+    PRIVACY_REPORT: ("the end-of-training privacy report", "text", MEDIA),
+    CANARY_EPSILON_LOWER: ("one-run canary audit's ε lower bound (Steinke et al. 2023, binomial)", "ε", LOWER_BOUND),
+    CANARY_EPSILON_LOWER_GDP: ("the same from the Gaussian f-DP test (Mahloujifar et al.)", "ε", LOWER_BOUND),
+    CANARY_GUESSES: ("r, guesses of the reported binomial test", "count", DIAGNOSTIC),
+    CANARY_CORRECT: ("v, correct guesses of the reported binomial test", "count", DIAGNOSTIC),
+    CANARY_GUESSES_GDP: ("r of the reported f-DP test", "count", DIAGNOSTIC),
+    CANARY_CORRECT_GDP: ("v of the reported f-DP test", "count", DIAGNOSTIC),
+    CANARY_EPSILON_LOWER_MAX: ("the largest binomial bound m canaries can give", "ε", DIAGNOSTIC),
+    CANARY_EPSILON_LOWER_MAX_GDP: ("the largest f-DP bound m canaries can give", "ε", DIAGNOSTIC),
+    CANARY_EPSILON_OPTIMISTIC: ("uncorrected best over the guess grid: NOT a valid bound", "ε", ESTIMATE),
+    CANARY_EPSILON_OPTIMISTIC_GDP: ("uncorrected best f-DP value over the grid: NOT a valid bound", "ε", ESTIMATE),
+    CANARY_CLAIM_CONTRADICTED: ("1 when the canaries contradict the claimed guarantee, else 0", "0/1", VERDICT),
+    CANARY_FIGURE: ("the accountant's ε beside the empirical bounds", "figure", MEDIA),
+    CANARY_SUMMARY: ("the canary audit table", "text", MEDIA),
+    RMIA_AUC: ("area under RMIA's ROC (Zarifzadeh et al. 2024)", "AUC in [0, 1]", ESTIMATE),
+    RMIA_TPR_AT_FPR_0_001: ("RMIA's TPR at FPR ≤ 0.001", "TPR", ESTIMATE),
+    RMIA_TPR_AT_FPR_0_01: ("RMIA's TPR at FPR ≤ 0.01", "TPR", ESTIMATE),
+    RMIA_TPR_AT_FPR_0_1: ("RMIA's TPR at FPR ≤ 0.1", "TPR", ESTIMATE),
+    RMIA_EPSILON_LOWER: ("ε lower bound from RMIA's scores (holdout threshold)", "ε", LOWER_BOUND),
+    RMIA_CLAIM_CONTRADICTED: ("1 when RMIA contradicts the claimed guarantee (add/remove), else 0", "0/1", VERDICT),
+    LIRA_AUC: ("area under LiRA's ROC (Carlini et al. 2022)", "AUC in [0, 1]", ESTIMATE),
+    LIRA_TPR_AT_FPR_0_001: ("LiRA's TPR at FPR ≤ 0.001", "TPR", ESTIMATE),
+    LIRA_TPR_AT_FPR_0_01: ("LiRA's TPR at FPR ≤ 0.01", "TPR", ESTIMATE),
+    LIRA_TPR_AT_FPR_0_1: ("LiRA's TPR at FPR ≤ 0.1", "TPR", ESTIMATE),
+    LIRA_EPSILON_LOWER: ("ε lower bound from LiRA's scores (holdout threshold)", "ε", LOWER_BOUND),
+    LIRA_CLAIM_CONTRADICTED: ("1 when LiRA contradicts the claimed guarantee (add/remove), else 0", "0/1", VERDICT),
+    LOSS_AUC: ("area under the loss-threshold attack's ROC", "AUC in [0, 1]", ESTIMATE),
+    LOSS_TPR_AT_FPR_0_001: ("the LOSS attack's TPR at FPR ≤ 0.001", "TPR", ESTIMATE),
+    LOSS_TPR_AT_FPR_0_01: ("the LOSS attack's TPR at FPR ≤ 0.01", "TPR", ESTIMATE),
+    LOSS_TPR_AT_FPR_0_1: ("the LOSS attack's TPR at FPR ≤ 0.1", "TPR", ESTIMATE),
+    LOSS_EPSILON_LOWER: ("ε lower bound from the LOSS attack's scores (holdout threshold)", "ε", LOWER_BOUND),
+    LOSS_CLAIM_CONTRADICTED: ("1 when the LOSS attack contradicts the claimed guarantee, else 0", "0/1", VERDICT),
+    MEMBERSHIP_FIGURE: ("log–log ROC inside the claim's add/remove region", "figure", MEDIA),
+    MEMBERSHIP_SUMMARY: ("the attack's table", "text", MEDIA),
+}

@@ -85,3 +85,19 @@ def test_site_builds_strictly_and_the_dpsgd_page_lists_every_parameter_with_its_
     guide = (tmp_path / "site" / "guides" / "tensorboard" / "index.html").read_text()
     assert 'src="../../assets/benchmarks/results/tensorboard_scalars.png"' in guide
     assert (tmp_path / "site" / "assets" / "benchmarks" / "results" / "tensorboard_scalars.png").is_file()
+
+
+def test_every_logged_key_has_a_meaning_a_unit_and_a_trust_kind_and_headings_are_escaped():
+    """The logged-keys page once rendered the heading `audit/<attack>_<quantity>` as "audit/_", and about 35 keys had
+    an empty meaning."""
+    from lightning_privacy import names
+
+    assert set(names.KEY_DOCS) == set(names.ALL_KEYS)
+    for key, (meaning, unit, trust) in names.KEY_DOCS.items():
+        assert meaning.strip() and unit.strip() and trust.strip(), key
+    page = reference.keys_markdown()
+    headings = [line for line in page.splitlines() if line.startswith("## ")]
+    assert headings and not any("<" in h or ">" in h for h in headings)
+    assert any("audit/&lt;attack&gt;_&lt;quantity&gt;" in h for h in headings)
+    row = next(line for line in page.splitlines() if line.startswith(f"| `{names.DP_NOISE_MULTIPLIER}` |"))
+    assert "σ, the noise standard deviation" in row and "| setting (as configured) |" in row

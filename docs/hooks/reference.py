@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import html
 import io
 import tokenize
 from pathlib import Path
@@ -209,7 +210,9 @@ def logged_keys() -> list:
             and isinstance(node.value.value, str)
         ):
             rows.append((group, node.targets[0].id, node.value.value, comments.get(node.lineno, "")))
-    return rows
+    from lightning_privacy import names
+
+    return [row for row in rows if row[2] in names.ALL_KEYS]  # not the trust-kind constants below the keys
 
 
 def keys_markdown() -> str:
@@ -222,12 +225,28 @@ def keys_markdown() -> str:
         "post-training audits. How far to trust each kind of number: [Bayes security](../guides/bayes_security.md#"
         "how-far-to-trust-each-number).",
     ]
+    from lightning_privacy import names
+
+    lines += [
+        "",
+        "Every key has its meaning, its unit and how far to trust it (`names.KEY_DOCS`): a *certified* bound is on the "
+        "safe side by construction, a *valid lower bound* is statistical evidence at confidence 1 − α, an *estimate* "
+        "carries no guarantee, and *data-dependent* values are not covered by the DP guarantee.",
+    ]
     group = None
     for row_group, constant, key, comment in logged_keys():
         if row_group != group:
             group = row_group
-            lines += ["", f"## {group or 'Other'}", "", "| key | constant | note |", "|---|---|---|"]
-        lines.append(f"| `{key}` | `names.{constant}` | {_cell(comment)} |")
+            lines += [
+                "",
+                f"## {html.escape(group or 'Other')}",
+                "",
+                "| key | constant | meaning | unit | how far to trust it |",
+                "|---|---|---|---|---|",
+            ]
+        meaning, unit, trust = names.KEY_DOCS[key]
+        note = f" ({_cell(comment)})" if comment and comment not in meaning else ""
+        lines.append(f"| `{key}` | `names.{constant}` | {_cell(meaning)}{note} | {_cell(unit)} | {_cell(trust)} |")
     return "\n".join(lines) + "\n"
 
 
