@@ -178,3 +178,26 @@ def test_dp_target_gets_dp_references(dp_checkpoint, tmp_path):
     assert out["population"]["population_batch_size"] == 512 and out["references"]["trained"] == 2
     assert f"with DP-SGD like the target's (sigma {dpsgd.noise_multiplier:g}" in done.stderr
     assert out["variant"] == "offline" and out["ledger"]["steps"] == 3
+
+
+SIGNAL = '''
+import torch.nn.functional as F
+
+
+def cross_entropy(model, batch):
+    """One membership loss per example: the cross-entropy (monotone in the true class's probability)."""
+    return F.cross_entropy(model(batch[0]), batch[1], reduction="none")
+'''
+
+
+def test_a_signal_function_replaces_the_logits(checkpoint, tmp_path):
+    """`--signal module:function`: the cross-entropy ranks examples as the membership loss does, so the LOSS attack's
+    numbers are the same; a name that does not import is one line naming the flag."""
+    (tmp_path / "signals_lp.py").write_text(SIGNAL, encoding="utf-8")
+    args = (*COMMAND.split(), "--checkpoint", checkpoint, "--attack", "loss", "--json")
+    plain = _json(run_cli(*args, cwd=tmp_path))
+    signal = _json(run_cli(*args, "--signal", "signals_lp:cross_entropy", cwd=tmp_path, extra_path=tmp_path))
+    for key in ("auc", "tpr_at_fpr_0.01", "tpr_at_fpr_0.1"):
+        assert signal[names.membership_key("loss", key)] == pytest.approx(plain[names.membership_key("loss", key)])
+    bad = run_cli(*args, "--signal", "signals_lp:nothing", cwd=tmp_path, extra_path=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "`--signal` 'signals_lp:nothing'" in bad.stderr

@@ -94,6 +94,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="delta of the epsilon lower bound (default: the run's, saved by DPSGD, else 1e-5)",
     )
     attack.add_argument("--seed", type=int, default=0, help="seeds the population split and the references (0)")
+    attack.add_argument(
+        "--signal",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="one membership loss per example from FUNCTION(model, batch) instead of the model's logits, e.g. "
+        "lightning_privacy.functional.sequence_loss:causal_lm_signal for a causal language model",
+    )
     claim = parser.add_argument_group(
         "a claimed guarantee to test (default: the checkpoint's own DP-SGD ledger, if it has one)"
     )
@@ -483,6 +490,9 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     from lightning_privacy.commands import _audit_io as io
 
     model_class = io.load_class(args.model, "--model")
+    signal_fn = None if args.signal is None else io.load_class(args.signal, "--signal")
+    if signal_fn is not None and not callable(signal_fn):
+        raise ValueError(f"`--signal` {args.signal!r} is not a function signal(model, batch) -> losses")
     dm_args = io.datamodule_args(args)
     model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
     dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
@@ -521,6 +531,7 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
         offline_a=args.offline_a,
         device="cpu",
         warn=False,
+        signal_fn=signal_fn,
     )
     record = {
         "checkpoint": args.checkpoint,
