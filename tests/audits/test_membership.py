@@ -202,13 +202,15 @@ def test_a_point_above_the_bound_whose_lower_limit_is_below_it_is_not_flagged():
         out.step(noise_multiplier=sigma, sample_rate=1.0)
         return out
 
-    low, high = 1.0, 10.0  # the Gaussian mechanism's bound at the point's FPR limit falls with σ
+    low, high = 0.5, 20.0  # the Gaussian mechanism's add/remove bound (the in/out game's) at the FPR limit falls with σ
     target = 0.5 * (point.tpr_low + point.tpr)
     for _ in range(40):
         mid = 0.5 * (low + high)
-        low, high = (mid, high) if ledger(mid).tpr_bounds(point.fpr_high) > target else (low, mid)
+        low, high = (
+            (mid, high) if ledger(mid).tpr_bounds(point.fpr_high, relation="add_remove") > target else (low, mid)
+        )
     between = ledger(high)
-    bound = float(between.tpr_bounds(point.fpr_high))
+    bound = float(between.tpr_bounds(point.fpr_high, relation="add_remove"))
     assert point.tpr_low < bound < point.tpr  # the case: the estimate beyond the bound, its lower limit not
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
