@@ -9,9 +9,9 @@ ledger is the claim of a verdict (``audit_membership(..., claim=ledger)``). Writ
 and ``benchmarks/results/membership_attacks_dp.png`` (a DP row's ROC inside the accountant's region).
 
 The DP-SGD targets train with ``DPSGD(sampling_seed=0, noise_seed=0)``, so every run trains the same targets (and the
-over-fitted rows re-run to the digit, the timing columns aside). The DP-SGD references keep ``DPSGD``'s defaults: their
-Poisson masks and Gaussian noise come from fresh OS entropy at every fit, independent across references (one seed
-would give all of them the same noise), so the DP rows' attack numbers are one draw and move from run to run.
+over-fitted rows re-run to the digit, the timing columns aside). The DP-SGD references are seeded by
+``train_references`` from the audit seed and the reference's index (masks and noise independent across references),
+so the DP rows re-run to the digit too.
 
     python benchmarks/membership_attacks.py            # ~2 min on one CPU thread
     python benchmarks/membership_attacks.py --quick    # smaller, for a smoke run
@@ -40,13 +40,58 @@ QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False
 SIGMAS = (0.7, 1.0, 2.0)
 # Written under the tables: why the rows differ from the previous release's (rewrite when a change moves them again).
 WHY_MOVED = """\
-**Why the DP-SGD rows moved since the previous release.** Commit `898a633` made `DPSGD` draw its Gaussian noise from a
-private generator (`DPSGD(noise_seed=None)`: seeded from OS entropy at every fit) instead of torch's global generator,
-which this script seeds with `torch.manual_seed(0)` before each target; whoever knows a published seed could replay
-that noise. The DP-SGD targets now pass `DPSGD(sampling_seed=0, noise_seed=0)`, so they moved once, to another draw of
-the noise, and stay the same from run to run; their references draw fresh masks (as before) and fresh noise at
-every run. The over-fitted targets and their references draw no DP-SGD noise: their rows equal the previous
-release's to the digit (the timing columns aside)."""
+**Why the DP-SGD rows moved since the previous release.** Two changes to DP-SGD's randomness. Commit `898a633` made
+`DPSGD` draw its Gaussian noise from a private generator (seeded from OS entropy at every fit unless
+`DPSGD(noise_seed=...)` fixes it) instead of torch's global generator, which this script seeds with
+`torch.manual_seed(0)` before each target; whoever knows a published seed could replay that noise. Commit `96bf2ed`
+made the Poisson sampler draw each step's rows as geometric gaps between selected rows (O(batch) per step instead of
+one coin per row): the same law (every row in every step independently with probability q), but a given
+`sampling_seed` now selects other rows than before. The DP-SGD targets pass `DPSGD(sampling_seed=0, noise_seed=0)` and
+their references are seeded from the audit seed and the reference's index (`train_references`), so each DP row is
+another draw of the same mechanism and re-runs to the digit. The over-fitted targets and their references use neither
+the DP-SGD noise nor the Poisson sampler, so nothing should move their rows."""
+
+# The previous release's over-fitted rows (AUC | TPR@0.1% | TPR@1% | TPR@10% | ε lower; the timing columns vary from
+# run to run), as its results file printed them, to say whether they equal it to the digit.
+PREVIOUS_OVERFITTED = {
+    "Adult, LOSS": "0.555 | 0.003 | 0.012 | 0.087 | 2.62",
+    "Adult, LiRA offline, 1 ref": "0.577 | 0.005 | 0.020 | 0.145 | 0.27",
+    "Adult, LiRA offline, 2 ref": "0.585 | 0.016 | 0.038 | 0.152 | 0.04",
+    "Adult, LiRA offline, 4 ref": "0.591 | 0.016 | 0.028 | 0.162 | 0.00",
+    "Adult, LiRA online, 2 ref": "0.585 | 0.001 | 0.008 | 0.124 | 0.35",
+    "Adult, LiRA online, 4 ref": "0.636 | 0.009 | 0.036 | 0.208 | 0.00",
+    "Adult, RMIA offline, 1 ref": "0.621 | 0.000 | 0.055 | 0.204 | 2.47",
+    "Adult, RMIA offline, 2 ref": "0.649 | 0.014 | 0.053 | 0.230 | 2.46",
+    "Adult, RMIA offline, 4 ref": "0.656 | 0.024 | 0.052 | 0.233 | 2.39",
+    "digits, LOSS": "0.558 | 0.000 | 0.013 | 0.105 | 2.46",
+    "digits, LiRA offline, 1 ref": "0.617 | 0.018 | 0.048 | 0.210 | 0.00",
+    "digits, LiRA offline, 2 ref": "0.618 | 0.018 | 0.030 | 0.188 | 0.04",
+    "digits, LiRA offline, 4 ref": "0.613 | 0.025 | 0.040 | 0.177 | 0.36",
+    "digits, LiRA online, 2 ref": "0.631 | 0.007 | 0.037 | 0.152 | 1.30",
+    "digits, LiRA online, 4 ref": "0.637 | 0.045 | 0.062 | 0.205 | 0.93",
+    "digits, RMIA offline, 1 ref": "0.643 | 0.037 | 0.043 | 0.225 | 2.27",
+    "digits, RMIA offline, 2 ref": "0.631 | 0.025 | 0.077 | 0.205 | 2.35",
+    "digits, RMIA offline, 4 ref": "0.648 | 0.035 | 0.075 | 0.205 | 2.31",
+}
+
+
+def compare_previous(rows) -> str:
+    """Whether the over-fitted rows equal the previous release's to the digit (the timing columns aside)."""
+    cells = {
+        f"{d}, {a}": f"{auc:.3f} | {t1:.3f} | {t2:.3f} | {t3:.3f} | {e:.2f}"
+        for d, t, a, auc, t1, t2, t3, e, *_ in rows
+        if t == "over-fitted"
+    }
+    same = [k for k, c in cells.items() if PREVIOUS_OVERFITTED.get(k) == c]
+    moved = [k for k, c in cells.items() if k in PREVIOUS_OVERFITTED and PREVIOUS_OVERFITTED[k] != c]
+    if not moved and len(same) == len(PREVIOUS_OVERFITTED):
+        return (
+            f" All {len(same)} over-fitted rows equal the previous release's to the digit (the timing columns aside)."
+        )
+    return (
+        f" Over-fitted rows equal to the previous release's to the digit (timing aside): {len(same)} of "
+        f"{len(PREVIOUS_OVERFITTED)}; moved: {'; '.join(moved) or 'none'}."
+    )
 
 
 def adult(n_total: int):
@@ -278,7 +323,7 @@ def main() -> None:
             "",
             *ordering(rows),
             "",
-            *([] if args.quick else [WHY_MOVED, ""]),
+            *([] if args.quick else [WHY_MOVED + compare_previous(rows), ""]),
         ]
     )
     Path(args.output).write_text(text, encoding="utf-8")
