@@ -13,7 +13,15 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, S
 
 import numpy as np
 
-__all__ = ["AuditResult", "jsonable", "progress_stages", "sequential_loader", "unshard", "warnings_markdown"]
+__all__ = [
+    "AuditResult",
+    "ClaimChecked",
+    "jsonable",
+    "progress_stages",
+    "sequential_loader",
+    "unshard",
+    "warnings_markdown",
+]
 
 DEFAULT_BATCH_SIZE = 256
 
@@ -45,6 +53,22 @@ class AuditResult:
 
     def to_dict(self) -> Dict[str, Any]:  # pragma: no cover
         raise NotImplementedError
+
+
+class ClaimChecked:
+    """Mixin for results that may test a claimed guarantee: ``verdict`` and ``evidence`` read from ``claim_verdict``."""
+
+    claim_verdict: Any = None
+
+    @property
+    def verdict(self) -> Optional[str]:
+        """``"consistent"`` or ``"contradicted"`` (at confidence 1 − α) when a claim was tested, else ``None``."""
+        return None if self.claim_verdict is None else self.claim_verdict.verdict
+
+    @property
+    def evidence(self) -> Optional[Dict[str, Any]]:
+        """The test that contradicted the claim (an FPR point, the ε lower bound or the canaries' guesses), else None."""
+        return None if self.claim_verdict is None else self.claim_verdict.evidence
 
 
 def warnings_markdown(warnings: Sequence[str]) -> str:

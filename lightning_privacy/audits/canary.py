@@ -33,7 +33,7 @@ from lightning_privacy import names
 from lightning_privacy.analysis._checks import expect_choice, expect_real
 from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
 from lightning_privacy.analysis.estimation import score_orientation
-from lightning_privacy.audits._common import AuditResult, jsonable, warnings_markdown
+from lightning_privacy.audits._common import AuditResult, ClaimChecked, jsonable, warnings_markdown
 
 __all__ = ["CanaryResult", "audit_canaries"]
 
@@ -61,7 +61,7 @@ OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_G
 
 
 @dataclass
-class CanaryResult(AuditResult):
+class CanaryResult(ClaimChecked, AuditResult):
     """A one-run canary audit: both bounds (binomial, Gaussian f-DP), their ceilings for m, the optimistic values.
 
     Attributes:
@@ -94,16 +94,6 @@ class CanaryResult(AuditResult):
     claim: Any = None
     claim_verdict: Any = None
     relation: str = "add_remove"
-
-    @property
-    def verdict(self) -> Optional[str]:
-        """``"consistent"`` or ``"contradicted"`` when a claim was tested, else ``None``."""
-        return None if self.claim_verdict is None else self.claim_verdict.verdict
-
-    @property
-    def evidence(self) -> Optional[Dict[str, Any]]:
-        """The test that contradicted the claim (binomial ε bound or f-DP guesses), ``None`` otherwise."""
-        return None if self.claim_verdict is None else self.claim_verdict.evidence
 
     @property
     def epsilon_lower(self) -> float:

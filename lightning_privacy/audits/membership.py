@@ -27,7 +27,7 @@ import numpy as np
 
 from lightning_privacy import names
 from lightning_privacy.analysis import membership_attacks as attacks
-from lightning_privacy.audits._common import AuditResult, jsonable, sequential_loader, warnings_markdown
+from lightning_privacy.audits._common import AuditResult, ClaimChecked, jsonable, sequential_loader, warnings_markdown
 
 __all__ = [
     "ATTACKS",
@@ -122,7 +122,7 @@ def metric_key(attack: str, quantity: str) -> str:
 
 
 @dataclass
-class MembershipAuditResult(AuditResult):
+class MembershipAuditResult(ClaimChecked, AuditResult):
     """One membership attack on one model.
 
     Attributes:
@@ -169,16 +169,6 @@ class MembershipAuditResult(AuditResult):
     relation: str = RELATION
     claim: Any = None
     claim_verdict: Any = None
-
-    @property
-    def verdict(self) -> Optional[str]:
-        """``"consistent"`` or ``"contradicted"`` (at confidence 1 − α) when a claim was tested, else ``None``."""
-        return None if self.claim_verdict is None else self.claim_verdict.verdict
-
-    @property
-    def evidence(self) -> Optional[Dict[str, Any]]:
-        """The test that contradicted the claim (an FPR point or the ε lower bound), ``None`` otherwise."""
-        return None if self.claim_verdict is None else self.claim_verdict.evidence
 
     @property
     def roc(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

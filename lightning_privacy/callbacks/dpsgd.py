@@ -615,20 +615,14 @@ class DPSGD(Callback):
             raise RuntimeError(
                 f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {self.max_grad_norm}"
             )
-        saved_seed = state_dict.get("sampling_seed")
-        if saved_seed is not None and saved_seed != self.sampling_seed:
-            rank_zero_warn(
-                f"The checkpoint was trained with DPSGD(sampling_seed={saved_seed}) and this DPSGD has "
-                f"sampling_seed={self.sampling_seed!r}: the resumed run draws other masks than the uninterrupted run "
-                "would have (still independent of the earlier ones)."
-            )
-        saved_noise = state_dict.get("noise_seed")
-        if saved_noise is not None and saved_noise != self.noise_seed:
-            rank_zero_warn(
-                f"The checkpoint was trained with DPSGD(noise_seed={saved_noise}) and this DPSGD has "
-                f"noise_seed={self.noise_seed!r}: the resumed run draws other noise than the uninterrupted run would "
-                "have (still independent of the earlier noise)."
-            )
+        for name, what in (("sampling_seed", "masks"), ("noise_seed", "noise")):
+            saved, own = state_dict.get(name), getattr(self, name)
+            if saved is not None and saved != own:
+                rank_zero_warn(
+                    f"The checkpoint was trained with DPSGD({name}={saved}) and this DPSGD has {name}={own!r}: the "
+                    f"resumed run draws other {what} than the uninterrupted run would have (still independent of the "
+                    "earlier ones)."
+                )
         if version == 1:  # before the ledger: only the history; the PLD is recomposed from its segments
             ledger = {"version": 1, "accountant": self.accountant_mechanism, "history": state_dict["history"]}
         else:
