@@ -170,29 +170,25 @@ def _fmt(values: list) -> str:
 # Printed under the published table: why its numbers differ from the previous release's (keep with the script that
 # measures them, and rewrite when a change moves them again).
 WHY_MOVED = """\
-**Why the DP-SGD rows moved since the previous release.** Commit `898a633` made `DPSGD` draw its Gaussian noise from
-a private generator, seeded by default from OS entropy at every fit (`DPSGD(noise_seed=None)`), not from torch's
-global generator that this script seeds with `torch.manual_seed(0)`; intended, since whoever knows a published seed
-could replay the noise and subtract it from the released model. The Poisson masks were already fixed
-(`sampling_seed=0`); the script now also passes `DPSGD(noise_seed=0)`, so a re-run trains the same targets again, and
-the DP-SGD targets moved once, to another draw of the noise. A DP-SGD row is one draw of the training mechanism, here
-as in the previous release. The non-DP targets, the generators and the audits draw no DP-SGD noise."""
+**Why the DP-SGD rows moved since the previous release.** Two changes to DP-SGD's randomness. Commit `898a633` made
+`DPSGD` draw its Gaussian noise from a private generator (seeded from OS entropy at every fit unless
+`DPSGD(noise_seed=...)` fixes it), not from torch's global generator that this script seeds with `torch.manual_seed(0)`;
+the script passes `DPSGD(noise_seed=0)`, so a re-run trains the same targets. Commit `96bf2ed` made the Poisson sampler
+draw each step's rows as geometric gaps between selected rows (O(batch) per step instead of one coin per row): the
+same law (every row in every step independently with probability q), but a given `sampling_seed` now selects other
+rows than before, so the DP-SGD targets (`sampling_seed=0`) trained on other batches. A DP-SGD row is one draw of the
+training mechanism, here as in the previous release. The non-DP targets, the generators and the audits use neither the
+DP-SGD noise nor the Poisson sampler, so nothing should move their rows."""
 
-# The previous release's rows (DP-SGD targets with `sampling_seed=0` and the noise from torch's global generator), as
-# its results file printed them, by their first cell: which rows come out again to the digit.
+# The previous release's rows (DP-SGD targets with `DPSGD(sampling_seed=0, noise_seed=0)` and the per-row-coin sampler
+# before `96bf2ed`), as its results file printed them, by their first cell: which rows come out again to the digit.
 PREVIOUS_ROWS = {
-    "MLP_E10": "| 0.869 / 0.850 | 0.30 (0.20–0.47) | 0.22 (0.14–0.32) | 0.03 (0.00–0.06) | 0.03 (0.00–0.06) "
-    "| 0.00 (0.00–0.00) | 2.37 / 2.47 / 0.10 |",
-    "MLP_E100": "| 0.947 / 0.823 | 0.30 (0.20–0.47) | 0.89 (0.64–1.17) | **0.59** (0.31–0.96) | **0.97** (0.72–1.17) "
-    "| 0.39 (0.26–0.48) | 2.37 / 2.71 / 0.34 |",
-    "DP-SGD ε = 1 (σ = 1.47)": "| 0.838 / 0.838 | 0.30 (0.20–0.47) | 0.24 (0.08–0.44) | 0.02 (0.00–0.11) "
-    "| 0.01 (0.00–0.03) | 0.00 (0.00–0.00) | — (images: ε̃ = 0 at ε ≤ 2) |",
-    "DP-SGD ε = 3 (σ = 0.85)": "| 0.844 / 0.845 | 0.30 (0.20–0.47) | 0.21 (0.09–0.29) | 0.01 (0.00–0.03) "
-    "| 0.00 (0.00–0.02) | 0.00 (0.00–0.00) | — |",
-    "DP-SGD ε = 10 (σ = 0.57)": "| 0.847 / 0.847 | 0.30 (0.20–0.47) | 0.27 (0.15–0.39) | 0.01 (0.00–0.06) "
-    "| 0.05 (0.00–0.16) | 0.00 (0.00–0.00) | — |",
-    "*MST-like `BayesNetGenerator`*: E10 / E100": "| | 2.27 (1.89–2.47) | 2.13 / 2.22 | 0.04 / 0.03 | | "
-    "| paper's MST: 2.37 |",
+    "MLP_E10": "| 0.869 / 0.850 | 0.30 (0.20–0.47) | 0.22 (0.14–0.32) | 0.03 (0.00–0.06) | 0.03 (0.00–0.06) | 0.00 (0.00–0.00) | 2.37 / 2.47 / 0.10 |",
+    "MLP_E100": "| 0.947 / 0.823 | 0.30 (0.20–0.47) | 0.89 (0.64–1.17) | **0.59** (0.31–0.96) | **0.97** (0.72–1.17) | 0.39 (0.26–0.48) | 2.37 / 2.71 / 0.34 |",
+    "DP-SGD ε = 1 (σ = 1.47)": "| 0.838 / 0.838 | 0.30 (0.20–0.47) | 0.26 (0.14–0.38) | 0.03 (0.00–0.13) | 0.02 (0.00–0.08) | 0.00 (0.00–0.00) | — (images: ε̃ = 0 at ε ≤ 2) |",
+    "DP-SGD ε = 3 (σ = 0.85)": "| 0.843 / 0.844 | 0.30 (0.20–0.47) | 0.22 (0.15–0.27) | 0.00 (0.00–0.01) | 0.00 (0.00–0.00) | 0.00 (0.00–0.00) | — |",
+    "DP-SGD ε = 10 (σ = 0.57)": "| 0.847 / 0.848 | 0.30 (0.20–0.47) | 0.28 (0.19–0.45) | 0.05 (0.00–0.12) | 0.00 (0.00–0.01) | 0.00 (0.00–0.00) | — |",
+    "*MST-like `BayesNetGenerator`*: E10 / E100": "| | 2.27 (1.89–2.47) | 2.13 / 2.22 | 0.04 / 0.03 | | | paper's MST: 2.37 |",
 }
 
 
@@ -210,7 +206,7 @@ def _compare_rows(lines: list) -> str:
 
 
 # The previous release's DP-SGD eps_tilde (paper's MIA): mean, min, max over 5 audit seeds, by target epsilon.
-PREVIOUS_DP = {1.0: (0.02, 0.00, 0.11), 3.0: (0.01, 0.00, 0.03), 10.0: (0.01, 0.00, 0.06)}
+PREVIOUS_DP = {1.0: (0.03, 0.00, 0.13), 3.0: (0.00, 0.00, 0.01), 10.0: (0.05, 0.00, 0.12)}
 
 
 def _compare_previous(rows: list) -> str:
