@@ -387,4 +387,4 @@ def test_a_layer_called_on_a_broadcast_batch_is_named_with_the_fix(tmp_path, mod
         t.fit(_PositionEmbedding(), train_dataloaders=DataLoader(data, batch_size=16))
     message = str(info.value)
     assert "`pos.weight` (1) count other examples than the batch's" in message
-    assert "`tok.weight`" not in message and "position_ids.expand(batch_size, -1)" in message
+    assert "`tok.weight`" not in message and "position_ids.repeat(batch_size, 1)" in message
