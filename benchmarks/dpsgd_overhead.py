@@ -1,0 +1,222 @@
+"""Where a DP-SGD step's time goes: one step broken into its parts, hooks and ghost, against the same step without DPSGD.
+
+Three models on CPU (one torch thread): a wide MLP (1024 → 2048 → 2048 → 2048 → 10, 10.5 M parameters), a small CNN
+(two 3×3 convolutions with GroupNorm on 1×16×16 images, 10 classes) and a small transformer (token and position
+embeddings, two blocks of DPMultiheadAttention + feed-forward, T = 32). Each trains with Poisson batches of expected
+size 32 for ``--warmup`` + ``--steps`` steps; the table shows medians over the measured steps, in milliseconds, of:
+
+- step: ``on_train_batch_start`` → ``on_train_batch_end`` (what the user waits for per batch);
+- forward: the module's ``training_step``; backward: the backward pass(es) (ghost: both passes and the norms);
+- clip: Opacus' ``clip_and_accumulate`` (hooks: per-sample norms, clipping and the sum); noise: drawing and adding the
+  Gaussian noise (the generator included); scale: dividing by the expected batch size; optimizer: the wrapped SGD's
+  ``step``; checks: DPSGD's self-checks (first steps only, so 0 after warm-up); ledger: the accountant's step;
+- rest: step − the parts (Lightning's loop, hooks, data loading and collation, the sampler).
+
+The parts are timed by wrapping the methods that do them (``time.perf_counter``), each exclusive of the timed parts
+nested in it (SGD's ``step`` runs Lightning's closure — forward and backward — inside), so they add up to the time
+spent inside them; each run is a fresh process. Ratios against ``none`` (the same module and optimizer without DPSGD) are what to
+compare on a shared machine, not the absolute times.
+
+    python benchmarks/dpsgd_overhead.py [--steps 8] [--warmup 3] --output benchmarks/results/dpsgd_overhead.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+MODELS = ("mlp", "cnn", "transformer")
+MODES = ("none", "hooks", "ghost")
+PARTS = ("forward", "backward", "clip", "noise", "scale", "optimizer", "checks", "ledger")
+
+
+def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
+    """One (model, mode) in this process: the per-step times of the step and of each part."""
+    import logging
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from opacus.layers import DPMultiheadAttention
+    from opacus.optimizers import DPOptimizer
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_privacy import DPSGD
+    from lightning_privacy.callbacks import _strategies
+    from lightning_privacy.callbacks._backward import PerExampleBackward
+    from lightning_privacy.callbacks._self_checks import SelfChecks
+    from lightning_privacy.ledger import PrivacyLedger
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    current: dict = defaultdict(float)
+    inner: list = []  # time spent in timed parts nested inside the running one (exclusive timing)
+
+    def timed(owner, name, part):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            inner.append(0.0)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                nested = inner.pop()
+                current[part] += elapsed - nested  # e.g. SGD.step runs Lightning's closure (forward, backward) inside
+                if inner:
+                    inner[-1] += elapsed
+
+        setattr(owner, name, wrapper)
+
+    class Block(nn.Module):
+        def __init__(self, width: int = 256, heads: int = 4) -> None:
+            super().__init__()
+            self.attention = DPMultiheadAttention(width, heads, batch_first=True)
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.feed_forward = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, h):
+            h = self.norm1(h + self.attention(h, h, h, need_weights=False)[0])
+            return self.norm2(h + self.feed_forward(h))
+
+    class Transformer(nn.Module):
+        def __init__(self, vocab=4000, length=32, width=256) -> None:
+            super().__init__()
+            self.embed, self.position = nn.Embedding(vocab, width), nn.Embedding(length, width)
+            self.blocks = nn.Sequential(Block(width), Block(width))
+            self.head = nn.Linear(width, 2)
+
+        def forward(self, tokens):
+            positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0], 1)
+            return self.head(self.blocks(self.embed(tokens) + self.position(positions)).mean(1))
+
+    class Module(pl.LightningModule):
+        def __init__(self, net: nn.Module) -> None:
+            super().__init__()
+            self.net = net
+
+        def training_step(self, batch, batch_idx):
+            losses = F.cross_entropy(self.net(batch[0]), batch[1], reduction="none")
+            return {"loss": losses.mean(), "per_example_loss": losses}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    n = 32 * 16  # sample rate 1/16
+    if model_name == "mlp":
+        net = nn.Sequential(
+            nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
+            nn.Linear(2048, 10),
+        )  # fmt: skip
+        data = TensorDataset(torch.randn(n, 1024), torch.randint(0, 10, (n,)))
+    elif model_name == "cnn":
+        net = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(32, 10),
+        )  # fmt: skip
+        data = TensorDataset(torch.randn(n, 1, 16, 16), torch.randint(0, 10, (n,)))
+    else:
+        net = Transformer()
+        data = TensorDataset(torch.randint(0, 4000, (n, 32)), torch.randint(0, 2, (n,)))
+    params = sum(p.numel() for p in net.parameters())
+
+    timed(Module, "training_step", "forward")
+    timed(pl.LightningModule, "backward", "backward")  # (DPSGD's backward calls it: exclusive timing counts it once)
+    timed(PerExampleBackward, "__call__", "backward")
+    timed(DPOptimizer, "clip_and_accumulate", "clip")
+    timed(_strategies._SecretNoise, "add_noise", "noise")
+    timed(DPOptimizer, "scale_grad", "scale")
+    timed(torch.optim.SGD, "step", "optimizer")
+    for name in ("per_sample_gradients", "before_noise", "after_step"):
+        timed(SelfChecks, name, "checks")
+    timed(PrivacyLedger, "step", "ledger")
+    records: list = []
+
+    class Timer(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            current.clear()
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            records.append(dict(current, step=time.perf_counter() - self.start))
+
+    callbacks = [Timer()]
+    if mode != "none":
+        callbacks.insert(0, DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode))
+    trainer = pl.Trainer(
+        max_steps=warmup + steps,
+        callbacks=callbacks,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(Module(net), train_dataloaders=DataLoader(data, batch_size=32, shuffle=True))
+    measured = records[warmup:]
+    out = {"model": model_name, "mode": mode, "params": params}
+    for key in ("step", *PARTS):
+        out[key] = 1e3 * statistics.median(r.get(key, 0.0) for r in measured)
+    return out
+
+
+def main() -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8, help="measured steps (default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps (default: %(default)s)")
+    parser.add_argument("--models", nargs="*", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--output", type=Path, default=None, help="write the table here too")
+    parser.add_argument("--one", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup)))
+        return ""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    rows = []
+    for model in args.models:
+        for mode in MODES:
+            command = [sys.executable, __file__, "--one", model, mode, "--steps", str(args.steps)]
+            command += ["--warmup", str(args.warmup)]
+            done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"  measured {model} / {mode}", file=sys.stderr, flush=True)
+    head = f"{'model':<12}{'mode':<7}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    lines = [
+        f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms; "
+        "CPU, 1 torch thread, expected batch 32 (Poisson), σ = 1, C = 1",
+        head,
+    ]
+    for row in rows:
+        plain = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "none")
+        rest = row["step"] - sum(row[p] for p in PARTS)
+        lines.append(
+            f"{row['model']:<12}{row['mode']:<7}{row['step']:>8.1f}{row['step'] / plain['step']:>8.2f}"
+            + "".join(f"{row[p]:>10.1f}" for p in PARTS)
+            + f"{rest:>8.1f}"
+        )
+    lines.append(
+        "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in rows if r["mode"] == "none")
+    )
+    table = "\n".join(lines) + "\n"
+    print(table, end="")
+    if args.output is not None:
+        args.output.write_text(table, encoding="utf-8")
+    return table
+
+
+if __name__ == "__main__":
+    main()
