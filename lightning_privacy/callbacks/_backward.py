@@ -34,6 +34,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
+from lightning_privacy.callbacks._dp_checks import odd_batch_message
 
 __all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward", "is_empty_batch"]
 
@@ -214,19 +215,17 @@ class PerExampleBackward:
             _compat.clear_norm_sample(param)
         self._original(_reduce(losses, self.loss_reduction), *args, retain_graph=True, **kwargs)
         # (Opacus' FSDP hooks keep the norms on the modules, one per parameter, and raise themselves when one is missing)
-        missing = [] if self.sharded else [self._name(p) for p in params if _compat.norm_sample(p) is None]
+        norms = {} if self.sharded else {self._name(p): _compat.norm_sample(p) for p in params}
+        missing = [name for name, norm in norms.items() if norm is None]
         if missing:
             raise MisconfigurationException(
                 f"DP-SGD (ghost clipping): trainable parameter(s) {', '.join(f'`{n}`' for n in missing[:5])} got no "
                 "per-example gradient norm in this step: unused in the forward pass, or in a layer Opacus cannot "
                 "handle. Freeze them (requires_grad=False) or replace the layer."
             )
-        if not self.sharded:
-            sizes = {self._name(p): int(_compat.norm_sample(p).shape[0]) for p in params}
-            if len(set(sizes.values())) > 1:
-                from lightning_privacy.callbacks._dp_checks import odd_batch_message
-
-                raise MisconfigurationException(odd_batch_message(sizes).replace("gradients of", "gradient norms of"))
+        sizes = {name: int(norm.shape[0]) for name, norm in norms.items()}
+        if len(set(sizes.values())) > 1:
+            raise MisconfigurationException(odd_batch_message(sizes, what="gradient norms"))
         for param in params:
             param.grad = None
         coefficients = self.hooks.get_clipping_coef()

@@ -70,8 +70,9 @@ def check_per_sample_gradients(params: Sequence[torch.Tensor], param_names: Dict
         raise MisconfigurationException(odd_batch_message(sizes))
 
 
-def odd_batch_message(sizes: Dict[str, int]) -> str:
-    """The parameters whose per-example gradients (or norms) count other examples than the batch, and the fix."""
+def odd_batch_message(sizes: Dict[str, int], what: str = "gradients") -> str:
+    """The parameters whose per-example ``what`` (gradients, or ghost clipping's norms) count other examples than
+    the batch, and the fix."""
     counts: Dict[int, int] = {}
     for size in sizes.values():
         counts[size] = counts.get(size, 0) + 1
@@ -79,7 +80,7 @@ def odd_batch_message(sizes: Dict[str, int]) -> str:
     odd = {name: size for name, size in sizes.items() if size != batch}
     shown = ", ".join(f"`{name}` ({size})" for name, size in list(odd.items())[:5])
     return (
-        f"DP-SGD self-check: per-example gradients of {shown} count other examples than the batch's {batch}: "
+        f"DP-SGD self-check: per-example {what} of {shown} count other examples than the batch's {batch}: "
         "their layer was called on a tensor whose first dimension is not the batch — e.g. position ids of shape "
         "[1, T] broadcast over the batch, as GPT-2's `wpe` — or by several forward passes. Call it with batch-first "
         "inputs (`position_ids.repeat(batch_size, 1)`: contiguous, as Opacus' ghost embedding norms need) or freeze "
