@@ -44,14 +44,14 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
 
     import lightning.pytorch as pl
     import torch
-    from opacus.layers import DPMultiheadAttention
+    from _models import Transformer, wide_mlp
     from opacus.optimizers import DPOptimizer
     from torch import nn
     from torch.nn import functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_privacy import DPSGD
-    from lightning_privacy.callbacks import _strategies
+    from lightning_privacy.callbacks import _optimizers
     from lightning_privacy.callbacks._backward import PerExampleBackward
     from lightning_privacy.callbacks._self_checks import SelfChecks
     from lightning_privacy.ledger import PrivacyLedger
@@ -80,28 +80,6 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
 
         setattr(owner, name, wrapper)
 
-    class Block(nn.Module):
-        def __init__(self, width: int = 256, heads: int = 4) -> None:
-            super().__init__()
-            self.attention = DPMultiheadAttention(width, heads, batch_first=True)
-            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.feed_forward = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-        def forward(self, h):
-            h = self.norm1(h + self.attention(h, h, h, need_weights=False)[0])
-            return self.norm2(h + self.feed_forward(h))
-
-    class Transformer(nn.Module):
-        def __init__(self, vocab=4000, length=32, width=256) -> None:
-            super().__init__()
-            self.embed, self.position = nn.Embedding(vocab, width), nn.Embedding(length, width)
-            self.blocks = nn.Sequential(Block(width), Block(width))
-            self.head = nn.Linear(width, 2)
-
-        def forward(self, tokens):
-            positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0], 1)
-            return self.head(self.blocks(self.embed(tokens) + self.position(positions)).mean(1))
-
     class Module(pl.LightningModule):
         def __init__(self, net: nn.Module) -> None:
             super().__init__()
@@ -116,10 +94,7 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
 
     n = 32 * 16  # sample rate 1/16
     if model_name == "mlp":
-        net = nn.Sequential(
-            nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-            nn.Linear(2048, 10),
-        )  # fmt: skip
+        net = wide_mlp()
         data = TensorDataset(torch.randn(n, 1024), torch.randint(0, 10, (n,)))
     elif model_name == "cnn":
         net = nn.Sequential(
@@ -129,7 +104,7 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
         )  # fmt: skip
         data = TensorDataset(torch.randn(n, 1, 16, 16), torch.randint(0, 10, (n,)))
     else:
-        net = Transformer()
+        net = Transformer(vocab=4000, width=256, heads=4)
         data = TensorDataset(torch.randint(0, 4000, (n, 32)), torch.randint(0, 2, (n,)))
     params = sum(p.numel() for p in net.parameters())
 
@@ -137,7 +112,7 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
     timed(pl.LightningModule, "backward", "backward")  # (DPSGD's backward calls it: exclusive timing counts it once)
     timed(PerExampleBackward, "__call__", "backward")
     timed(DPOptimizer, "clip_and_accumulate", "clip")
-    timed(_strategies._SecretNoise, "add_noise", "noise")
+    timed(_optimizers._SecretNoise, "add_noise", "noise")
     timed(DPOptimizer, "scale_grad", "scale")
     timed(torch.optim.SGD, "step", "optimizer")
     for name in ("per_sample_gradients", "before_noise", "after_step"):

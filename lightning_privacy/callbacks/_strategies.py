@@ -22,21 +22,22 @@ message naming what works.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Type
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Type
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
-from opacus.optimizers import (
-    DistributedDPOptimizer,
-    DistributedDPOptimizerFastGradientClipping,
-    DPOptimizer,
-    DPOptimizerFastGradientClipping,
-)
-from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
+from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat
+from lightning_privacy.callbacks._optimizers import (
+    _DistributedDPOptimizer,
+    _DistributedGhostDPOptimizer,
+    _DPOptimizer,
+    _FSDPGhostDPOptimizer,
+    _GhostDPOptimizer,
+)
 from lightning_privacy.noise import NoiseSource
 from lightning_privacy.sampling import draw_seed
 
@@ -144,124 +145,6 @@ def full_tensors(named: Iterable[Tuple[str, torch.Tensor]]) -> Dict[str, torch.T
 def is_distributed(trainer: pl.Trainer) -> bool:
     """More than one data-parallel process."""
     return trainer.world_size > 1
-
-
-class _BeforeNoiseHooks:
-    """Mixin for Opacus' DP optimizers: run DPSGD's check and the registered hooks on the clipped sum, then noise."""
-
-    before_noise_hooks: List[Callable[[DPOptimizer], None]]
-    check_before_noise: Optional[Callable[[DPOptimizer], bool]] = None  # True: keep the sum for the noise check
-    summed_before_noise: Optional[List[torch.Tensor]] = None
-
-    def summed(self, param: torch.Tensor) -> torch.Tensor:
-        """The clipped sum the noise is added to (``p.summed_grad``; FSDP2 keeps it elsewhere)."""
-        return param.summed_grad
-
-    def add_noise(self) -> None:
-        keep = self.check_before_noise(self) if self.check_before_noise is not None else False
-        for hook in self.before_noise_hooks:  # e.g. CanaryAudit's canaries
-            hook(self)
-        self.summed_before_noise = [self.summed(p).detach().clone() for p in self.params] if keep else None
-        super().add_noise()
-
-
-class _ClipInParameterPrecision:
-    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype.
-
-    Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
-    their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
-    Upcast first: clipping is then exact for the per-sample gradients as computed, and sum and noise are full width.
-    """
-
-    params: List[torch.Tensor]
-
-    def clip_and_accumulate(self) -> None:
-        for p in self.params:
-            sample = getattr(p, "grad_sample", None)
-            if isinstance(sample, torch.Tensor) and sample.dtype != p.dtype:
-                p.grad_sample = sample.to(p.dtype)
-            elif isinstance(sample, list):
-                p.grad_sample = [g.to(p.dtype) for g in sample]
-        super().clip_and_accumulate()
-
-
-class _SecretNoise:
-    """Mixin: every step's noise comes from the fit's :class:`~lightning_privacy.noise.NoiseSource`.
-
-    Before Opacus adds the noise of step ``t`` (``noise_step()``, the steps recorded so far), ``self.generator`` is
-    replaced by the source's generator for ``t`` on the parameters' device: the noise never comes from torch's global
-    generator (which ``seed_everything`` makes public) and draws nothing from it. With ``secure_mode`` the source
-    gives fresh OS entropy every step and Opacus draws four Gaussians per coordinate (against floating-point attacks).
-    """
-
-    noise_source: Any = None  # set by DPSGD at fit start
-    noise_step: Optional[Callable[[], int]] = None
-    generator: Optional[torch.Generator]
-    params: List[torch.Tensor]
-
-    def add_noise(self) -> None:
-        if self.noise_source is None or self.noise_step is None:
-            raise RuntimeError("DPSGD's DP optimizer has no noise source: it adds noise only inside a DPSGD fit")
-        device = self.params[0].device if self.params else torch.device("cpu")
-        self.generator = self.noise_source.generator(self.noise_step(), device)
-        super().add_noise()
-
-
-class _StateInitialisationStep:
-    """Mixin: a ``step()`` that only initialises optimizer state is passed to the wrapped optimizer, not taken.
-
-    Saving an FSDP2 optimizer's state (``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``, which
-    Lightning's ``ModelParallelStrategy`` uses at every checkpoint) calls ``_init_optim_state``: when the state is
-    empty — always for plain SGD — it sets every gradient to zeros, every learning rate to 0 and calls
-    ``optimizer.step(closure=None)``. Opacus' DP optimizer would take that as a training step: count it in the
-    accountant (a step that never happened) and draw noise for it. Lightning itself always steps with a closure, so
-    a closure-less step with every learning rate 0 and every gradient zero is handed to the original optimizer
-    (which creates its state, as torch intends) without clipping, noise or accounting.
-    """
-
-    original_optimizer: torch.optim.Optimizer
-
-    def _initialises_state(self, closure: Any) -> bool:
-        if closure is not None:
-            return False
-        groups = self.original_optimizer.param_groups
-        if not groups or any(float(group.get("lr", 1.0)) != 0.0 for group in groups):
-            return False
-        grads = [p.grad for group in groups for p in group["params"] if p.requires_grad]
-        return all(g is not None and not bool(torch.any(g != 0)) for g in grads)
-
-    def step(self, closure: Any = None) -> Any:
-        if self._initialises_state(closure):
-            return self.original_optimizer.step()
-        return super().step(closure)
-
-
-class _DPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DPOptimizer):
-    pass
-
-
-class _DistributedDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DistributedDPOptimizer
-):
-    pass
-
-
-class _GhostDPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DPOptimizerFastGradientClipping):
-    pass
-
-
-class _DistributedGhostDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DistributedDPOptimizerFastGradientClipping
-):
-    pass
-
-
-class _FSDPGhostDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, FSDPOptimizerFastGradientClipping
-):
-    def summed(self, param: torch.Tensor) -> torch.Tensor:
-        """FSDP2: the ranks' reduce-scattered average of clipped sums, this rank's shard (a ``DTensor``)."""
-        return self.grad_state[param]["summed_grad"]
 
 
 def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str, **kwargs: Any) -> Any:

@@ -582,7 +582,7 @@ def test_fsdp2_self_checks_catch_a_part_broken_on_one_rank_on_that_rank(tmp_path
 
 @pytest.mark.parametrize("secure", [False, True])
 def test_the_noise_does_not_follow_torchs_global_seed_in_either_mode(secure):
-    from lightning_privacy.callbacks._strategies import _DPOptimizer
+    from lightning_privacy.callbacks._optimizers import _DPOptimizer
     from lightning_privacy.noise import NoiseSource
 
     param = torch.nn.Parameter(torch.zeros(1000))
