@@ -53,7 +53,7 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
 
     import lightning.pytorch as pl
     import torch
-    from opacus.layers import DPMultiheadAttention
+    from _models import Transformer, wide_mlp
     from torch import nn
     from torch.nn import functional as F
     from torch.utils.data import DataLoader, TensorDataset
@@ -64,28 +64,6 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-
-    class Block(nn.Module):
-        def __init__(self, width: int, heads: int) -> None:
-            super().__init__()
-            self.attention = DPMultiheadAttention(width, heads, batch_first=True)
-            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
-            self.feed_forward = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
-
-        def forward(self, h):
-            h = self.norm1(h + self.attention(h, h, h, need_weights=False)[0])
-            return self.norm2(h + self.feed_forward(h))
-
-    class Transformer(nn.Module):
-        def __init__(self, vocab=8000, length=32, width=512, heads=8, blocks=2, classes=2) -> None:
-            super().__init__()
-            self.embed, self.position = nn.Embedding(vocab, width), nn.Embedding(length, width)
-            self.blocks = nn.Sequential(*[Block(width, heads) for _ in range(blocks)])
-            self.head = nn.Linear(width, classes)
-
-        def forward(self, tokens):
-            positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0], 1)
-            return self.head(self.blocks(self.embed(tokens) + self.position(positions)).mean(1))
 
     class Module(pl.LightningModule):
         def __init__(self, net: nn.Module) -> None:
@@ -101,10 +79,7 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
 
     n = batch_size * 16  # sample rate 1/16
     if model_name == "mlp":
-        net = nn.Sequential(
-            nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
-            nn.Linear(2048, 10),
-        )  # fmt: skip
+        net = wide_mlp()
         data = TensorDataset(torch.randn(n, 1024), torch.randint(0, 10, (n,)))
         shape = "1024 → 2048 → 2048 → 2048 → 10"
     else:
