@@ -209,24 +209,26 @@ KEY_DOCS = {
     CANARY_CLAIM_CONTRADICTED: ("1 when the canaries contradict the claimed guarantee, else 0", "0/1", VERDICT),
     CANARY_FIGURE: ("the accountant's ε beside the empirical bounds", "figure", MEDIA),
     CANARY_SUMMARY: ("the canary audit table", "text", MEDIA),
-    RMIA_AUC: ("area under RMIA's ROC (Zarifzadeh et al. 2024)", "AUC in [0, 1]", ESTIMATE),
-    RMIA_TPR_AT_FPR_0_001: ("RMIA's TPR at FPR ≤ 0.001", "TPR", ESTIMATE),
-    RMIA_TPR_AT_FPR_0_01: ("RMIA's TPR at FPR ≤ 0.01", "TPR", ESTIMATE),
-    RMIA_TPR_AT_FPR_0_1: ("RMIA's TPR at FPR ≤ 0.1", "TPR", ESTIMATE),
-    RMIA_EPSILON_LOWER: ("ε lower bound from RMIA's scores (holdout threshold)", "ε", LOWER_BOUND),
-    RMIA_CLAIM_CONTRADICTED: ("1 when RMIA contradicts the claimed guarantee (add/remove), else 0", "0/1", VERDICT),
-    LIRA_AUC: ("area under LiRA's ROC (Carlini et al. 2022)", "AUC in [0, 1]", ESTIMATE),
-    LIRA_TPR_AT_FPR_0_001: ("LiRA's TPR at FPR ≤ 0.001", "TPR", ESTIMATE),
-    LIRA_TPR_AT_FPR_0_01: ("LiRA's TPR at FPR ≤ 0.01", "TPR", ESTIMATE),
-    LIRA_TPR_AT_FPR_0_1: ("LiRA's TPR at FPR ≤ 0.1", "TPR", ESTIMATE),
-    LIRA_EPSILON_LOWER: ("ε lower bound from LiRA's scores (holdout threshold)", "ε", LOWER_BOUND),
-    LIRA_CLAIM_CONTRADICTED: ("1 when LiRA contradicts the claimed guarantee (add/remove), else 0", "0/1", VERDICT),
-    LOSS_AUC: ("area under the loss-threshold attack's ROC", "AUC in [0, 1]", ESTIMATE),
-    LOSS_TPR_AT_FPR_0_001: ("the LOSS attack's TPR at FPR ≤ 0.001", "TPR", ESTIMATE),
-    LOSS_TPR_AT_FPR_0_01: ("the LOSS attack's TPR at FPR ≤ 0.01", "TPR", ESTIMATE),
-    LOSS_TPR_AT_FPR_0_1: ("the LOSS attack's TPR at FPR ≤ 0.1", "TPR", ESTIMATE),
-    LOSS_EPSILON_LOWER: ("ε lower bound from the LOSS attack's scores (holdout threshold)", "ε", LOWER_BOUND),
-    LOSS_CLAIM_CONTRADICTED: ("1 when the LOSS attack contradicts the claimed guarantee, else 0", "0/1", VERDICT),
     MEMBERSHIP_FIGURE: ("log–log ROC inside the claim's add/remove region", "figure", MEDIA),
     MEMBERSHIP_SUMMARY: ("the attack's table", "text", MEDIA),
 }
+for _attack, (_who, _paper) in {
+    "rmia": ("RMIA", " (Zarifzadeh et al. 2024)"),
+    "lira": ("LiRA", " (Carlini et al. 2022)"),
+    "loss": ("the LOSS attack", ""),
+}.items():
+    KEY_DOCS[membership_key(_attack, "auc")] = (f"area under {_who}'s ROC{_paper}", "AUC in [0, 1]", ESTIMATE)
+    for _fpr in ("0.001", "0.01", "0.1"):
+        KEY_DOCS[membership_key(_attack, f"tpr_at_fpr_{_fpr}")] = (f"{_who}'s TPR at FPR ≤ {_fpr}", "TPR", ESTIMATE)
+    KEY_DOCS[membership_key(_attack, "epsilon_lower")] = (
+        f"ε lower bound from {_who}'s scores (holdout threshold)",
+        "ε",
+        LOWER_BOUND,
+    )
+    KEY_DOCS[membership_key(_attack, "claim_contradicted")] = (
+        f"1 when {_who} contradicts the claimed guarantee (add/remove), else 0",
+        "0/1",
+        VERDICT,
+    )
+
+del _attack, _who, _paper, _fpr
