@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import textwrap
 
-import lightning.pytorch as pl
 import pytest
 import torch
 
 from lightning_privacy import DPSGD, names
 from tests._cli import run_cli
+from tests.callbacks._tiny import trainer
 
 COMMAND = "audit membership"
 MODULE = '''
@@ -50,19 +50,10 @@ def _fit(folder, callbacks=(), **model_kwargs):
 
         torch.manual_seed(0)
         model = TabularMLP(20, hidden=(256,), **model_kwargs)
-        trainer = pl.Trainer(
-            max_epochs=40,
-            callbacks=list(callbacks),
-            limit_val_batches=0,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            accelerator="cpu",
-        )
-        trainer.fit(model, datamodule=module.Memo())
+        t = trainer(list(callbacks), max_epochs=40, limit_val_batches=0)
+        t.fit(model, datamodule=module.Memo())
         path = folder / ("dp.ckpt" if callbacks else "plain.ckpt")
-        trainer.save_checkpoint(path)
+        t.save_checkpoint(path)
     finally:
         sys.path.remove(str(folder))
         sys.modules.pop("memo_lp_claims", None)
