@@ -4,6 +4,8 @@
   ``_init_optim_state`` under FSDP2) goes to the wrapped optimizer, neither counted nor noised;
 - :class:`_BeforeNoiseHooks`: DPSGD's self-check and the registered hooks (canaries) on the clipped sum, then the noise;
 - :class:`_SecretNoise`: every step's noise from the fit's :class:`~lightning_privacy.noise.NoiseSource`;
+- :class:`_NoiseIntoGradient`: the noise drawn into the gradient's own memory (no per-step allocation);
+- :class:`_GhostSumWithoutCopy`: ghost clipping's clipped sum taken over from ``p.grad`` instead of copied;
 - :class:`_ClipInParameterPrecision`: hooks mode clips per-sample gradients in their parameter's dtype.
 
 Which class a fit uses (one process, DDP, FSDP2; hooks or ghost) is decided by
@@ -22,6 +24,7 @@ from opacus.optimizers import (
     DPOptimizerFastGradientClipping,
 )
 from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
 
 class _BeforeNoiseHooks:
@@ -85,6 +88,76 @@ class _SecretNoise:
         super().add_noise()
 
 
+class _NoiseIntoGradient:
+    """Mixin: Opacus' ``add_noise`` without its three fresh tensors per parameter and step, same numbers.
+
+    Opacus' ``_generate_noise`` allocates a tensor of zeros and one of noise, then ``summed_grad + noise`` a third;
+    on the CPU every large allocation is fresh memory from the operating system (page faults), which cost more than
+    drawing the noise (41 % of a ghost step of a 10 M-parameter MLP, ``benchmarks/results/dpsgd_overhead.txt``).
+    Here the noise is drawn with the same generator and kernel (``Tensor.normal_(0, σC)`` on a contiguous tensor,
+    which is what ``torch.normal(0, σC, size)`` runs) into the memory of ``p.grad`` — the backward's gradient, which
+    Opacus replaces at this point and nothing reads again — and the clipped sum is added in place: ``noise + sum``
+    equals Opacus' ``sum + noise`` bit for bit (floating-point addition commutes), so a fixed ``noise_seed`` gives the
+    same model as before. A parameter whose ``p.grad`` cannot hold the result (missing, another shape, dtype or
+    device, not contiguous, or the clipped sum itself) gets a new tensor, as in Opacus. Secure mode (four draws per
+    coordinate) and FSDP2 (a sharded ``DTensor``) keep Opacus' own code; under DDP only rank 0 noises, as in Opacus.
+    """
+
+    params: List[torch.Tensor]
+    noise_multiplier: float
+    max_grad_norm: float
+    secure_mode: bool
+    generator: Optional[torch.Generator]
+
+    def add_noise(self) -> None:
+        distributed = isinstance(self, (DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping))
+        if self.secure_mode or (distributed and getattr(self, "rank", 0) != 0):
+            super().add_noise()  # type: ignore[misc]
+            return
+        # (ghost clipping's adaptive clipping noises with an adjusted multiplier, accounts with the original one)
+        std = getattr(self, "_adjusted_noise_multiplier", self.noise_multiplier) * self.max_grad_norm
+        for p in self.params:
+            summed = p.summed_grad
+            _check_processed_flag(summed)
+            out = p.grad
+            if not (
+                isinstance(out, torch.Tensor)
+                and out.shape == p.shape
+                and out.dtype == summed.dtype
+                and out.device == summed.device
+                and out.is_contiguous()
+                and out.data_ptr() != summed.data_ptr()
+                and type(out) is torch.Tensor
+            ):
+                out = torch.empty(p.shape, dtype=summed.dtype, device=summed.device)
+            if std == 0:
+                out.copy_(summed.view_as(p))
+            else:
+                out.normal_(0, std, generator=self.generator).add_(summed.view_as(p))
+            p.grad = out
+            _mark_as_processed(summed)
+
+
+class _GhostSumWithoutCopy:
+    """Mixin for the ghost-clipping optimizers: the second backward's gradient *is* the clipped sum; take it over.
+
+    Opacus' ``DPOptimizerFastGradientClipping.accumulate`` deep-copies ``p.grad`` into ``p.summed_grad`` (a fresh
+    tensor and a copy per parameter and step) and leaves ``p.grad``, which ``add_noise`` then replaces. Here the
+    first sum of a step becomes ``p.summed_grad`` itself and ``p.grad`` is cleared (so the noise gets its own tensor,
+    and no ``zero_grad(set_to_none=False)`` can zero the sum through an alias); a later sum is added as in Opacus.
+    """
+
+    params: List[torch.Tensor]
+
+    def accumulate(self) -> None:
+        for p in self.params:
+            if p.summed_grad is not None:
+                p.summed_grad.add_(p.grad.data)
+            else:
+                p.summed_grad = p.grad.detach()
+            p.grad = None
+
+
 class _StateInitialisationStep:
     """Mixin: a ``step()`` that only initialises optimizer state is passed to the wrapped optimizer, not taken.
 
@@ -114,22 +187,46 @@ class _StateInitialisationStep:
         return super().step(closure)
 
 
-class _DPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DPOptimizer):
-    pass
-
-
-class _DistributedDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DistributedDPOptimizer
+class _DPOptimizer(
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _ClipInParameterPrecision,
+    DPOptimizer,
 ):
     pass
 
 
-class _GhostDPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DPOptimizerFastGradientClipping):
+class _DistributedDPOptimizer(
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _ClipInParameterPrecision,
+    DistributedDPOptimizer,
+):
+    pass
+
+
+class _GhostDPOptimizer(
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _GhostSumWithoutCopy,
+    DPOptimizerFastGradientClipping,
+):
     pass
 
 
 class _DistributedGhostDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DistributedDPOptimizerFastGradientClipping
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _GhostSumWithoutCopy,
+    DistributedDPOptimizerFastGradientClipping,
 ):
     pass
 
