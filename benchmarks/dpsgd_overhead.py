@@ -12,12 +12,18 @@ size 32 for ``--warmup`` + ``--steps`` steps; the table shows medians over the m
   ``step``; checks: DPSGD's self-checks (first steps only, so 0 after warm-up); ledger: the accountant's step;
 - rest: step − the parts (Lightning's loop, hooks, data loading and collation, the sampler).
 
-The parts are timed by wrapping the methods that do them (``time.perf_counter``), each exclusive of the timed parts
-nested in it (SGD's ``step`` runs Lightning's closure — forward and backward — inside), so they add up to the time
-spent inside them; each run is a fresh process. Ratios against ``none`` (the same module and optimizer without DPSGD) are what to
-compare on a shared machine, not the absolute times.
+The parts are timed by wrapping the methods that do them, each exclusive of the timed parts nested in it (SGD's
+``step`` runs Lightning's closure — forward and backward — inside), so they add up to the time spent inside them;
+each run is a fresh process. The clock is the process's CPU time (``time.process_time``: user + system, so the page
+faults of fresh tensors count) unless ``--clock wall``: with one torch thread it is the wall time of an idle machine,
+and it does not move when other processes share the cores. Ratios against ``none`` (the same module and optimizer
+without DPSGD) are what to compare.
 
-    python benchmarks/dpsgd_overhead.py [--steps 8] [--warmup 3] --output benchmarks/results/dpsgd_overhead.txt
+``--before REF`` measures the same rows a second time with the package as it was at git revision ``REF`` (checked
+out into a temporary worktree, imported through ``PYTHONPATH``; the script itself is this one) and prints the
+ratios side by side: the speed-ups of this release measured in one run.
+
+    python benchmarks/dpsgd_overhead.py [--steps 8] [--warmup 3] [--before REF] --output benchmarks/results/dpsgd_overhead.txt
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -37,8 +44,9 @@ MODES = ("none", "hooks", "ghost")
 PARTS = ("forward", "backward", "clip", "noise", "scale", "optimizer", "checks", "ledger")
 
 
-def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
+def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "cpu") -> dict:
     """One (model, mode) in this process: the per-step times of the step and of each part."""
+    now = time.process_time if clock == "cpu" else time.perf_counter
     import logging
     import warnings
 
@@ -67,12 +75,12 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start = now()
             inner.append(0.0)
             try:
                 return original(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - start
+                elapsed = now() - start
                 nested = inner.pop()
                 current[part] += elapsed - nested  # e.g. SGD.step runs Lightning's closure (forward, backward) inside
                 if inner:
@@ -123,10 +131,10 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
     class Timer(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             current.clear()
-            self.start = time.perf_counter()
+            self.start = now()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            records.append(dict(current, step=time.perf_counter() - self.start))
+            records.append(dict(current, step=now() - self.start))
 
     callbacks = [Timer()]
     if mode != "none":
@@ -149,42 +157,98 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
     return out
 
 
+def measure(models, steps: int, warmup: int, clock: str, roots=(None,)) -> list:
+    """Every (model, mode) row for each package root (``None``: the default import), each in a fresh process.
+
+    The roots alternate row by row, so that a slower or busier stretch of the run touches them alike.
+    """
+    tables: list = [[] for _ in roots]
+    for model in models:
+        for mode in MODES:
+            for table, root in zip(tables, roots):
+                env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                if root is not None:
+                    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+                command = [sys.executable, __file__, "--one", model, mode, "--steps", str(steps)]
+                command += ["--warmup", str(warmup), "--clock", clock]
+                done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+                table.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(f"  measured {model} / {mode}" + (f" ({root})" if root else ""), file=sys.stderr, flush=True)
+    return tables
+
+
+def _ratio(rows: list, row: dict) -> float:
+    plain = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "none")
+    return row["step"] / plain["step"]
+
+
+def breakdown(rows: list) -> list:
+    head = f"{'model':<12}{'mode':<7}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    lines = [head]
+    for row in rows:
+        rest = row["step"] - sum(row[p] for p in PARTS)
+        lines.append(
+            f"{row['model']:<12}{row['mode']:<7}{row['step']:>8.1f}{_ratio(rows, row):>8.2f}"
+            + "".join(f"{row[p]:>10.1f}" for p in PARTS)
+            + f"{rest:>8.1f}"
+        )
+    return lines
+
+
+def side_by_side(before: list, after: list, ref: str) -> list:
+    lines = [f"{'model':<12}{'mode':<7}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"]
+    for old, new in zip(before, after):
+        if new["mode"] == "none":
+            continue
+        lines.append(
+            f"{new['model']:<12}{new['mode']:<7}{_ratio(before, old):>16.2f}{_ratio(after, new):>12.2f}"
+            f"{old['step']:>14.1f}{new['step']:>10.1f}"
+        )
+    return lines
+
+
+def _worktree(ref: str, where: Path) -> Path:
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", str(where), ref], check=True, capture_output=True
+    )
+    return where
+
+
 def main() -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="measured steps (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps (default: %(default)s)")
     parser.add_argument("--models", nargs="*", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
+    parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup)))
+        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup, args.clock)))
         return ""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    rows = []
-    for model in args.models:
-        for mode in MODES:
-            command = [sys.executable, __file__, "--one", model, mode, "--steps", str(args.steps)]
-            command += ["--warmup", str(args.warmup)]
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"  measured {model} / {mode}", file=sys.stderr, flush=True)
-    head = f"{'model':<12}{'mode':<7}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    clock = "process CPU time" if args.clock == "cpu" else "wall time"
     lines = [
-        f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms; "
-        "CPU, 1 torch thread, expected batch 32 (Poisson), σ = 1, C = 1",
-        head,
+        f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms of "
+        f"{clock}; CPU, 1 torch thread, expected batch 32 (Poisson), σ = 1, C = 1"
     ]
-    for row in rows:
-        plain = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "none")
-        rest = row["step"] - sum(row[p] for p in PARTS)
-        lines.append(
-            f"{row['model']:<12}{row['mode']:<7}{row['step']:>8.1f}{row['step'] / plain['step']:>8.2f}"
-            + "".join(f"{row[p]:>10.1f}" for p in PARTS)
-            + f"{rest:>8.1f}"
-        )
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = _worktree(args.before, Path(tmp) / "before")
+            try:
+                before, after = measure(args.models, args.steps, args.warmup, args.clock, roots=(root, None))
+            finally:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(root)], cwd=Path(__file__).parent, check=False
+                )
+        lines += breakdown(after) + ["", f"The step ÷ the plain step, the package at {args.before} and now (same run):"]
+        lines += side_by_side(before, after, args.before)
+    else:
+        (after,) = measure(args.models, args.steps, args.warmup, args.clock)
+        lines += breakdown(after)
     lines.append(
-        "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in rows if r["mode"] == "none")
+        "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in after if r["mode"] == "none")
     )
     table = "\n".join(lines) + "\n"
     print(table, end="")
