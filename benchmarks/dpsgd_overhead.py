@@ -19,6 +19,12 @@ faults of fresh tensors count) unless ``--clock wall``: with one torch thread it
 and it does not move when other processes share the cores. Ratios against ``none`` (the same module and optimizer
 without DPSGD) are what to compare.
 
+``--callbacks`` adds each callback's cost on the CNN: the process CPU time of a 3-epoch fit (set-up and fit-end work
+included, divided by the epochs) with DPSGD alone, with each of BayesSecurityMonitor, PrivacyBudgetStopping
+(``max_epsilon``), AttributeInferenceMonitor (a 3-valued attribute written into a pixel, ``method="approximate"``)
+and CanaryAudit (1,000 gradient canaries), all at their defaults, and with all four; 2,048 synthetic 16×16 images,
+expected batch 64, ghost mode.
+
 ``--before REF`` measures the same rows a second time with the package as it was at git revision ``REF`` (checked
 out into a temporary worktree, imported through ``PYTHONPATH``; the script itself is this one) and prints the
 ratios side by side: the speed-ups of this release measured in one run.
@@ -157,6 +163,106 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
     return out
 
 
+CALLBACK_SETS = ("DPSGD alone", "+ BayesSecurityMonitor", "+ PrivacyBudgetStopping", "+ AttributeInferenceMonitor",
+                 "+ CanaryAudit", "+ all four")  # fmt: skip
+
+
+def run_callbacks(which: str, epochs: int = 3) -> dict:
+    """One fit of the CNN with DPSGD and the callbacks of ``which``: process CPU seconds per epoch."""
+    import logging
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_privacy import (
+        DPSGD,
+        AttributeInferenceMonitor,
+        BayesSecurityMonitor,
+        CanaryAudit,
+        PrivacyBudgetStopping,
+    )
+    from lightning_privacy.attributes import SensitiveAttribute
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(
+                nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                nn.Linear(32, 10),
+            )  # fmt: skip
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            losses = F.cross_entropy(self(batch[0]), batch[1], reduction="none")
+            return {"loss": losses.mean(), "per_example_loss": losses}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def pixel(x, value):  # the attribute: the top-left pixel of every image
+        x = x.clone()
+        x[..., 0, 0] = value
+        return x
+
+    n = 2048
+    data = TensorDataset(torch.randn(n, 1, 16, 16), torch.randint(0, 10, (n,)))
+    extra = {
+        "+ BayesSecurityMonitor": lambda: [BayesSecurityMonitor()],
+        "+ PrivacyBudgetStopping": lambda: [PrivacyBudgetStopping(max_epsilon=50.0)],
+        "+ AttributeInferenceMonitor": lambda: [
+            AttributeInferenceMonitor(attribute=SensitiveAttribute.custom(substitute=pixel, values=[-1.0, 0.0, 1.0]))
+        ],
+        "+ CanaryAudit": lambda: [CanaryAudit()],
+    }
+    callbacks = [DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost")]
+    if which == "+ all four":
+        callbacks += [c for make in extra.values() for c in make()]
+    elif which != "DPSGD alone":
+        callbacks += extra[which]()
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    start = time.process_time()
+    trainer.fit(Module(), train_dataloaders=DataLoader(data, batch_size=64, shuffle=True))
+    return {"set": which, "per_epoch": (time.process_time() - start) / epochs, "steps": trainer.global_step}
+
+
+def measure_callbacks() -> list:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    rows = []
+    for which in CALLBACK_SETS:
+        command = [sys.executable, __file__, "--one-callbacks", which]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"  measured {which}", file=sys.stderr, flush=True)
+    alone = rows[0]["per_epoch"]
+    lines = [
+        "",
+        "Callbacks on the CNN (ghost mode, 3 epochs of 32 steps): process CPU seconds per epoch, ÷ DPSGD alone:",
+    ]
+    lines += [f"{row['set']:<30}{row['per_epoch']:>8.3f}{row['per_epoch'] / alone:>8.2f}" for row in rows]
+    return lines
+
+
 def measure(models, steps: int, warmup: int, clock: str, roots=(None,)) -> list:
     """Every (model, mode) row for each package root (``None``: the default import), each in a fresh process.
 
@@ -223,8 +329,13 @@ def main() -> str:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
     parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
+    parser.add_argument("--callbacks", action="store_true", help="also each callback's cost per epoch on the CNN")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-callbacks", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.one_callbacks:
+        print(json.dumps(run_callbacks(args.one_callbacks)))
+        return ""
     if args.one:
         print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup, args.clock)))
         return ""
@@ -250,6 +361,8 @@ def main() -> str:
     lines.append(
         "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in after if r["mode"] == "none")
     )
+    if args.callbacks:
+        lines += measure_callbacks()
     table = "\n".join(lines) + "\n"
     print(table, end="")
     if args.output is not None:

@@ -8,6 +8,9 @@ and forms the clipped sum from them directly, without the second pass through th
 
 - ``nn.Linear``: ``Σᵢ cᵢ ∇_W ℓᵢ = Σᵢ cᵢ gᵢᵀ aᵢ`` (over positions too), one matrix product per layer; the bias
   ``Σᵢ cᵢ Σ_positions gᵢ``;
+- ``nn.Conv1d/2d/3d``: torch's own weight gradient of a convolution (``torch.nn.grad.conv*d_weight``) for the
+  output gradients ``cᵢ·gᵢ`` (the input padded first as the layer pads it: ``"reflect"``, ``"replicate"``,
+  ``"circular"``); the bias ``Σᵢ cᵢ Σ_positions gᵢ``;
 - ``nn.Embedding``: ``Σᵢ cᵢ gᵢ`` added into the rows of the looked-up indices (``index_add_``; the
   ``padding_idx`` row gets no gradient, as in torch's own backward);
 - any other layer Opacus has a per-example gradient function for (LayerNorm, GroupNorm, convolutions, …): its
@@ -30,12 +33,21 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from opacus.grad_sample import GradSampleModule
 from torch import nn
+from torch.nn import functional as F
 
 __all__ = ["BookKeeping"]
 
 
 def _direct_trainable(module: nn.Module) -> List[torch.Tensor]:
     return [p for p in module.parameters(recurse=False) if p.requires_grad]
+
+
+_CONV_WEIGHT = {nn.Conv1d: torch.nn.grad.conv1d_weight, nn.Conv2d: torch.nn.grad.conv2d_weight,
+                nn.Conv3d: torch.nn.grad.conv3d_weight}  # fmt: skip
+
+
+def _plain_conv(module: nn.Module) -> bool:
+    return type(module) in _CONV_WEIGHT and not isinstance(module.padding, str)
 
 
 def _embedding_ok(module: nn.Module) -> bool:
@@ -153,6 +165,18 @@ class BookKeeping:
             sums = {layer.weight: out.t().mm(inputs[0].reshape(-1, inputs[0].shape[-1]))}
             if layer.bias is not None:
                 sums[layer.bias] = out.sum(0)
+            return sums
+        if _plain_conv(layer):
+            x, padding = inputs[0], layer.padding
+            if layer.padding_mode != "zeros":  # as nn.ConvNd pads: F.pad first, then a convolution without padding
+                x = F.pad(x, [q for q in reversed(padding) for _ in range(2)], mode=layer.padding_mode)
+                padding = 0
+            weight = _CONV_WEIGHT[type(layer)](
+                x, layer.weight.shape, weighted, layer.stride, padding, layer.dilation, layer.groups
+            )
+            sums = {layer.weight: weight}
+            if layer.bias is not None:
+                sums[layer.bias] = weighted.sum(dim=[0, *range(2, weighted.ndim)])
             return sums
         if type(layer) is nn.Embedding:
             total = torch.zeros_like(layer.weight, dtype=weighted.dtype)

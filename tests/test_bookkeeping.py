@@ -32,7 +32,10 @@ class _Text(nn.Module):
 
 def _image():
     return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)
+        nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(),
+        nn.Conv2d(4, 4, 3, stride=2, padding=1, dilation=1, groups=2), nn.ReLU(),  # torch's weight gradient
+        nn.Conv2d(4, 2, 2, padding=1, padding_mode="reflect", bias=False),  # padded as the layer pads
+        nn.Flatten(), nn.LazyLinear(3),
     )  # fmt: skip
 
 
@@ -58,9 +61,10 @@ MODELS = {"text": _Text, "image": _image, "mlp": _mlp}
 def test_equals_the_gradient_of_the_weighted_loss(kind, reduction):
     torch.manual_seed(0)
     net = MODELS[kind]()
+    x, y = _data(kind)
+    net(x)  # (materialises LazyLinear)
     keeper = BookKeeping(net, loss_reduction=reduction)
     assert keeper.supported
-    x, y = _data(kind)
     keeper.start()
     losses = F.cross_entropy(net(x), y, reduction="none")
     assert keeper.forward_ready()
