@@ -154,6 +154,14 @@ class AttributeInferenceMonitor(Callback):
         SensitiveAttribute.numeric(name='age', column=0, |A|=2, values=(17, 90))
     """
 
+    report_order = 30  # the report's sections: DP-SGD first, then monitors, then audits
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""
+        from lightning_privacy.callbacks._sections import ai_section
+
+        return ai_section(self, trainer)
+
     #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
     @property
     def hparams_metric_keys(self) -> Tuple[str, ...]:
