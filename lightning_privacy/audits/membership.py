@@ -218,6 +218,12 @@ class MembershipAuditResult(ClaimChecked, AuditResult):
         notes = "\n\n" + "\n".join(f"- {n}" for n in self.notes) if self.notes else ""
         return head + "\n\n" + (block + "\n\n" if block else "") + "\n".join(lines) + notes
 
+    def report_section(self, trainer: Any = None) -> Any:
+        """The report's :class:`~lightning_privacy.reporting.ReportSection`: rows, warnings first, the ROC figure."""
+        from lightning_privacy.audits._membership_section import membership_section
+
+        return membership_section(self)
+
     def figure(self):
         """The ROC on log–log axes; behind it, with a ledger, the region the accountant allows (a Figure)."""
         from matplotlib.figure import Figure

@@ -222,6 +222,14 @@ class DPSGD(Callback):
         >>> # trainer = Trainer(callbacks=[DPSGD(noise_multiplier=1.1)]); trainer.fit(model, datamodule)
     """
 
+    report_order = 10  # the report's sections: DP-SGD first, then monitors, then audits
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""
+        from lightning_privacy.callbacks._sections import dpsgd_section
+
+        return dpsgd_section(self, trainer)
+
     def __init__(
         self,
         *,

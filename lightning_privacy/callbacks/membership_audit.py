@@ -74,6 +74,8 @@ class MembershipAudit(audit.ScheduledAudit):
         lightning.fabric.utilities.exceptions.MisconfigurationException: `num_references` must be an int >= 1 for attack='lira', got 0
     """
 
+    report_order = 80  # the report's sections: DP-SGD first, then monitors, then audits
+
     def __init__(
         self,
         attack: str = "rmia",
@@ -264,6 +266,16 @@ class MembershipAudit(audit.ScheduledAudit):
         return self.results
 
     @override
+    def report_section(self, trainer: Any = None) -> Any:
+        """The report's section (:mod:`lightning_privacy.reporting`): the attack, its references, the ROC figure."""
+        from lightning_privacy.audits._membership_section import REPORT_TITLE, membership_section
+
+        if self.result is None:
+            return audit.section(
+                None, REPORT_TITLE, [("membership attack", "—", "not run (it runs at the end of fit)")]
+            )
+        return membership_section(self.result, getattr(self, "references", None))
+
     def state_dict(self) -> Dict[str, Any]:
         return {"results": dict(self.results)}
 
