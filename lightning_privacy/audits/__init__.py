@@ -15,7 +15,7 @@ One module per audit; each function returns a result with the same four views �
 - :func:`audit_privacy_profile` — the privacy profile of a logistic-regression head
   (:mod:`lightning_privacy.audits.privacy_profile`);
 - :func:`audit_membership` — RMIA, LiRA (online/offline) and the LOSS attack, with reference models from
-  :func:`train_references` (:mod:`lightning_privacy.audits.membership`, :mod:`lightning_privacy.references`);
+  :func:`train_references` (:mod:`lightning_privacy.audits.membership`, :mod:`lightning_privacy.callbacks.references`);
 - :func:`audit_canaries` — the one-run canary audit's ε lower bounds from canary scores
   (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
 

@@ -1,6 +1,6 @@
 """Reference-model membership attacks on a trained model: RMIA, LiRA and the LOSS baseline.
 
-:func:`~lightning_privacy.references.train_references` (``lightning_privacy.audits.train_references``) trains reference models with a Lightning Trainer on random halves of a population
+:func:`~lightning_privacy.callbacks.references.train_references` (``lightning_privacy.audits.train_references``) trains reference models with a Lightning Trainer on random halves of a population
 (rows that are neither the audited members nor the audited non-members) and caches them;
 :func:`audit_membership` scores the audited examples with the model and the references and returns a
 :class:`MembershipAuditResult` (``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``, ``.scores``,
@@ -11,7 +11,7 @@ the model trained with or without the example), and a point outside it is flagge
 ``"consistent"`` or ``"contradicted"`` at confidence 1 − α (:mod:`lightning_privacy.analysis.claims`). The attacks
 themselves are :mod:`lightning_privacy.analysis.membership_attacks` (numpy only).
 
-No Lightning here: the reference models are trained in :mod:`lightning_privacy.references`.
+No Lightning here: the reference models are trained in :mod:`lightning_privacy.callbacks.references`.
 """
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def audit_membership(
 
     The signal of every model is the membership loss (softmax probability of the true label, logit-scaled for
     LiRA; :mod:`lightning_privacy.analysis.membership_attacks`). RMIA compares each audited example with the
-    ``population_loader``'s points; it and LiRA need ``references`` from :func:`~lightning_privacy.references.train_references` — online when
+    ``population_loader``'s points; it and LiRA need ``references`` from :func:`~lightning_privacy.callbacks.references.train_references` — online when
     the references were trained with these members and non-members as ``targets``, offline otherwise.
 
     Args:

@@ -210,7 +210,7 @@ class MembershipAudit(audit.ScheduledAudit):
             ) from err
         population = self._population(trainer)
         if self.attack != "loss" and self.references is None:
-            from lightning_privacy.references import train_references
+            from lightning_privacy.callbacks.references import train_references
 
             try:
                 self.references = train_references(

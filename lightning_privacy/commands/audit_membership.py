@@ -391,7 +391,7 @@ def _cache_folder(args: argparse.Namespace) -> Path:
 
 def _references(args, model_class, contents, population, delta: float) -> Tuple[Any, Dict[str, Any]]:
     """The reference models (trained or loaded) and what the JSON records of them."""
-    from lightning_privacy.references import train_references
+    from lightning_privacy.callbacks.references import train_references
 
     folder = _cache_folder(args)
     option = "--references" if args.references is not None else "--cache-dir"
