@@ -82,6 +82,10 @@ def test_equals_the_gradient_of_the_weighted_loss(kind, reduction):
         torch.testing.assert_close(sums[p], p.grad, rtol=1e-5, atol=1e-6)
     if kind == "text":
         assert torch.all(sums[net.tokens.weight][0] == 0)  # the padding row gets no gradient, as in torch
+    assert keeper.disagreeing(sums, params) is None  # DPSGD's self-check of book-keeping passes
+    last = params[-1]
+    sums[last] = sums[last] + 0.01 * last.grad.abs().max() + 1e-4
+    assert keeper.disagreeing(sums, params) is last  # and names the parameter whose sum differs
     keeper.remove()
 
 

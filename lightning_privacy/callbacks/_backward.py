@@ -39,10 +39,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
-from lightning_privacy.bookkeeping import BookKeeping
+from lightning_privacy.bookkeeping import BookKeeping, sums_or_none
 from lightning_privacy.callbacks._dp_checks import odd_batch_message
 
-__all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward", "is_empty_batch"]
+__all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward"]
 
 PER_EXAMPLE_LOSS = "per_example_loss"  # training_step's dict key for the per-example losses (beside "loss")
 
@@ -72,18 +72,6 @@ def _describe(loss: Any) -> str:
     if loss.ndim == 0:
         return "a reduced loss (a tensor of shape [])"
     return f"a tensor of shape {list(loss.shape)}"
-
-
-def is_empty_batch(batch: Any) -> bool:
-    """True when every tensor in ``batch`` (nested tuples, lists, dicts) has no rows: an empty Poisson batch."""
-    if isinstance(batch, torch.Tensor):
-        return batch.ndim > 0 and batch.shape[0] == 0
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (tuple, list)):
-        found = [is_empty_batch(item) for item in batch if isinstance(item, (torch.Tensor, tuple, list, dict))]
-        return bool(found) and all(found)
-    return False
 
 
 def _reduce(loss: torch.Tensor, loss_reduction: str) -> torch.Tensor:
@@ -266,37 +254,25 @@ class PerExampleBackward:
             checking = self.check is not None and self.should_check()
             if checking:
                 self.check(losses, params, self.last_norms)
-            sums = keeper.clipped_sums(coefficients) if keeper is not None and keeper.ready(len(losses)) else None
+            sums = sums_or_none(keeper, len(losses), coefficients)
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:
                     param.grad = sums[param]
                 return
             self._original((coefficients.to(device=losses.device) * losses).sum(), *args, **kwargs)
-            if sums is not None and checking:
-                self._compare(sums, params)
+            differing = keeper.disagreeing(sums, params) if sums is not None and checking else None
+            if differing is not None:  # the self-check: book-keeping off for the rest of the fit
+                warnings.warn(
+                    f"DPSGD(grad_sample_mode='ghost'): book-keeping's clipped sum for `{self._name(differing)}` differs "
+                    "from the second backward pass's; DPSGD takes two backward passes for the rest of this fit.",
+                    stacklevel=2,
+                )
+                keeper.remove()
+                self.bookkeeping = None
         finally:
             self.hooks.enable_hooks()
             if keeper is not None:
                 keeper.clear()
-
-    def _compare(self, sums: Dict[torch.Tensor, torch.Tensor], params: List[torch.Tensor]) -> None:
-        """Self-check: book-keeping's clipped sums against the second pass's; off for the fit if one disagrees."""
-        for param in params:
-            total, grad = sums.get(param), param.grad
-            if total is None or grad is None:
-                continue
-            # (autocast: the second pass multiplies in 16 bits, book-keeping in the parameters' precision)
-            rtol = 5e-2 if self.bookkeeping.low_precision else 1e-3
-            tolerance = rtol * 0.1 * float(grad.abs().max()) + 1e-6
-            if not torch.allclose(total.to(grad.dtype), grad, rtol=rtol, atol=tolerance):
-                warnings.warn(
-                    f"DPSGD(grad_sample_mode='ghost'): book-keeping's clipped sum for `{self._name(param)}` differs "
-                    "from the second backward pass's; DPSGD takes two backward passes for the rest of this fit.",
-                    stacklevel=2,
-                )
-                self.bookkeeping.remove()
-                self.bookkeeping = None
-                return
 
     def _empty(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         if losses.numel():

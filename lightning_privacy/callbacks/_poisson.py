@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.data_loader import DPDataLoader
@@ -78,3 +79,15 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
         return PoissonDataLoader(loader, sampler)
     except ValueError as err:
         raise MisconfigurationException(f"DPSGD cannot Poisson-sample this train loader: {err}") from err
+
+
+def is_empty_batch(batch: Any) -> bool:
+    """True when every tensor in ``batch`` (nested tuples, lists, dicts) has no rows: an empty Poisson batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.ndim > 0 and batch.shape[0] == 0
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        found = [is_empty_batch(item) for item in batch if isinstance(item, (torch.Tensor, tuple, list, dict))]
+        return bool(found) and all(found)
+    return False

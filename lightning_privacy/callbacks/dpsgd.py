@@ -19,7 +19,7 @@ from lightning_privacy import _compat, names
 from lightning_privacy._validation import check_bool, check_choice, check_int, check_open_unit, check_positive
 from lightning_privacy.callbacks import _dp_checks, _strategies
 from lightning_privacy.callbacks._audit_utils import log_histogram
-from lightning_privacy.callbacks._backward import PerExampleBackward, is_empty_batch
+from lightning_privacy.callbacks._backward import PerExampleBackward
 from lightning_privacy.callbacks._fix_modules import (
     fix_modules_in_place,
     fixed_modules_record,
@@ -28,7 +28,7 @@ from lightning_privacy.callbacks._fix_modules import (
     replacements_warning,
 )
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
-from lightning_privacy.callbacks._poisson import install_poisson_sampling, make_poisson_loader
+from lightning_privacy.callbacks._poisson import install_poisson_sampling, is_empty_batch, make_poisson_loader
 from lightning_privacy.callbacks._self_checks import SelfChecks
 from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
 
