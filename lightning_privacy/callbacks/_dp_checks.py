@@ -2,7 +2,7 @@
 
 Self-checks (``check_*``) re-derive, from what Opacus left on the parameters, that privacy is really applied:
 every trainable parameter has per-sample gradients; the summed gradient is the sum of per-sample gradients clipped
-to the callback's C; the noise added has standard deviation σ·C. Ghost clipping never materialises per-sample
+to the callback's C; the noise added has standard deviation σ·C (:mod:`._noise_check`). Ghost clipping never materialises per-sample
 gradients, so there the checks are: the norm it clipped the largest example by is that example's gradient norm
 recomputed by autograd (:func:`check_ghost_norm`), and the clipped sum is within batch size × C
 (:func:`check_clipped_sum_bound`). They raise ``MisconfigurationException`` naming the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
@@ -12,10 +12,20 @@ covered by the DP guarantee.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+# the noise check, in its own module (re-exported: it is one of the self-checks)
+from lightning_privacy.callbacks._noise_check import (  # noqa: F401
+    NOISE_FALSE_ALARM,
+    NOISE_MIN_COORDINATES,
+    NoiseCheck,
+    check_noise,
+    local_tensor,
+    noise_readback,
+)
 
 __all__ = [
     "ClippingStats",
@@ -29,12 +39,6 @@ __all__ = [
     "noise_readback",
     "per_sample_norms",
 ]
-
-# The noise check is a two-sided χ² test of the noise's variance at this false-alarm rate per fit; it waits for this
-# many noise coordinates (over as many steps as that takes) so that noise off by a factor of two in standard deviation
-# is missed with probability < 1e-12 (at 256 coordinates: 7.8e-16 for half the noise, 1.5e-13 for double).
-NOISE_FALSE_ALARM = 1e-9
-NOISE_MIN_COORDINATES = 256
 
 
 def _grad_sample(param: torch.Tensor) -> torch.Tensor:
@@ -152,101 +156,6 @@ def check_ghost_norm(losses: torch.Tensor, params: Sequence[torch.Tensor], norms
             f"clipped it as if it were {ghost:.6g}; the per-example norms are wrong (a layer Opacus' ghost norm does "
             "not handle correctly, or examples that interact in the forward pass)."
         )
-
-
-def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP2 ``DTensor``, or the tensor itself."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if callable(to_local) else tensor
-
-
-def noise_readback(
-    params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float
-) -> Tuple[float, int, float]:
-    """``(Σ noise², coordinates, Σ summed²)`` of the noise read back as ``p.grad · scale − summed`` (float64).
-
-    Runs in the optimizer's step hook, after Opacus' noise → scale; ``scale`` undoes the mean reduction and
-    ``summed_before_noise`` is what the noise was added to.
-    """
-    noise_sq, count, total_sq = 0.0, 0, 0.0
-    for param, summed in zip(params, summed_before_noise):
-        summed = local_tensor(summed).to(torch.float64)
-        noise = local_tensor(param.grad).to(torch.float64).reshape(summed.shape) * scale - summed
-        noise_sq += float(noise.pow(2).sum())
-        count += noise.numel()
-        total_sq += float(summed.pow(2).sum())
-    return noise_sq, count, total_sq
-
-
-class NoiseCheck:
-    """The noise added has standard deviation σ·C: a χ² test over the noise of as many steps as it needs.
-
-    ``add`` records one step's noise (:func:`noise_readback`); once :data:`NOISE_MIN_COORDINATES` coordinates are in
-    (or at fit end, with fewer), :meth:`check` tests ``Σ noise² / (σC)² ~ χ²(n)`` two-sided at
-    :data:`NOISE_FALSE_ALARM`. The noise is read back in the parameters' precision: the bounds on the standard
-    deviation are widened by 16 machine epsilons of the gradients' and the noise's scale. ``divisor``: FSDP2 averages
-    the ranks' clipped sums and each rank adds σ·C/W to its shard (Opacus' FSDP optimizer), so there the expected
-    standard deviation is σ·C/``divisor``.
-    """
-
-    def __init__(self, *, max_grad_norm: float, noise_multiplier: float, divisor: int = 1) -> None:
-        self.expected_std = float(noise_multiplier) * float(max_grad_norm) / divisor
-        self.divisor = divisor
-        self.noise_sq, self.count, self.total_sq, self.eps, self.steps = 0.0, 0, 0.0, 0.0, 0
-        self.done = False
-
-    @property
-    def ready(self) -> bool:
-        return self.count >= NOISE_MIN_COORDINATES
-
-    def add(self, params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float) -> None:
-        noise_sq, count, total_sq = noise_readback(params, summed_before_noise, scale=scale)
-        self.noise_sq, self.count, self.total_sq = (
-            self.noise_sq + noise_sq,
-            self.count + count,
-            self.total_sq + total_sq,
-        )
-        self.eps = max([self.eps] + [torch.finfo(p.dtype).eps for p in params if p.dtype.is_floating_point])
-        self.steps += 1
-
-    def bounds(self) -> Tuple[float, float]:
-        """The accepted range of the noise's standard deviation over the coordinates recorded so far."""
-        from scipy.stats import chi2
-
-        n = max(1, self.count)
-        rounding = 16 * self.eps * (math.sqrt(self.total_sq / n) + self.expected_std)
-        low = self.expected_std * math.sqrt(chi2.ppf(NOISE_FALSE_ALARM / 2, n) / n) - rounding
-        high = self.expected_std * math.sqrt(chi2.isf(NOISE_FALSE_ALARM / 2, n) / n) + rounding
-        return low, high
-
-    def check(self) -> None:
-        """Test the noise recorded so far (once); raises ``MisconfigurationException`` when it is off."""
-        if self.done or self.count == 0:
-            return
-        self.done = True
-        std = math.sqrt(self.noise_sq / self.count)
-        low, high = self.bounds()
-        if not low <= std <= high:
-            raise MisconfigurationException(
-                f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
-                f"{self.count} coordinates ({self.steps} step{'s' if self.steps != 1 else ''}), but noise_multiplier × max_grad_norm = "
-                f"{self.expected_std * self.divisor:.4g}{f' (/{self.divisor} ranks under FSDP)' if self.divisor > 1 else ''} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
-                f"rate {NOISE_FALSE_ALARM:g}); the gradients are not noised as configured."
-            )
-
-
-def check_noise(
-    params: Sequence[torch.Tensor],
-    summed_before_noise: Sequence[torch.Tensor],
-    *,
-    max_grad_norm: float,
-    noise_multiplier: float,
-    scale: float,
-) -> None:
-    """One step's noise tested on its own (:class:`NoiseCheck` with a single step)."""
-    check = NoiseCheck(max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier)
-    check.add(params, summed_before_noise, scale=scale)
-    check.check()
 
 
 class ClippingStats:

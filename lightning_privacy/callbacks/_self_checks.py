@@ -1,9 +1,9 @@
-"""When and where DPSGD runs its self-checks (the checks themselves are in ``_dp_checks``), on every strategy.
+"""When and where DPSGD runs its self-checks (the checks are in ``_dp_checks`` and ``_noise_check``), on every strategy.
 
 - Clipping, on the first :data:`SELF_CHECK_STEPS` optimizer steps of a fit, on every rank: per-sample gradients for
   every trainable parameter and their clipped sum (hooks mode), the clipped sum's bound (ghost mode; under FSDP2 the
   reduce-scattered average, all-reduced).
-- Noise, over as many steps as the χ² test needs (:data:`~._dp_checks.NOISE_MIN_COORDINATES` coordinates), where it
+- Noise, over as many steps as the χ² test needs (:data:`~._noise_check.NOISE_MIN_COORDINATES` coordinates), where it
   is added: the one process, rank 0 under DDP (Opacus' distributed optimizers), every rank's shard under FSDP2. A fit
   shorter than that is tested at its end on what was recorded.
 - Collectively: under several processes every rank raises when any rank's check failed, so none waits forever in
@@ -20,7 +20,7 @@ import torch
 import torch.distributed
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_privacy.callbacks import _dp_checks, _strategies
+from lightning_privacy.callbacks import _dp_checks, _noise_check, _strategies
 
 SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping
 
@@ -44,14 +44,14 @@ class SelfChecks:
         self.loss_reduction, self.param_names, self.backward = loss_reduction, param_names, backward
         self.distributed, self.fsdp = _strategies.is_distributed(trainer), _strategies.is_fsdp(trainer)
         self.clipping_steps_left = SELF_CHECK_STEPS
-        self.noise = _dp_checks.NoiseCheck(
+        self.noise = _noise_check.NoiseCheck(
             max_grad_norm=max_grad_norm,
             noise_multiplier=float(noise_multiplier),
             divisor=trainer.world_size if self.fsdp else 1,
         )
         coordinates = sum(p.numel() for p in optimizer.params)  # FSDP2: each rank checks its ~1/W shard
         coordinates = coordinates // trainer.world_size if self.fsdp else coordinates
-        self.noise_steps_left = max(1, math.ceil(_dp_checks.NOISE_MIN_COORDINATES / max(1, coordinates)))
+        self.noise_steps_left = max(1, math.ceil(_noise_check.NOISE_MIN_COORDINATES / max(1, coordinates)))
 
     @property
     def checking_clipping(self) -> bool:

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
-from lightning_privacy.callbacks._dp_checks import NOISE_FALSE_ALARM, NOISE_MIN_COORDINATES, NoiseCheck
+from lightning_privacy.callbacks._noise_check import NOISE_FALSE_ALARM, NOISE_MIN_COORDINATES, NoiseCheck
 from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
 
 

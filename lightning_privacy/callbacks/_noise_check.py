@@ -1,0 +1,118 @@
+"""DPSGD's self-check of the noise: the noise added to the clipped sum has standard deviation σ·C.
+
+:class:`NoiseCheck` reads the noise back from the parameters (:func:`noise_readback`: ``p.grad · scale`` minus the
+clipped sum it was added to) and tests its variance with a two-sided χ² test over as many steps as it takes to see
+:data:`NOISE_MIN_COORDINATES` coordinates, at :data:`NOISE_FALSE_ALARM` per fit. It raises
+``MisconfigurationException`` when the noise is off. The other self-checks are in :mod:`._dp_checks`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+__all__ = ["NOISE_FALSE_ALARM", "NOISE_MIN_COORDINATES", "NoiseCheck", "check_noise", "local_tensor", "noise_readback"]
+
+# The noise check is a two-sided χ² test of the noise's variance at this false-alarm rate per fit; it waits for this
+# many noise coordinates (over as many steps as that takes) so that noise off by a factor of two in standard deviation
+# is missed with probability < 1e-12 (at 256 coordinates: 7.8e-16 for half the noise, 1.5e-13 for double).
+NOISE_FALSE_ALARM = 1e-9
+NOISE_MIN_COORDINATES = 256
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 ``DTensor``, or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
+def noise_readback(
+    params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float
+) -> Tuple[float, int, float]:
+    """``(Σ noise², coordinates, Σ summed²)`` of the noise read back as ``p.grad · scale − summed`` (float64).
+
+    Runs in the optimizer's step hook, after Opacus' noise → scale; ``scale`` undoes the mean reduction and
+    ``summed_before_noise`` is what the noise was added to.
+    """
+    noise_sq, count, total_sq = 0.0, 0, 0.0
+    for param, summed in zip(params, summed_before_noise):
+        summed = local_tensor(summed).to(torch.float64)
+        noise = local_tensor(param.grad).to(torch.float64).reshape(summed.shape) * scale - summed
+        noise_sq += float(noise.pow(2).sum())
+        count += noise.numel()
+        total_sq += float(summed.pow(2).sum())
+    return noise_sq, count, total_sq
+
+
+class NoiseCheck:
+    """The noise added has standard deviation σ·C: a χ² test over the noise of as many steps as it needs.
+
+    ``add`` records one step's noise (:func:`noise_readback`); once :data:`NOISE_MIN_COORDINATES` coordinates are in
+    (or at fit end, with fewer), :meth:`check` tests ``Σ noise² / (σC)² ~ χ²(n)`` two-sided at
+    :data:`NOISE_FALSE_ALARM`. The noise is read back in the parameters' precision: the bounds on the standard
+    deviation are widened by 16 machine epsilons of the gradients' and the noise's scale. ``divisor``: FSDP2 averages
+    the ranks' clipped sums and each rank adds σ·C/W to its shard (Opacus' FSDP optimizer), so there the expected
+    standard deviation is σ·C/``divisor``.
+    """
+
+    def __init__(self, *, max_grad_norm: float, noise_multiplier: float, divisor: int = 1) -> None:
+        self.expected_std = float(noise_multiplier) * float(max_grad_norm) / divisor
+        self.divisor = divisor
+        self.noise_sq, self.count, self.total_sq, self.eps, self.steps = 0.0, 0, 0.0, 0.0, 0
+        self.done = False
+
+    @property
+    def ready(self) -> bool:
+        return self.count >= NOISE_MIN_COORDINATES
+
+    def add(self, params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float) -> None:
+        noise_sq, count, total_sq = noise_readback(params, summed_before_noise, scale=scale)
+        self.noise_sq, self.count, self.total_sq = (
+            self.noise_sq + noise_sq,
+            self.count + count,
+            self.total_sq + total_sq,
+        )
+        self.eps = max([self.eps] + [torch.finfo(p.dtype).eps for p in params if p.dtype.is_floating_point])
+        self.steps += 1
+
+    def bounds(self) -> Tuple[float, float]:
+        """The accepted range of the noise's standard deviation over the coordinates recorded so far."""
+        from scipy.stats import chi2
+
+        n = max(1, self.count)
+        rounding = 16 * self.eps * (math.sqrt(self.total_sq / n) + self.expected_std)
+        low = self.expected_std * math.sqrt(chi2.ppf(NOISE_FALSE_ALARM / 2, n) / n) - rounding
+        high = self.expected_std * math.sqrt(chi2.isf(NOISE_FALSE_ALARM / 2, n) / n) + rounding
+        return low, high
+
+    def check(self) -> None:
+        """Test the noise recorded so far (once); raises ``MisconfigurationException`` when it is off."""
+        if self.done or self.count == 0:
+            return
+        self.done = True
+        std = math.sqrt(self.noise_sq / self.count)
+        low, high = self.bounds()
+        if not low <= std <= high:
+            raise MisconfigurationException(
+                f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
+                f"{self.count} coordinates ({self.steps} step{'s' if self.steps != 1 else ''}), but noise_multiplier × max_grad_norm = "
+                f"{self.expected_std * self.divisor:.4g}{f' (/{self.divisor} ranks under FSDP)' if self.divisor > 1 else ''} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
+                f"rate {NOISE_FALSE_ALARM:g}); the gradients are not noised as configured."
+            )
+
+
+def check_noise(
+    params: Sequence[torch.Tensor],
+    summed_before_noise: Sequence[torch.Tensor],
+    *,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    scale: float,
+) -> None:
+    """One step's noise tested on its own (:class:`NoiseCheck` with a single step)."""
+    check = NoiseCheck(max_grad_norm=max_grad_norm, noise_multiplier=noise_multiplier)
+    check.add(params, summed_before_noise, scale=scale)
+    check.check()
