@@ -1,0 +1,202 @@
+"""DPSGD's settings without a Trainer: its argument checks, seeds, the planned σ, and the module made trainable.
+
+Everything here takes plain values or a ``torch.nn.Module`` (no Trainer), so it is tested directly; the callback
+(:class:`~lightning_privacy.DPSGD`) calls it from ``__init__``, ``setup`` and ``on_fit_start``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.validators import ModuleValidator
+
+from lightning_privacy import names
+from lightning_privacy._validation import check_choice, check_int, check_open_unit, check_positive
+from lightning_privacy.callbacks._fix_modules import (
+    fix_modules_in_place,
+    fixed_modules_record,
+    incompatible_layers,
+    incompatible_layers_message,
+    replacements_warning,
+)
+from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
+
+DEFAULT_DELTA = 1e-5
+GRAD_SAMPLE_MODES = ("hooks", "ghost")
+
+
+def positive(name: str, value: Any) -> float:
+    return check_positive(name, value, exc=MisconfigurationException)
+
+
+def check_arguments(noise_multiplier: Any, target_bayes_security: Any, target_epsilon: Any, epochs: Any) -> None:
+    """Exactly one of σ and the two targets; ``epochs`` with a target (a positive int) and only then."""
+    given = {
+        "noise_multiplier": noise_multiplier,
+        "target_bayes_security": target_bayes_security,
+        "target_epsilon": target_epsilon,
+    }
+    if sum(v is not None for v in given.values()) != 1:
+        raise MisconfigurationException(
+            "Give exactly one of `noise_multiplier`, `target_bayes_security` or `target_epsilon` (with `epochs`), "
+            f"got {', '.join(f'{k}={v!r}' for k, v in given.items())}"
+        )
+    if noise_multiplier is not None:
+        positive("noise_multiplier", noise_multiplier)
+        if epochs is not None:
+            raise MisconfigurationException(
+                "`epochs` is only used with `target_bayes_security` or `target_epsilon`; remove it"
+            )
+        return
+    check_open_unit("target_bayes_security", target_bayes_security, exc=MisconfigurationException, optional=True)
+    if target_epsilon is not None:
+        positive("target_epsilon", target_epsilon)
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise MisconfigurationException(
+            f"`epochs` must be a positive int when planning σ from a target, got {epochs!r}"
+        )
+
+
+def check_choices(*, delta: Any, accountant: Any, loss_reduction: Any, mode: Any) -> None:
+    """δ in (0, 1), and the accountant, the loss reduction and the per-sample gradient mode from their choices."""
+    check_open_unit("delta", delta, exc=MisconfigurationException, float_only=True)
+    check_choice("accountant", accountant, ACCOUNTANTS, exc=MisconfigurationException)
+    check_choice("loss_reduction", loss_reduction, ("mean", "sum"), exc=MisconfigurationException)
+    check_choice("grad_sample_mode", mode, GRAD_SAMPLE_MODES, exc=MisconfigurationException)
+
+
+def seed(name: str, value: Optional[int], secure: bool, what: str, whose: str) -> Optional[int]:
+    """A fixed seed (a non-negative int) or None; a fixed seed contradicts ``secure_mode``."""
+    if value is None:
+        return None
+    check_int(name, value, minimum=0, exc=MisconfigurationException)
+    if secure:
+        raise MisconfigurationException(
+            f"`{name}={value!r}` makes {what} reproducible, which `secure_mode=True` rules out (its {whose} come from "
+            "fresh OS entropy every step); give one or the other"
+        )
+    return value
+
+
+def seed_kind(value: Optional[int], secure: bool) -> str:
+    """How a seed was chosen, for HPARAMS and the report (never the seed itself)."""
+    if secure:
+        return "secure (OS CSPRNG every step)"
+    return "fixed (reproducible, not secret)" if value is not None else "secret (OS entropy per fit)"
+
+
+def privacy_settings(dp: Any) -> Dict[str, Any]:
+    """The privacy settings of the DPSGD ``dp``, as logged in TensorBoard's HPARAMS tab (seeds by kind only)."""
+    settings: Dict[str, Any] = {
+        names.DP_NOISE_MULTIPLIER: dp.noise_multiplier,
+        names.DP_MAX_GRAD_NORM: dp.max_grad_norm,
+        names.DP_SAMPLE_RATE: dp.sample_rate,
+        names.DP_DELTA: dp.delta,
+        names.DP_ACCOUNTANT: dp.accountant_mechanism,
+        names.DP_GRAD_SAMPLE_MODE: dp.grad_sample_mode,
+        names.DP_SAMPLING_SEED: seed_kind(dp.sampling_seed, dp.secure_mode),
+        names.DP_NOISE_SEED: seed_kind(dp.noise_seed, dp.secure_mode),
+    }
+    if dp.target_bayes_security is not None:
+        settings[names.DP_TARGET_BAYES_SECURITY] = float(dp.target_bayes_security)
+    if dp.target_epsilon is not None:
+        settings[names.DP_TARGET_EPSILON] = dp.target_epsilon
+    if dp._planned:
+        settings[names.DP_PLANNED_EPOCHS] = int(dp.epochs)
+    return settings
+
+
+def plan_noise_multiplier(
+    *,
+    sample_rate: float,
+    steps_per_epoch: int,
+    epochs: int,
+    accountant: str,
+    target_bayes_security: Optional[float],
+    target_epsilon: Optional[float],
+    delta: float,
+    max_epochs: Optional[int] = None,
+) -> float:
+    """σ for the target after ``epochs`` epochs, from the ledger's one calibration routine (logged; a Trainer's
+    ``max_epochs`` above ``epochs`` warns)."""
+    steps = epochs * steps_per_epoch
+    if target_bayes_security is not None:
+        target, what = dict(target_bayes_security=float(target_bayes_security)), "β*_MIA ≥"
+    else:
+        target, what = dict(target_epsilon=target_epsilon, delta=delta), f"ε(δ={delta:g}) ≤"
+    try:
+        sigma = PrivacyLedger.calibrate(
+            sample_rate=sample_rate, steps=steps, accountant=accountant, steps_per_read=steps_per_epoch, **target
+        )
+    except ValueError as error:  # before any step: the target cannot be met
+        raise MisconfigurationException(
+            f"DPSGD({', '.join(f'{k}={v!r}' for k, v in target.items())}, epochs={epochs}): {error}"
+        ) from None
+    rank_zero_info(
+        f"DPSGD: planned noise_multiplier={sigma:.4f} for {what} {next(iter(target.values()))} "
+        f"after {epochs} epochs ({steps} steps at sample_rate={sample_rate:.3g})."
+    )
+    if max_epochs is not None and max_epochs > epochs:
+        rank_zero_warn(
+            f"Trainer(max_epochs={max_epochs}) exceeds the planned epochs={epochs}: the run will "
+            "exceed the privacy target unless PrivacyBudgetStopping stops it."
+        )
+    return sigma
+
+
+def prepare_module(module: torch.nn.Module, *, fix_modules: bool) -> Optional[List[Dict[str, str]]]:
+    """Make ``module`` trainable by DP-SGD or refuse it, in ``setup``: with ``fix_modules`` Opacus' fixers replace
+    the layers DP-SGD cannot train (warning with the list); then a layer still incompatible raises, starting with the
+    fix, and a module left in eval mode has its trainable layers put in train mode. Returns the record of what
+    ``fix_modules`` replaced (``None`` without it)."""
+    record = None
+    if fix_modules:
+        replaced = fix_modules_in_place(module)
+        record = fixed_modules_record(replaced)
+        if replaced:
+            rank_zero_warn(replacements_warning(replaced))
+    if ModuleValidator.validate(module, strict=False) and (module.training or incompatible_layers(module)):
+        owner = type(module).__name__
+        other = [] if module.training else [f"{owner} is in eval mode: call `model.train()` before `fit`."]
+        raise MisconfigurationException(
+            incompatible_layers_message(owner, incompatible_layers(module), fix_modules=fix_modules, other=other)
+        )
+    train_trainable_layers(module)  # only eval mode remained of the validator's complaints
+    return record
+
+
+def train_trainable_layers(module: torch.nn.Module) -> None:
+    """Put the layers with trainable parameters into train mode, warning with their names.
+
+    Opacus records a layer's activations only in train mode, so a module left in eval mode (``model.eval()`` before
+    ``fit``, or what ``from_pretrained`` leaves) would fail at its first step with "No activations detected". Layers
+    without trainable parameters keep their mode (a frozen BatchNorm kept in eval mode is deliberate); the module
+    itself is switched too (Opacus' validator asks for it).
+    """
+    chosen = [
+        (name or type(m).__name__, m)
+        for name, m in module.named_modules()
+        if not m.training and (m is module or any(p.requires_grad for p in m.parameters(recurse=False)))
+    ]
+    if not chosen:
+        return
+    for _, m in chosen:
+        m.training = True  # this module only: its children keep their own mode
+    switched = [name for name, _ in chosen]
+    others = [name for name, m in module.named_modules() if not m.training and name]
+    shown = ", ".join(f"`{n}`" for n in switched[:8]) + (f" and {len(switched) - 8} more" if len(switched) > 8 else "")
+    rest = (
+        f" {len(others)} module(s) without trainable parameters stay in eval mode "
+        f"({', '.join(f'`{n}`' for n in others[:3])}{', …' if len(others) > 3 else ''}); call `model.train()` before "
+        "`fit` if they should train (dropout)."
+        if others
+        else ""
+    )
+    rank_zero_warn(
+        f"DPSGD put {len(switched)} module(s) into train mode before the first step: {shown} — the module and its "
+        "layers with trainable parameters, which Opacus needs in train mode to compute per-example gradients (the "
+        f"module was left in eval mode).{rest}"
+    )

@@ -1,0 +1,170 @@
+"""DPSGD's wiring into a fit: the DP optimizer, Opacus' hooks and the backward per strategy, and their removal.
+
+:func:`install_dp_optimizer` is the body of ``DPSGD.on_fit_start``: it checks the optimizers, builds the Poisson
+loader to learn the sample rate, plans σ where asked, attaches Opacus' per-example hooks (per-sample or ghost
+clipping, FSDP2's hook views), replaces the module's backward (:class:`~._backward.PerExampleBackward`), wraps the
+optimizer in the strategy's DP optimizer class (:mod:`._strategies`) with its noise source, and arms the self-checks.
+:func:`remove_dp_hooks` undoes the hooks at ``teardown``; :func:`log_clipping` writes the epoch's clipping telemetry.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.optimizers import DPOptimizer
+
+from lightning_privacy import _compat, names
+from lightning_privacy.callbacks import _dp_checks, _strategies
+from lightning_privacy.callbacks._audit_utils import log_histogram
+from lightning_privacy.callbacks._backward import PerExampleBackward
+from lightning_privacy.callbacks._dpsgd_settings import plan_noise_multiplier
+from lightning_privacy.callbacks._hparams import write_privacy_hparams
+from lightning_privacy.callbacks._poisson import make_poisson_loader
+from lightning_privacy.callbacks._self_checks import SelfChecks
+
+__all__ = [
+    "check_steps_accounted",
+    "check_trainer",
+    "install_dp_optimizer",
+    "log_clipping",
+    "record_step",
+    "remove_dp_hooks",
+]
+
+
+def check_trainer(trainer: pl.Trainer) -> None:
+    """No gradient accumulation (Opacus rejects it with Poisson sampling)."""
+    if trainer.accumulate_grad_batches != 1:
+        raise MisconfigurationException(
+            f"DPSGD does not support gradient accumulation (Trainer(accumulate_grad_batches="
+            f"{trainer.accumulate_grad_batches})): Opacus rejects it with Poisson sampling. Use "
+            "accumulate_grad_batches=1 and a larger batch size instead."
+        )
+
+
+def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """Make the fit's one optimizer a DP optimizer of the DPSGD ``dp`` (see the module docstring)."""
+    optimizers = trainer.strategy.optimizers
+    if len(optimizers) != 1:
+        raise MisconfigurationException(
+            f"DPSGD supports exactly one optimizer; configure_optimizers returned {len(optimizers)}."
+        )
+    if isinstance(optimizers[0], DPOptimizer):
+        raise MisconfigurationException("The optimizer is already an Opacus DPOptimizer; remove DPSGD or make_private.")
+    loader = make_poisson_loader(trainer, dp, _compat.original_train_loader(trainer, before="poisson"), warn=False)
+    dp.steps_per_epoch = len(loader)
+    if dp._planned:
+        dp.noise_multiplier = plan_noise_multiplier(
+            sample_rate=dp.sample_rate,
+            steps_per_epoch=dp.steps_per_epoch,
+            epochs=dp.epochs,
+            accountant=dp.accountant_mechanism,
+            target_bayes_security=dp.target_bayes_security,
+            target_epsilon=dp.target_epsilon,
+            delta=dp.delta,
+            max_epochs=trainer.max_epochs,
+        )
+    dp._param_names = {id(p): name for name, p in pl_module.named_parameters()}
+    dp._batch_statistics = _dp_checks.batch_statistics_layers(pl_module)
+    fsdp = _strategies.is_fsdp(trainer)
+    dp._hooks = _strategies.grad_sample_hooks(
+        trainer,
+        pl_module,
+        grad_sample_mode=dp.grad_sample_mode,
+        loss_reduction=dp.loss_reduction,
+        max_grad_norm=dp.max_grad_norm,
+    )
+    dp._view_hooks = _strategies.fsdp_outputs_without_hook_views(pl_module) if fsdp else []
+    cls = _strategies.dp_optimizer_class(trainer, dp.grad_sample_mode)
+    _strategies.disable_ddp_gradient_sync(trainer)
+    dp._backward = PerExampleBackward(
+        pl_module,
+        mode=dp.grad_sample_mode,
+        loss_reduction=dp.loss_reduction,
+        hooks=dp._hooks,
+        param_names=dp._param_names,
+        check=functools.partial(_dp_checks.check_ghost_norm, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
+        should_check=lambda: dp._checks is not None and dp._checks.checking_clipping and not fsdp,
+        sharded=fsdp,
+    )
+    expected_batch_size = int(len(loader.dataset) * dp.sample_rate)
+    if _strategies.is_distributed(trainer):
+        expected_batch_size /= trainer.world_size
+    dp_optimizer = cls(
+        optimizers[0],
+        noise_multiplier=dp.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm,
+        expected_batch_size=expected_batch_size,
+        loss_reduction=dp.loss_reduction,
+        secure_mode=dp.secure_mode,
+    )
+    dp_optimizer.noise_source = _strategies.resolve_noise(trainer, dp.noise_seed, secure=dp.secure_mode)
+    dp_optimizer.noise_step = lambda: dp.ledger.steps  # the index of the step being taken, over the whole run
+    dp_optimizer.attach_step_hook(functools.partial(record_step, dp))
+    dp_optimizer.before_noise_hooks = dp._before_noise_hooks
+    trainer.strategy.optimizers = [dp_optimizer]
+    dp._checks = SelfChecks(
+        trainer,
+        dp_optimizer,
+        grad_sample_mode=dp.grad_sample_mode,
+        max_grad_norm=dp.max_grad_norm,
+        noise_multiplier=float(dp.noise_multiplier),
+        loss_reduction=dp.loss_reduction,
+        param_names=dp._param_names,
+        backward=dp._backward,
+    )
+    dp_optimizer.check_before_noise = dp._checks.before_noise
+    write_privacy_hparams(trainer, pl_module, dp.privacy_settings())
+
+
+def record_step(dp: Any, optimizer: DPOptimizer) -> None:
+    """The DP optimizer's step hook: the self-checks after the step, the clipping telemetry, one step in the ledger."""
+    if dp._checks is not None:
+        dp._checks.after_step(optimizer)
+    if dp.log_clipping:
+        if dp.grad_sample_mode == "ghost":
+            dp._clipping.add(dp._backward.last_norms)
+        elif dp.ledger.steps % dp.clipping_every_n_steps == 0 or not dp._clipping.norms:
+            dp._clipping.update(optimizer.params)  # (steps before this one; an epoch always gets one record)
+    dp.ledger.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=dp.sample_rate)
+
+
+def check_steps_accounted(dp: Any, trainer: pl.Trainer) -> None:
+    """At every epoch end: the ledger recorded exactly the optimizer steps this fit took."""
+    accounted = dp.steps - dp._fit_start[0]
+    taken = trainer.global_step - dp._fit_start[1]
+    if accounted != taken:
+        raise MisconfigurationException(
+            f"DP-SGD self-check: the accountant recorded {accounted} steps in this fit but the optimizer took "
+            f"{taken}; the privacy accounting is wrong (was the DPOptimizer's step hook replaced?)."
+        )
+
+
+def remove_dp_hooks(dp: Any) -> None:
+    """Give the module its backward back and remove Opacus' hooks (``teardown`` of a fit)."""
+    if dp._backward is not None:
+        dp._backward.remove()
+        dp._backward = None
+    for handle in dp._view_hooks:
+        handle.remove()
+    dp._view_hooks = []
+    if dp._hooks is not None:
+        dp._hooks.cleanup()
+        dp._hooks = None
+
+
+def log_clipping(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """Log the epoch's ``dp/clip_fraction``, ``dp/grad_norm_median`` and the ``dp/grad_norms`` histogram (every
+    rank's norms; a collective call), and start the next epoch's record."""
+    norms = dp._clipping.gathered(trainer, pl_module.device)
+    dp._clipping.reset()
+    if norms.numel() == 0:
+        return
+    fraction = float((norms > dp.max_grad_norm).to(torch.float64).mean())
+    for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, float(norms.median()))):
+        pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
+    log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))

@@ -1,0 +1,92 @@
+"""DPSGD's checkpoint state: what it saves, and the checks before a resumed run continues the privacy ledger.
+
+Plain functions of the callback's attributes (no Trainer): :func:`dpsgd_state` is ``DPSGD.state_dict``,
+:func:`load_dpsgd_state` is ``DPSGD.load_state_dict`` (version 1, the history before the ledger, still loads).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
+
+__all__ = ["STATE_VERSION", "check_checkpoint_has_state", "dpsgd_state", "load_dpsgd_state", "state_key_fields"]
+
+
+def state_key_fields(dp: Any) -> Dict[str, Any]:
+    """What the DPSGD ``dp``'s checkpoint key is made of (its σ or planning target and C), as older checkpoints have it."""
+    keys: Dict[str, Any] = dict(
+        noise_multiplier=None if dp._planned else dp.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm,
+        target_bayes_security=dp.target_bayes_security,
+        epochs=dp.epochs,
+    )
+    if dp.target_epsilon is not None:  # added later: keys of older checkpoints stay the same
+        keys["target_epsilon"] = dp.target_epsilon
+    return keys
+
+
+def dpsgd_state(dp: Any) -> Dict[str, Any]:
+    """The state a checkpoint keeps of the DPSGD ``dp``: the ledger, the recipe, and what loading and auditing need."""
+    return {
+        "version": STATE_VERSION,
+        "accountant": dp.accountant_mechanism,
+        "ledger": dp.ledger.state_dict(),
+        "noise_multiplier": dp.noise_multiplier,
+        "sample_rate": dp.sample_rate,
+        "max_grad_norm": dp.max_grad_norm,
+        "sampling_seed": dp.sampling_seed,  # a fixed seed only; an OS-drawn one is never saved
+        "noise_seed": dp.noise_seed,  # likewise
+        # for loading and auditing the checkpoint (lightning_privacy.checkpoints), not for resuming: a resumed
+        # fit records its own in setup and when its train loader is built
+        "fixed_modules": [dict(entry) for entry in dp.fixed_modules],
+        "dataset_size": dp.dataset_size,
+        # the recipe, for audits that retrain like the run (reference models) and report its δ
+        "delta": dp.delta,
+        "loss_reduction": dp.loss_reduction,
+        "grad_sample_mode": dp.grad_sample_mode,
+    }
+
+
+def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
+    """Continue ``dp``'s ledger from a checkpoint's state; refuses a state of another accountant or clipping norm, or
+    one that lacks the history (accounting would restart at 0), and warns when the seeds differ."""
+    version = state_dict.get("version")
+    history_key = "ledger" if version == STATE_VERSION else "history"
+    missing = {"version", "accountant", history_key, "max_grad_norm"} - set(state_dict)
+    if missing:
+        raise RuntimeError(f"DPSGD state is missing {sorted(missing)}: refusing to restart privacy accounting at 0")
+    if version not in (1, STATE_VERSION):
+        raise RuntimeError(f"DPSGD state version {version!r} is not {STATE_VERSION} (or 1)")
+    if state_dict["accountant"] != dp.accountant_mechanism:
+        raise RuntimeError(
+            f"checkpoint accounted with {state_dict['accountant']!r}, this DPSGD uses {dp.accountant_mechanism!r}"
+        )
+    if state_dict["max_grad_norm"] != dp.max_grad_norm:
+        raise RuntimeError(
+            f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {dp.max_grad_norm}"
+        )
+    for name, what in (("sampling_seed", "masks"), ("noise_seed", "noise")):
+        saved, own = state_dict.get(name), getattr(dp, name)
+        if saved is not None and saved != own:
+            rank_zero_warn(
+                f"The checkpoint was trained with DPSGD({name}={saved}) and this DPSGD has {name}={own!r}: the "
+                f"resumed run draws other {what} than the uninterrupted run would have (still independent of the "
+                "earlier ones)."
+            )
+    if version == 1:  # before the ledger: only the history; the PLD is recomposed from its segments
+        ledger = {"version": 1, "accountant": dp.accountant_mechanism, "history": state_dict["history"]}
+    else:
+        ledger = state_dict["ledger"]
+    dp.ledger.load_state_dict(ledger)
+
+
+def check_checkpoint_has_state(state_key: str, checkpoint: Dict[str, Any]) -> None:
+    """A checkpoint resumed with DPSGD must hold its state under ``state_key`` (else accounting would restart at 0)."""
+    if state_key not in checkpoint.get("callbacks", {}):
+        raise RuntimeError(
+            f"The checkpoint has no DPSGD state under {state_key!r}: its privacy history is unknown, so "
+            "resuming would restart accounting at 0. Resume with the same DPSGD arguments as the original run."
+        )
