@@ -54,7 +54,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from lightning_privacy._validation import check_int, check_positive
 from lightning_privacy.analysis import bayes_security as bs
 
-__all__ = ["AttributeLedger"]
+__all__ = ["AttributeLedger", "MONITOR_STATE_VERSION", "load_monitor_state", "monitor_state"]
 
 STATE_VERSION = 2
 # Measured R_t may exceed 2C by the round-off of a float32 norm; beyond this relative margin it is an error.
@@ -292,3 +292,43 @@ class AttributeLedger:
                 f"attribute ledger chunks hold {accounted} steps but the segments only {self.steps}: the state is "
                 "inconsistent"
             )
+
+
+# ---------------------------------------------------------------------------------- AttributeInferenceMonitor's state
+MONITOR_STATE_VERSION = 2  # 1: the ledger's version-1 layout at the top level (flat Σ R_t² per segment)
+
+
+def monitor_state(ledger: AttributeLedger, epochs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """:class:`~lightning_privacy.AttributeInferenceMonitor`'s ``state_dict``: its ledger and its per-epoch values."""
+    return {
+        "version": MONITOR_STATE_VERSION,
+        "ledger": ledger.state_dict(),
+        "steps": ledger.steps,
+        "epochs": [dict(e) for e in epochs],
+    }
+
+
+def load_monitor_state(state_dict: Dict[str, Any]) -> Tuple[AttributeLedger, List[Dict[str, Any]]]:
+    """The ledger and per-epoch values of a saved monitor state, of either version (version 1 loads with the safe bound
+    of :meth:`AttributeLedger.load_state_dict`).
+
+    Raises:
+        RuntimeError: on an unknown version or a missing key (privacy state fails closed).
+
+    Example:
+        >>> ledger = AttributeLedger(max_grad_norm=1.0)
+        >>> ledger.record(noise_multiplier=1.0, sample_rate=0.05, sensitivity=1.5, steps=10)
+        >>> restored, epochs = load_monitor_state(monitor_state(ledger, [{"epoch": 0, "steps": 10}]))
+        >>> restored.bayes_security() == ledger.bayes_security(), epochs
+        (True, [{'epoch': 0, 'steps': 10}])
+    """
+    version = state_dict.get("version")
+    required = {1: {"segments", "max_grad_norm"}, MONITOR_STATE_VERSION: {"ledger"}}.get(version)
+    if required is None:
+        raise RuntimeError(f"AttributeInferenceMonitor state version {version!r} is not {MONITOR_STATE_VERSION}")
+    missing = required - set(state_dict)
+    if missing:
+        raise RuntimeError(f"AttributeInferenceMonitor state is missing {sorted(missing)}: refusing to restart R at 0")
+    ledger = AttributeLedger()
+    ledger.load_state_dict(state_dict if version == 1 else state_dict["ledger"])  # 1: the ledger's v1 layout
+    return ledger, [dict(e) for e in state_dict.get("epochs", [])]  # added later: older checkpoints have none

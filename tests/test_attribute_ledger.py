@@ -2,6 +2,7 @@
 
 import math
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_privacy.analysis import bayes_security as bs
-from lightning_privacy.attribute_ledger import AttributeLedger
+from lightning_privacy.attribute_ledger import AttributeLedger, load_monitor_state, monitor_state
 from lightning_privacy.ledger import PrivacyLedger
 
 
@@ -186,3 +187,21 @@ def test_align_catches_up_with_an_accountant_history_without_a_trainer():
     assert ledger.steps == 5
     with pytest.raises(RuntimeError, match="has 5 steps but the accountant only 4"):
         ledger.align([(1.0, 0.1, 4)])
+
+
+def test_the_monitors_state_round_trips_in_either_version_without_a_trainer():
+    """AttributeInferenceMonitor's state (version 2: the ledger and per-epoch values; version 1: the ledger's own v1
+    layout at the top level, without epochs) loads here; an unknown version or a missing key is refused."""
+    ledger = AttributeLedger(max_grad_norm=1.0)
+    ledger.record(noise_multiplier=1.0, sample_rate=0.05, sensitivity=0.5, steps=3)
+    epochs = [{"epoch": 0, "steps": 3, "safe": ledger.bayes_security(), "closed": 0.9}]
+    state = monitor_state(ledger, epochs)
+    assert state["version"] == 2 and state["steps"] == 3
+    restored, restored_epochs = load_monitor_state(pickle.loads(pickle.dumps(state)))
+    assert restored.bayes_security() == ledger.bayes_security() and restored_epochs == epochs
+    v1 = {"version": 1, "max_grad_norm": 1.0, "segments": ledger.state_dict()["segments"]}
+    old, old_epochs = load_monitor_state(v1)
+    assert old.steps == 3 and old_epochs == [] and old.bayes_security() <= ledger.bayes_security() + 1e-12
+    for bad, message in (({"version": 3}, "version 3 is not 2"), ({"version": 2}, "missing ['ledger']")):
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            load_monitor_state(bad)

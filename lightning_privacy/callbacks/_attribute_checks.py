@@ -6,13 +6,17 @@ candidates fit lives in :mod:`lightning_privacy.functional.attributes` (torch on
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Tuple
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from opacus.optimizers import DPOptimizer
 
+from lightning_privacy import names
 from lightning_privacy.attributes import SensitiveAttribute, check_candidates, observed_values
+from lightning_privacy.callbacks._opacus import accountant_history, dp_optimizers, history_steps
 from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS
 
 __all__ = ["CandidateCheck", "check_monitor_arguments", "look_up_attribute"]
@@ -135,3 +139,69 @@ class CandidateCheck:
         decided = verdict is not None or seen.shape[0] >= CHECK_MAX_ROWS
         self.done = trainer.strategy.reduce_boolean_decision(decided, all=True)
         self._seen = None if self.done else seen
+
+
+def default_batch_to_inputs_targets(batch: Any) -> Tuple[Any, Any]:
+    """``(inputs, targets)`` from an ``(x, y)`` batch."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise MisconfigurationException(
+        f"AttributeInferenceMonitor expects (inputs, targets) batches, got {type(batch).__name__}; pass "
+        "`batch_to_inputs_targets=lambda batch: (inputs, targets)`."
+    )
+
+
+def select_values(attribute: SensitiveAttribute, values: Any) -> SensitiveAttribute:
+    """``attribute`` restricted to the monitor's ``values`` (``"all"``, ``"extremes"`` or a subset)."""
+    try:
+        return attribute.select(values)
+    except (TypeError, ValueError) as err:
+        raise MisconfigurationException(
+            f"`values`={values!r} does not fit attribute {attribute.name!r}: {err}"
+        ) from err
+
+
+def set_flat_max_grad_norm(ledger: Any, value: Any) -> None:
+    """Give the monitor's ledger the optimizer's C (one flat clipping norm; a changed C is an error)."""
+    if isinstance(value, (list, tuple)):
+        raise MisconfigurationException(
+            "AttributeInferenceMonitor supports flat clipping only (one max_grad_norm), not per-layer."
+        )
+    try:
+        ledger.set_max_grad_norm(float(value))
+    except ValueError as err:
+        raise RuntimeError(str(err)) from err
+
+
+def align_with_accountant(ledger: Any, trainer: pl.Trainer, accountant: Any, pending: Optional[float]) -> None:
+    """Bring the monitor's ledger to the accountant's steps: new steps get ``pending`` (the last one's R_t) or the
+    worst case 2C (:meth:`~lightning_privacy.attribute_ledger.AttributeLedger.align`); C from the DP optimizer."""
+    history = accountant_history(trainer, accountant)
+    if history_steps(history) == ledger.steps:
+        return  # no step was taken (e.g. skipped by the optimizer)
+    if ledger.max_grad_norm is None and history_steps(history) > ledger.steps:
+        optimizers = dp_optimizers(trainer)
+        if not optimizers:
+            raise MisconfigurationException(
+                "The accountant recorded steps but no Opacus DPOptimizer gives max_grad_norm."
+            )
+        set_flat_max_grad_norm(ledger, optimizers[0].max_grad_norm)
+    ledger.align(history, pending)
+
+
+def require_dp_optimizer(optimizer: Any) -> None:
+    """The monitor measures DP-SGD steps only: the optimizer must be Opacus' ``DPOptimizer``."""
+    if not isinstance(optimizer, DPOptimizer):
+        raise MisconfigurationException(
+            f"AttributeInferenceMonitor needs Opacus DP-SGD (a DPOptimizer), got {type(optimizer).__name__}; add "
+            "lightning_privacy.DPSGD(...) to the callbacks."
+        )
+
+
+def warn_unpublished() -> None:
+    """The monitor's once-per-instance warning that β*_AI can leak membership (without ``publish=True``)."""
+    rank_zero_warn(
+        f"AttributeInferenceMonitor: {names.AI_BAYES_SECURITY} is data-dependent; publishing it can leak the "
+        "MEMBERSHIP of training records (Cherubin et al. 2024, Section 5.3). Per-step R_t is not logged; "
+        "keep the logs private where membership inference matters (publish=True to opt in)."
+    )

@@ -5,129 +5,75 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.accountants import IAccountant
-from opacus.optimizers import DPOptimizer
 from torch.nn import functional as F
 from typing_extensions import override
 
 from lightning_privacy import names
-from lightning_privacy.attribute_ledger import AttributeLedger
+from lightning_privacy.attribute_ledger import AttributeLedger, load_monitor_state, monitor_state
 from lightning_privacy.attributes import SensitiveAttribute
-from lightning_privacy.callbacks._attribute_checks import CandidateCheck, check_monitor_arguments, look_up_attribute
-from lightning_privacy.callbacks._opacus import (
-    accountant_history,
-    dp_optimizers,
-    find_dpsgd,
-    history_steps,
-    next_step_mechanism,
+from lightning_privacy.callbacks._attribute_checks import (
+    CandidateCheck,
+    align_with_accountant,
+    check_monitor_arguments,
+    default_batch_to_inputs_targets,
+    look_up_attribute,
+    require_dp_optimizer,
+    select_values,
+    set_flat_max_grad_norm,
+    warn_unpublished,
 )
+from lightning_privacy.callbacks._opacus import find_dpsgd, next_step_mechanism
 from lightning_privacy.callbacks._strategies import full_tensors, is_fsdp
 from lightning_privacy.callbacks.bayes_security_monitor import _float32_toward_safety
-from lightning_privacy.functional.attribute_sensitivity import (
-    attribute_sensitivity,
-    hook_free_twin,
-    sensitivity_rounding_allowance,
-    sync_training_mode,
-)
-
-STATE_VERSION = 2  # 1: flat Σ R_t² per segment (loaded with a safe bound, see AttributeLedger.load_state_dict)
-
-
-def default_batch_to_inputs_targets(batch: Any) -> Tuple[Any, Any]:
-    """``(inputs, targets)`` from an ``(x, y)`` batch."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise MisconfigurationException(
-        f"AttributeInferenceMonitor expects (inputs, targets) batches, got {type(batch).__name__}; pass "
-        "`batch_to_inputs_targets=lambda batch: (inputs, targets)`."
-    )
+from lightning_privacy.functional.attribute_sensitivity import hook_free_twin, step_sensitivity
 
 
 class AttributeInferenceMonitor(Callback):
     r"""Track the attribute sensitivity R_t of every DP-SGD step and log the safe β*_AI every epoch.
 
-    Cherubin et al. (2024), Corollary 10 / Algorithm 4: at every optimizer step, at the weights the
-    step uses, R_t is the largest distance between the clipped per-sample gradients of one batch example
-    with its sensitive attribute set to two candidate values (see
-    :mod:`lightning_privacy.functional.attribute_sensitivity`; maximum over the batch and all processes).
-    Steps the monitor did not measure (e.g. before it was added to a resumed run) count with the worst case
-    Rₜ = 2C.
+    Cherubin et al. (2024), Corollary 10 / Algorithm 4: at every optimizer step, at the weights the step uses, R_t is
+    the largest distance between the clipped per-sample gradients of one batch example with its sensitive attribute
+    set to two candidate values, over the batch and all processes (in float32 at least, with a rounding allowance:
+    :func:`~lightning_privacy.functional.attribute_sensitivity.step_sensitivity`). Steps it did not measure (e.g.
+    before it was added to a resumed run) count with the worst case R_t = 2C.
 
-    Precision: Rₜ is computed in float32 (the parameters' dtype if wider) outside autocast, whatever ``precision``
-    the Trainer uses (16-bit weights and inputs are upcast exactly), plus an allowance of 1024·eps·C (1.2e-4·C in
-    float32, :func:`~lightning_privacy.functional.attribute_sensitivity.sensitivity_rounding_allowance`), so that
-    float rounding cannot put it below the exact value for the step's weights and batch (tested against a float64
-    brute force under bf16-mixed on CNN, attention, LSTM and frozen-backbone models, where float32 alone came out up
-    to 2.1e-7·C below). The allowance lowers β*_AI by 6e-6 (approximate Rₜ) and 9e-6 (exact) in the 30-epoch Adult
-    reproduction and by at most 6e-5 on those test models (2 epochs at σ = 1): for Rₜ ≥ 0.023·C it moves Rₜ up by at
-    most one of the levels below.
+    Each epoch it logs the safe β*_AI that decisions use, ``privacy/ai_bayes_security`` (``key``): 1 − δ(ε = 0) of the
+    composed per-step mechanisms whose outputs differ by R_t (two gradients at ±R_t/2, Cor. 10), each R_t rounded up
+    onto 128 levels per factor of two (:mod:`lightning_privacy.attribute_ledger`, which gives the model, the grid and
+    the cost); and the paper's closed form, which can overstate security, as ``key + "_closed_form"``. Since R_t ≤ 2C
+    each is never below its β*_MIA counterpart. β*_AI depends on the training data and can leak MEMBERSHIP (Section
+    5.3): per-step ``privacy/ai_sensitivity`` is logged only with ``publish=True``, otherwise the monitor warns once.
 
-    Each epoch two values are logged (σ/p per accountant segment):
-
-    - ``privacy/ai_bayes_security`` (``key``): the safe β*_AI, 1 − δ(ε = 0) of the composed per-step
-      Poisson-subsampled Gaussian mechanisms whose outputs differ by Rₜ, from a pessimistic privacy-loss
-      distribution (:class:`~lightning_privacy.attribute_ledger.AttributeLedger`). Each Rₜ is rounded *up*
-      onto 128 levels per factor of two (< 0.55 % per step; 1.9e-4 of β*_AI at the Adult reproduction's
-      mechanism) and the epoch's steps are composed, level by level, onto the stored distribution at epoch end:
-      a median 6-11 ms per epoch in the Adult run (0.28 s at most, in the first epoch; 0.25 % of the run for two
-      monitors), ≈ 1 ms per step when ``PrivacyBudgetStopping(threat="ai")`` reads it after every step. Decisions
-      use this value.
-    - ``privacy/ai_bayes_security_closed_form`` (``key + "_closed_form"``): the paper's
-      1 − erf(√(Σₜ (pₜRₜ/σₜ)²) / (2√2·C)), an approximation that can overstate security (at p = 0.05,
-      σ = 1, 400 steps with Rₜ = 2C: 0.3173 against 0.3059), shown for comparison.
-
-    Since Rₜ ≤ 2C each is never below its β*_MIA counterpart, with equality when every Rₜ = 2C.
-
-    Model: as in issue 14 and Cor. 10, step t is the pair whose two gradients sit at ±Rₜ/2 about the batch
-    without the record (dp_accounting's ``REPLACE_ONE`` with sensitivity Rₜ/2); "safe" means never above that
-    model's exact value. For Rₜ < 2C other placements of two clipped gradients at distance Rₜ can leak more
-    (see :func:`~lightning_privacy.analysis.bayes_security.ai_bayes_security_exact`); β*_MIA bounds every
-    placement.
-
-    Privacy of the bound (Section 5.3): β*_AI depends on the training data and can leak MEMBERSHIP
-    (not the attribute). Per-step ``privacy/ai_sensitivity`` is logged only with ``publish=True``;
-    otherwise the monitor warns once. Publish β*_AI only where membership inference is not a concern.
-
-    :class:`~lightning_privacy.PrivacyBudgetStopping` with ``threat="ai"`` calls
-    :meth:`bayes_security_after_next_step`: the safe β*_AI with the worst case R = 2C for the next step.
-
-    The attribute is a :class:`~lightning_privacy.functional.attributes.SensitiveAttribute` or the NAME of
-    one, looked up at setup with the datamodule's ``sensitive_attribute(name)`` (what
-    :class:`~lightning_privacy.data.AdultDataModule` offers), so ``attribute: age`` works in a
-    LightningCLI config. The candidates must be on the model's input scale: on its first steps the
-    monitor compares the values it will write with what the batch holds there and raises when they are
-    far outside the column's observed range (raw ages into a standardised column) or a one-hot group's
-    columns are not 0/1; the rule is in :mod:`lightning_privacy.functional.attributes`. Custom
-    attributes cannot be checked.
+    The attribute is a :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`, or the NAME of one that
+    the datamodule's ``sensitive_attribute(name)`` returns at setup (``attribute: age`` in a LightningCLI config). On
+    its first steps the monitor checks the candidates against the batches' column (on the model's input scale; the
+    rule is in :mod:`lightning_privacy.functional.attributes`; custom attributes cannot be checked).
 
     Args:
-        attribute: a :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`, or the name of
-            one for the datamodule's ``sensitive_attribute(name)``.
+        attribute: a :class:`~lightning_privacy.functional.attributes.SensitiveAttribute`, or a name for the
+            datamodule's ``sensitive_attribute(name)``.
         method: ``"approximate"`` (upper bound on R_t, safe side, O(|A|)) or ``"exact"`` (diameter).
         values: ``"all"``, ``"extremes"`` (domain knowledge, Section 5.4) or a subset of values.
         publish: log per-step R_t (``privacy/ai_sensitivity``) and do not warn.
         loss_fn: ``loss_fn(outputs, targets)``, the module's training loss (default cross-entropy).
         batch_to_inputs_targets: maps a training batch to ``(inputs, targets)`` (default: ``(x, y)``).
         chunk_size: examples per chunk of gradient computation (default: automatic).
-        backend: ``"auto"``, ``"func"`` (torch.func, any module) or ``"linear"`` (Gram matrices for
-            all-``nn.Linear`` models); see :func:`~lightning_privacy.functional.attribute_sensitivity.attribute_sensitivity`.
+        backend: ``"auto"``, ``"func"`` or ``"gram"`` (formerly ``"linear"``); see
+            :mod:`lightning_privacy.functional.attribute_sensitivity`.
         key: metric key for the safe β*_AI (change it when several monitors run side by side); the closed
             form is logged under ``key + "_closed_form"``.
         accountant: an Opacus accountant to read instead of finding it through the trainer.
-        check_candidates: check the candidates against the first batches (turn off only for
-            deliberately out-of-range candidates).
+        check_candidates: check the candidates against the first batches (off for deliberately out-of-range ones).
 
     Attributes:
         attribute: the :class:`~lightning_privacy.functional.attributes.SensitiveAttribute` (for a name:
             the name until setup, then what the datamodule returned).
         tracked_attribute: ``attribute`` restricted to ``values`` (``None`` until a name is looked up).
-        ledger: the :class:`~lightning_privacy.attribute_ledger.AttributeLedger` of the run (R_t rounded up onto
-            levels and composed incrementally; Σ R_t² per segment for the closed form). A new one at every fit (a
-            resumed fit restores the checkpoint's), so a monitor reused for another fit holds that fit's steps only.
+        ledger: the run's :class:`~lightning_privacy.attribute_ledger.AttributeLedger`, new at every fit (a resumed
+            fit restores the checkpoint's): a monitor reused for another fit holds that fit's steps only.
         segments: the ledger's run-length record ``[{noise_multiplier, sample_rate, steps, sum_sq, measured}]``.
         max_sensitivity: the largest measured R_t.
         epochs: one record per epoch, ``{"epoch", "steps", "safe", "closed"}`` (the safe β*_AI and its closed form
@@ -192,7 +138,9 @@ class AttributeInferenceMonitor(Callback):
         )  # fmt: skip
         self.values = values if isinstance(values, str) else list(values)
         self.attribute, self._attribute_name = attribute, attribute if isinstance(attribute, str) else None
-        self.tracked_attribute = self._select(attribute) if isinstance(attribute, SensitiveAttribute) else None
+        self.tracked_attribute = (
+            select_values(attribute, self.values) if isinstance(attribute, SensitiveAttribute) else None
+        )
         self.method = method
         self.publish = publish
         self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
@@ -251,7 +199,7 @@ class AttributeInferenceMonitor(Callback):
         """Safe β*_AI if one more optimizer step with the worst case R = 2C were taken (for budget stopping)."""
         dpsgd = find_dpsgd(trainer)
         if dpsgd is not None:
-            self._set_max_grad_norm(dpsgd.max_grad_norm)
+            set_flat_max_grad_norm(self.ledger, dpsgd.max_grad_norm)
         self._commit(trainer)
         mechanism = next_step_mechanism(trainer, self.accountant, who="AttributeInferenceMonitor")
         if self.max_grad_norm is None:
@@ -261,45 +209,14 @@ class AttributeInferenceMonitor(Callback):
             )
         return self.bayes_security(extra_worst_case_step=mechanism)
 
-    # ------------------------------------------------------------------------------ bookkeeping
     def _need_max_grad_norm(self) -> None:
         if self.max_grad_norm is None:
             raise MisconfigurationException("The clipping norm is not known yet (no DP optimizer step has been seen).")
 
-    def _set_max_grad_norm(self, value: Any) -> None:
-        if isinstance(value, (list, tuple)):
-            raise MisconfigurationException(
-                "AttributeInferenceMonitor supports flat clipping only (one max_grad_norm), not per-layer."
-            )
-        try:
-            self.ledger.set_max_grad_norm(float(value))
-        except ValueError as err:
-            raise RuntimeError(str(err)) from err
-
     def _commit(self, trainer: pl.Trainer) -> None:
         """Align with the accountant: new steps get the pending R_t (last one) or the worst case 2C."""
-        history = accountant_history(trainer, self.accountant)
-        if history_steps(history) == self.steps:
-            self._pending = None  # no step was taken (e.g. skipped by the optimizer)
-            return
-        if self.max_grad_norm is None and history_steps(history) > self.steps:
-            optimizers = dp_optimizers(trainer)
-            if not optimizers:
-                raise MisconfigurationException(
-                    "The accountant recorded steps but no Opacus DPOptimizer gives max_grad_norm."
-                )
-            self._set_max_grad_norm(optimizers[0].max_grad_norm)
-        self.ledger.align(history, self._pending)
+        align_with_accountant(self.ledger, trainer, self.accountant, self._pending)
         self._pending = None
-
-    # ------------------------------------------------------------------------------ attribute
-    def _select(self, attribute: SensitiveAttribute) -> SensitiveAttribute:
-        try:
-            return attribute.select(self.values)
-        except (TypeError, ValueError) as err:
-            raise MisconfigurationException(
-                f"`values`={self.values!r} does not fit attribute {attribute.name!r}: {err}"
-            ) from err
 
     # ------------------------------------------------------------------------------ hooks
     @override
@@ -308,7 +225,7 @@ class AttributeInferenceMonitor(Callback):
             self.ledger, self.epochs = AttributeLedger(), []
         if self._attribute_name is not None:  # looked up again at every fit: the datamodule may differ
             self.attribute = look_up_attribute(trainer, self._attribute_name)
-            self.tracked_attribute = self._select(self.attribute)
+            self.tracked_attribute = select_values(self.attribute, self.values)
         # FSDP2 (ModelParallelStrategy): configure_model shards the module after setup, and a sharded module cannot be
         # copied; the twin is the module as it is now, called with the all-gathered parameters at every step
         self._unsharded_twin = hook_free_twin(pl_module) if stage == "fit" and is_fsdp(trainer) else None
@@ -319,11 +236,7 @@ class AttributeInferenceMonitor(Callback):
         self._pending = None
         self._check = CandidateCheck(self.tracked_attribute, enabled=self.check_candidates)
         if not self.publish and not self._warned:
-            rank_zero_warn(
-                f"AttributeInferenceMonitor: {names.AI_BAYES_SECURITY} is data-dependent; publishing it can leak the "
-                "MEMBERSHIP of training records (Cherubin et al. 2024, Section 5.3). Per-step R_t is not logged; "
-                "keep the logs private where membership inference matters (publish=True to opt in)."
-            )
+            warn_unpublished()
             self._warned = True
 
     @override
@@ -334,34 +247,26 @@ class AttributeInferenceMonitor(Callback):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if not isinstance(optimizer, DPOptimizer):
-            raise MisconfigurationException(
-                f"AttributeInferenceMonitor needs Opacus DP-SGD (a DPOptimizer), got {type(optimizer).__name__}; add "
-                "lightning_privacy.DPSGD(...) to the callbacks."
-            )
-        self._set_max_grad_norm(optimizer.max_grad_norm)
+        require_dp_optimizer(optimizer)
+        set_flat_max_grad_norm(self.ledger, optimizer.max_grad_norm)
         inputs, targets = self.batch_to_inputs_targets(self._batch)
         if self._check is not None and not self._check.done:
             self._check.update(trainer, inputs)
         if self._twin is None:
             self._twin = self._unsharded_twin if self._unsharded_twin is not None else hook_free_twin(pl_module)
-        sync_training_mode(self._twin, pl_module)
-        params, buffers = full_tensors(pl_module.named_parameters()), full_tensors(pl_module.named_buffers())
-        dtype = next((p.dtype for p in pl_module.parameters() if p.requires_grad), torch.float32)
-        self._pending = attribute_sensitivity(
+        self._pending = step_sensitivity(
             self._twin,
+            pl_module,
             inputs,
             targets,
             attribute=self.tracked_attribute,
             max_grad_norm=self.max_grad_norm,
+            params=full_tensors(pl_module.named_parameters()),
+            buffers=full_tensors(pl_module.named_buffers()),
             method=self.method,
             loss_fn=self.loss_fn,
-            params=params,
-            buffers=buffers,
             chunk_size=self.chunk_size,
             backend=self.backend,
-            sync=True,
-            rounding_allowance=sensitivity_rounding_allowance(dtype, max_grad_norm=self.max_grad_norm),
         )
         self._batch = None
 
@@ -388,25 +293,8 @@ class AttributeInferenceMonitor(Callback):
     # ------------------------------------------------------------------------------ state
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "ledger": self.ledger.state_dict(),
-            "steps": self.steps,
-            "epochs": [dict(e) for e in self.epochs],
-        }
+        return monitor_state(self.ledger, self.epochs)
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        version = state_dict.get("version")
-        required = {1: {"segments", "max_grad_norm"}, STATE_VERSION: {"ledger"}}.get(version)
-        if required is None:
-            raise RuntimeError(f"AttributeInferenceMonitor state version {version!r} is not {STATE_VERSION}")
-        missing = required - set(state_dict)
-        if missing:
-            raise RuntimeError(
-                f"AttributeInferenceMonitor state is missing {sorted(missing)}: refusing to restart R at 0"
-            )
-        ledger = AttributeLedger()
-        ledger.load_state_dict(state_dict if version == 1 else state_dict["ledger"])  # 1: the ledger's v1 layout
-        self.ledger = ledger
-        self.epochs = [dict(e) for e in state_dict.get("epochs", [])]  # added later: older checkpoints have none
+        self.ledger, self.epochs = load_monitor_state(state_dict)

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import DPSGD, AttributeInferenceMonitor, BayesSecurityMonitor, PrivacyBudgetStopping, names
 from lightning_privacy.analysis import bayes_security as bs
+from lightning_privacy.callbacks._attribute_checks import set_flat_max_grad_norm
 from lightning_privacy.data import AdultDataModule
 from lightning_privacy.functional.attribute_sensitivity import attribute_sensitivity, sensitivity_rounding_allowance
 from lightning_privacy.functional.attributes import SensitiveAttribute
@@ -211,7 +212,7 @@ def test_state_dict_round_trip_is_plain_and_strict(tmp_path):
     with pytest.raises(RuntimeError, match="version None"):
         other.load_state_dict({})
     with pytest.raises(RuntimeError, match="max_grad_norm changed"):
-        other._set_max_grad_norm(2.0)
+        set_flat_max_grad_norm(other.ledger, 2.0)  # (what the monitor calls with the optimizer's C)
     assert monitor.state_key == (
         "AttributeInferenceMonitor{'attribute': 'x0', 'method': 'approximate', 'values': 'all', "
         "'key': 'privacy/ai_bayes_security'}"

@@ -16,6 +16,8 @@ from lightning_privacy.functional.attribute_sensitivity import (
     hook_free_twin,
     per_sample_gradients,
     sensitivity_from_gradients,
+    sensitivity_rounding_allowance,
+    step_sensitivity,
 )
 from lightning_privacy.functional.attributes import SensitiveAttribute
 from tests._ddp import run_distributed
@@ -240,3 +242,21 @@ def test_works_inside_no_grad():
                 model, x, y, attribute=NUMERIC, max_grad_norm=C, method="exact", backend=backend
             )
             assert got == pytest.approx(reference, rel=1e-5)
+
+
+def test_step_sensitivity_takes_the_modules_mode_and_the_allowance_of_its_dtype():
+    """What the monitor measures at a step, without a Trainer: the twin follows the live module's training mode, and
+    the value is attribute_sensitivity's plus the allowance of the trainable parameters' dtype (bf16's here)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 2))
+    twin = hook_free_twin(model)
+    model.eval()
+    attribute = SensitiveAttribute.one_hot(columns=[1, 2], values=["F", "M"])
+    x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    params = {k: v.to(torch.bfloat16) for k, v in model.named_parameters()}
+    model.to(torch.bfloat16)
+    r = step_sensitivity(twin, model, x, y, attribute=attribute, max_grad_norm=1.0, params=params)
+    assert not twin.training
+    allowance = sensitivity_rounding_allowance(torch.bfloat16, max_grad_norm=1.0)
+    plain = attribute_sensitivity(twin, x, y, attribute=attribute, max_grad_norm=1.0, params=params)
+    assert allowance > 0 and r == pytest.approx(min(plain + allowance, 2.0), abs=1e-7)
