@@ -24,7 +24,6 @@ from lightning_privacy.callbacks._fix_modules import (
 )
 from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
 
-DEFAULT_DELTA = 1e-5
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 
 

@@ -16,7 +16,6 @@ from lightning_privacy._validation import check_bool, check_int
 from lightning_privacy.callbacks import _dp_checks, _dpsgd_setup, _dpsgd_state, _strategies
 from lightning_privacy.callbacks._backward import PerExampleBackward
 from lightning_privacy.callbacks._dpsgd_settings import (
-    DEFAULT_DELTA,
     check_arguments,
     check_choices,
     positive,
@@ -27,6 +26,8 @@ from lightning_privacy.callbacks._dpsgd_settings import (
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, is_empty_batch
 from lightning_privacy.callbacks._self_checks import SelfChecks
 from lightning_privacy.ledger import PrivacyLedger
+
+DEFAULT_DELTA = 1e-5  # (here, not imported: the API page shows a default defined in the module by its value)
 
 
 class DPSGD(Callback):
