@@ -96,7 +96,9 @@ def base_model(name: Optional[str] = None, *, vocab: int = VOCAB, length: int = 
         return AutoModelForCausalLM.from_pretrained(name)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(BASE_SEED)
-        config = GPT2Config(vocab_size=vocab, n_positions=length, n_embd=128, n_layer=2, n_head=4)
+        config = GPT2Config(
+            vocab_size=vocab, n_positions=length, n_embd=128, n_layer=2, n_head=4, bos_token_id=PAD, eos_token_id=PAD
+        )
         return GPT2LMHeadModel(config)
 
 
