@@ -307,7 +307,10 @@ def check_no_batch_statistics(layers: Sequence[tuple]) -> None:
 
 
 def tied_trainable_parameters(module: torch.nn.Module) -> List[Tuple[str, ...]]:
-    """The names of every trainable parameter that several modules share (tied weights), one tuple per parameter.
+    """The names of every trainable parameter that several layers share (tied weights), one tuple per parameter.
+
+    A layer is a module without children that holds the parameter itself; a parameter that a container only aliases
+    (Opacus' ``DPLSTM`` exposes its cells' weights as ``weight_ih_l0``) is used by one layer and is not tied.
 
     Example::
 
@@ -317,9 +320,12 @@ def tied_trainable_parameters(module: torch.nn.Module) -> List[Tuple[str, ...]]:
         [('wte.weight', 'lm_head.weight')]
     """
     names: Dict[int, List[str]] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        if param.requires_grad:
-            names.setdefault(id(param), []).append(name)
+    for prefix, layer in module.named_modules(remove_duplicate=False):
+        if next(layer.children(), None) is not None:
+            continue
+        for name, param in layer.named_parameters(recurse=False):
+            if param.requires_grad:
+                names.setdefault(id(param), []).append(f"{prefix}.{name}" if prefix else name)
     return [tuple(group) for group in names.values() if len(group) > 1]
 
 
