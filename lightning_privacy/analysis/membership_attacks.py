@@ -10,9 +10,9 @@ which both attacks' quantities follow exactly:
 
 For examples that are sequences (language models) the signal is instead ``signal="nll"``: the negative
 log-likelihood ``N = −log Pr(x | θ)`` of the whole sequence, the sum of its next-token losses (``mean token loss ×
-tokens``). Then RMIA's ``Pr(x | θ) = e^{−N}``, the product of the sequence's next-token probabilities: the RMIA paper
-(Zarifzadeh et al. 2024) evaluates image and tabular data and fixes no choice for text, and this is the likelihood of
-the example the model was trained on. LiRA's ``φ = −N = log p``: for a sequence ``p ≪ 1`` and ``log(p / (1 − p)) =
+tokens``). Then RMIA's ``Pr(x | θ) = e^{−N}``, the product of the sequence's next-token probabilities, the likelihood
+of the example the model was trained on (the RMIA paper, Zarifzadeh et al. 2024, evaluates image and tabular data; we
+found no choice for text in it). LiRA's ``φ = −N = log p``: for a sequence ``p ≪ 1`` and ``log(p / (1 − p)) =
 log p + O(p)``, while ``log p`` stays finite for a memorised sequence (``N → 0``), where the logit diverges.
 
 Reference models are described by boolean matrices ``inside[k, i]``: whether reference ``k`` trained on
