@@ -6,9 +6,10 @@ The model and data are ``examples/dp_lora_language_model.py``'s: a randomly init
 token), right-padded to 32 tokens (lengths 16–32). Members, non-members and the population are disjoint draws.
 
 - Timing: CPU seconds of one epoch over the members (expected batch 64, Adam) after a warm-up epoch, measured by a
-  callback (Trainer set-up excluded; CPU time, not wall time, so that other jobs on a shared CPU do not count), LoRA r = 8 on ``c_attn``/``c_proj`` and full fine-tuning. Ghost clipping cannot clip
-  GPT-2's tied ``wte``/``lm_head`` weight (DPSGD refuses it), so full fine-tuning in ghost mode is measured with the
-  tied embedding frozen, as DPSGD's message suggests.
+  callback (Trainer set-up excluded; CPU time, not wall time, so that other jobs on a shared CPU do not count), LoRA
+  r = 8 on ``c_attn``/``c_proj`` and full fine-tuning. Ghost clipping cannot clip GPT-2's tied ``wte``/``lm_head``
+  weight (DPSGD refuses it), so full fine-tuning in ghost mode is also measured with the tied embedding frozen, as
+  DPSGD's message suggests.
 - Audits: each sequence's mean token loss (LOSS), Min-K% Prob with k = 20% (Shi et al. 2024) and RMIA (offline,
   γ = 2, ``--references`` reference models trained with the target's recipe on halves of the population; RMIA's
   ``Pr(x | θ) = exp(−mean token loss × tokens)``). Over-fitted: full fine-tuning without DP for ``--overfit-epochs``

@@ -1,9 +1,9 @@
 """DP fine-tuning of a causal language model with LoRA adapters, audited per sequence.
 
 A GPT-2 (by default a tiny, randomly initialised one: 2 layers, 128 wide, 1,000 tokens, so that the example runs
-offline in seconds; ``--model gpt2`` loads a pretrained one where the Hugging Face hub is reachable) gets LoRA adapters
-(``peft``, r = 8 on ``c_attn`` / ``c_proj``; ``--full`` trains every weight instead) and is fine-tuned on token
-sequences with
+offline in under a minute on one CPU thread; ``--model gpt2`` loads a pretrained one where the Hugging Face hub is
+reachable) gets LoRA adapters (``peft``, r = 8 on ``c_attn`` / ``c_proj``; ``--full`` trains every weight instead) and
+is fine-tuned on token sequences with
 
 - ``DPSGD(target_epsilon=--epsilon, epochs=--epochs, grad_sample_mode=--grad-sample-mode)``: one clipped gradient per
   *sequence* (``training_step`` returns ``{"loss": ..., "per_example_loss": ...}``, so the same module trains with or
@@ -50,9 +50,9 @@ class MarkovSequences(Dataset):
     """``n`` token sequences from a seeded random Markov chain, right-padded: mappings with ``input_ids`` and
     ``attention_mask``, as a tokenizer and its collator give them.
 
-    Every token (1 … vocab − 1; 0 is padding) has ``successors`` possible next tokens with Dirichlet(``concentration``)
-    probabilities; the chain (``chain_seed``) is shared by members, non-members and population, the sequences
-    (``seed``) are not. Lengths are uniform in [``min_length``, ``length``].
+    Every token (1 … vocab − 1; 0 is padding) has ``successors`` possible next tokens with
+    Dirichlet(``concentration``) probabilities; the chain (``chain_seed``) is shared by members, non-members and
+    population, the sequences (``seed``) are not. Lengths are uniform in [``min_length``, ``length``].
     """
 
     def __init__(
