@@ -32,6 +32,7 @@ import warnings
 from typing import Optional
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -69,7 +70,9 @@ class MarkovSequences(Dataset):
     ) -> None:
         chain = torch.Generator().manual_seed(chain_seed)
         nxt = torch.randint(1, vocab, (vocab, successors), generator=chain)
-        probs = torch.distributions.Dirichlet(torch.full((successors,), concentration)).sample((vocab,))
+        # (torch's Dirichlet draws from the global generator: NumPy's, seeded, keeps the chain a function of chain_seed)
+        dirichlet = np.random.default_rng(chain_seed).dirichlet(np.full(successors, concentration), size=vocab)
+        probs = torch.from_numpy(dirichlet).float()
         g = torch.Generator().manual_seed(seed)
         ids = torch.empty(n, length, dtype=torch.long)
         ids[:, 0] = torch.randint(1, vocab, (n,), generator=g)
