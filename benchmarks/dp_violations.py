@@ -30,7 +30,8 @@ Four sets of runs:
   directly: value·count_j·[included] + σC√T·N(0, 1), count_j ~ Binomial(T, p) (case (d): 30 × Binomial(10, p)).
   This is the distribution the real pipeline produces (its "ideal" column in ``benchmarks/canary_audit.py``
   tracks the trained runs), at a fraction of the cost, so many seeds fit;
-- **simulated**, likelihood-ratio score (``--lr-seeds``, default 100), m = 1,000, 5,000 and 10,000: the per-step
+- **simulated**, likelihood-ratio score (``--lr-seeds``, default 100; ``--lr-large-seeds``, default 40, at
+  m = 10,000 and for the Gaussian game, whose audits cost ten times more), m = 1,000, 5,000 and 10,000: the per-step
   values drawn the same way and scored as ``CanaryAudit(score="likelihood_ratio")`` does with the claimed σ; each
   audit gives two verdicts: α split (``CanaryAudit``'s) and all of α on the f-DP test (:func:`_fdp_only`; a DP-SGD
   claim is a whole trade-off curve, which the f-DP test checks directly, and the split's binomial half decided no
@@ -43,7 +44,8 @@ Four sets of runs:
   default score it does not enter the canaries' scores). LOSS attacks the same models (members: the 2,000
   training rows; non-members: 2,000 more rows never trained on); for (c) and (d) only the canaries' rows break
   the claim, which the LOSS attack does not see, so those cells are marked n/a;
-- **every audit**, trained (``--every-seeds``, default 20 per case and audit; :func:`trained_all`): a 64-160-2 MLP
+- **every audit**, trained (``--every-seeds``, default 20 per case and audit; ``--input-seeds``, default 10, for the
+  input canaries, whose fits are the slowest; :func:`trained_all`): a 64-160-2 MLP
   (10,722 trainable coordinates, lr 4) on 2,000 rows of 64 features with noisy labels (so that without noise it
   memorises, and a black-box attack has something to find), trained by ``DPSGD`` with the case's violation in the
   data rows as well (above). Each audit gets its own fit, since canaries are real gradient terms or rows that
@@ -57,8 +59,8 @@ Four sets of runs:
   the same claim: for the DP-SGD claim with the claimed recipe (σ = 2), for (e), which names no recipe, with the
   same training at σ = 0.001. RMIA's population points are the same 4,000 rows.
 
-    python benchmarks/dp_violations.py [--seeds 200] [--lr-seeds 100] [--trained-seeds 20] [--every-seeds 20]
-        [--references 8] [--output benchmarks/results/dp_violations.md]
+    python benchmarks/dp_violations.py [--seeds 200] [--lr-seeds 100] [--lr-large-seeds 40] [--trained-seeds 20]
+        [--every-seeds 20] [--input-seeds 10] [--references 8] [--output benchmarks/results/dp_violations.md]
 
 About 40 minutes on one core.
 """
@@ -549,12 +551,20 @@ AUDITS_B = ("gradient", "input", "black_box")
 BLACK_BOX = ("rmia", "lira", "loss")
 
 
+def _lr_seeds(args: Any, m: int) -> int:
+    return args.lr_large_seeds if m >= M_LR else args.lr_seeds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200, help="simulated audits per case")
     parser.add_argument("--trained-seeds", type=int, default=20, help="trained runs per case, m = 1000 (0: none)")
-    parser.add_argument("--lr-seeds", type=int, default=100, help="simulated likelihood-ratio audits per case and m")
+    parser.add_argument("--lr-seeds", type=int, default=100, help="simulated likelihood-ratio audits per case, m < 10⁴")
+    parser.add_argument(
+        "--lr-large-seeds", type=int, default=40, help="simulated audits per case at m = 10⁴, and per Gaussian game"
+    )
     parser.add_argument("--every-seeds", type=int, default=20, help="every-audit fits per case and audit (0: none)")
+    parser.add_argument("--input-seeds", type=int, default=10, help="every-audit fits per case, input canaries")
     parser.add_argument("--references", type=int, default=NUM_REFERENCES, help="reference models per recipe")
     parser.add_argument("--output", default=str(RESULTS / "dp_violations.md"))
     args = parser.parse_args()
@@ -573,13 +583,13 @@ def main() -> None:
     for m in LR_SIZES:
         for case in CASES:
             c = claim[case[5]]
-            runs = [simulated_lr(case, seed, c, m) for seed in range(args.lr_seeds)]
+            runs = [simulated_lr(case, seed, c, m) for seed in range(_lr_seeds(args, m))]
             rows_lr.append((m, case, c, runs))
             print(
                 f"simulated, likelihood ratio, m = {m}, {case[1]}: {_rate(runs)} {_rate(runs, 'fdp_only')}", flush=True
             )
     mu = claim_mu()
-    games = {m: [gaussian_game(seed, m, mu) for seed in range(args.lr_seeds)] for m in (M, M_LR)}
+    games = {m: [gaussian_game(seed, m, mu) for seed in range(args.lr_large_seeds)] for m in (M, M_LR)}
     for case in CASES if args.trained_seeds else ():
         c = claim[case[5]]
         runs = []
@@ -597,7 +607,7 @@ def main() -> None:
             c = claim[case[5]]
             runs: Dict[str, List[Dict[str, Any]]] = {"gradient": [], "input": [], "rmia": [], "lira": [], "loss": []}
             for audit in AUDITS_B:
-                for seed in range(args.every_seeds):
+                for seed in range(args.input_seeds if audit == "input" else args.every_seeds):
                     t0 = time.perf_counter()
                     out = trained_all(case, seed, c, audit, refs[case[5]] if audit == "black_box" else None)
                     for k, v in out.items():
@@ -637,7 +647,8 @@ def main() -> None:
     lines += [
         "",
         f'**Simulated**, the per-step **likelihood-ratio** score (`CanaryAudit(score="likelihood_ratio")`, with the '
-        f"claimed σ) instead of the sum, for m = {sizes} canaries ({args.lr_seeds} audits per case and m). "
+        f"claimed σ) instead of the sum, for m = {sizes} canaries ({args.lr_seeds} audits per case and m; "
+        f"{args.lr_large_seeds} at m = {M_LR:,}, where one audit costs ten times more). "
         "Two verdicts on the same scores: α split as above (what `CanaryAudit` does), and all of α on the f-DP test "
         "of the claim's curve (no binomial test; 27 → "
         f"{len(guess_grid(M_LR))} guess pairs at m = {M_LR:,}):",
@@ -669,7 +680,8 @@ def main() -> None:
     if rows_every:
         lines += [
             "",
-            f"**Every audit**, trained ({args.every_seeds} fits per case and audit; each audit its own fit of the "
+            f"**Every audit**, trained ({args.every_seeds} fits per case and audit, {args.input_seeds} for the input "
+            "canaries, whose fits are the slowest; each audit its own fit of the "
             f"{FEATURES_B}-{WIDE}-2 MLP, {args.references} reference models per recipe for RMIA and LiRA, shared by "
             'every seed; see the script\'s docstring). Rate of "contradicted" at α = 0.05:',
             "",
@@ -703,7 +715,7 @@ def main() -> None:
         f"**How much of the claim's ε the evidence reaches** on the correct run (a): median ε lower bound ÷ the claim's "
         f"ε = {eps:.2f} (the true ε of case (a)). The idealised Gaussian game scores each canary by one draw of "
         f"N(μ·[included], 1) with μ = {mu:.3f}, the claim's μ-GDP approximation (p·√(T(e^{{1/σ²}} − 1)); its own ε "
-        f"at δ = 1e-5 is {epsilon_from_mu(mu=mu, delta=DELTA):.2f}); {args.lr_seeds} audits per m.",
+        f"at δ = 1e-5 is {epsilon_from_mu(mu=mu, delta=DELTA):.2f}); {args.lr_large_seeds} audits per m.",
         "",
         "| evidence | m | binomial | Gaussian f-DP |",
         "|---|---|---|---|",
