@@ -157,3 +157,35 @@ def test_the_binomial_slack_is_tight_enough():
     assert not at_most_alpha(math.ceil(2.5 * ALPHA * 200), 200)
     assert not at_most_alpha(6, 20)
     assert at_most_alpha(3, 20) and at_most_alpha(0, 20)
+
+
+@pytest.mark.slow
+def test_the_script_writes_every_table(tmp_path):
+    """A tiny run of the benchmark (cases a and e, one seed each) writes every table these tests read."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "dp_violations.md"
+    small = ["--seeds", "2", "--lr-seeds", "1", "--lr-large-seeds", "1", "--trained-seeds", "1"]
+    small += ["--every-seeds", "1", "--input-seeds", "1", "--references", "2", "--cases", "a,e"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "dp_violations.py"), *small, "--output", str(out)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+    )
+    text = out.read_text(encoding="utf-8")
+    found = {title.split("**")[1] for title, _, _ in tables(text) if title.startswith("**")}
+    assert {
+        "Simulated",
+        "Trained",
+        "Every audit",
+        "The same fits, the evidence",
+        "How much of the claim's ε the evidence reaches",
+    } <= found
+    for _, header, rows in tables(text):
+        assert rows and all(len(row) == len(header) for row in rows), header
+    assert "No previous results file to compare with." in text
