@@ -12,12 +12,24 @@ size 32 for ``--warmup`` + ``--steps`` steps; the table shows medians over the m
   ``step``; checks: DPSGD's self-checks (first steps only, so 0 after warm-up); ledger: the accountant's step;
 - rest: step − the parts (Lightning's loop, hooks, data loading and collation, the sampler).
 
-The parts are timed by wrapping the methods that do them (``time.perf_counter``), each exclusive of the timed parts
-nested in it (SGD's ``step`` runs Lightning's closure — forward and backward — inside), so they add up to the time
-spent inside them; each run is a fresh process. Ratios against ``none`` (the same module and optimizer without DPSGD) are what to
-compare on a shared machine, not the absolute times.
+The parts are timed by wrapping the methods that do them, each exclusive of the timed parts nested in it (SGD's
+``step`` runs Lightning's closure — forward and backward — inside), so they add up to the time spent inside them;
+each run is a fresh process. The clock is the process's CPU time (``time.process_time``: user + system, so the page
+faults of fresh tensors count) unless ``--clock wall``: with one torch thread it is the wall time of an idle machine,
+and it does not move when other processes share the cores. Ratios against ``none`` (the same module and optimizer
+without DPSGD) are what to compare.
 
-    python benchmarks/dpsgd_overhead.py [--steps 8] [--warmup 3] --output benchmarks/results/dpsgd_overhead.txt
+``--callbacks`` adds each callback's cost on the CNN: the process CPU time of a 3-epoch fit (set-up and fit-end work
+included, divided by the epochs) with DPSGD alone, with each of BayesSecurityMonitor, PrivacyBudgetStopping
+(``max_epsilon``), AttributeInferenceMonitor (a 3-valued attribute written into a pixel, ``method="approximate"``)
+and CanaryAudit (1,000 gradient canaries), all at their defaults, and with all four; 2,048 synthetic 16×16 images,
+expected batch 64, ghost mode.
+
+``--before REF`` measures the same rows a second time with the package as it was at git revision ``REF`` (checked
+out into a temporary worktree, imported through ``PYTHONPATH``; the script itself is this one) and prints the
+ratios side by side: the speed-ups of this release measured in one run.
+
+    python benchmarks/dpsgd_overhead.py [--steps 8] [--warmup 3] [--before REF] --output benchmarks/results/dpsgd_overhead.txt
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -37,8 +50,9 @@ MODES = ("none", "hooks", "ghost")
 PARTS = ("forward", "backward", "clip", "noise", "scale", "optimizer", "checks", "ledger")
 
 
-def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
+def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "cpu") -> dict:
     """One (model, mode) in this process: the per-step times of the step and of each part."""
+    now = time.process_time if clock == "cpu" else time.perf_counter
     import logging
     import warnings
 
@@ -67,12 +81,12 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
         original = getattr(owner, name)
 
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start = now()
             inner.append(0.0)
             try:
                 return original(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - start
+                elapsed = now() - start
                 nested = inner.pop()
                 current[part] += elapsed - nested  # e.g. SGD.step runs Lightning's closure (forward, backward) inside
                 if inner:
@@ -123,10 +137,10 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
     class Timer(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             current.clear()
-            self.start = time.perf_counter()
+            self.start = now()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            records.append(dict(current, step=time.perf_counter() - self.start))
+            records.append(dict(current, step=now() - self.start))
 
     callbacks = [Timer()]
     if mode != "none":
@@ -149,43 +163,206 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int) -> dict:
     return out
 
 
+CALLBACK_SETS = ("DPSGD alone", "+ BayesSecurityMonitor", "+ PrivacyBudgetStopping", "+ AttributeInferenceMonitor",
+                 "+ CanaryAudit", "+ all four")  # fmt: skip
+
+
+def run_callbacks(which: str, epochs: int = 3) -> dict:
+    """One fit of the CNN with DPSGD and the callbacks of ``which``: process CPU seconds per epoch."""
+    import logging
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_privacy import (
+        DPSGD,
+        AttributeInferenceMonitor,
+        BayesSecurityMonitor,
+        CanaryAudit,
+        PrivacyBudgetStopping,
+    )
+    from lightning_privacy.attributes import SensitiveAttribute
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(
+                nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                nn.Linear(32, 10),
+            )  # fmt: skip
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            losses = F.cross_entropy(self(batch[0]), batch[1], reduction="none")
+            return {"loss": losses.mean(), "per_example_loss": losses}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def pixel(x, value):  # the attribute: the top-left pixel of every image
+        x = x.clone()
+        x[..., 0, 0] = value
+        return x
+
+    n = 2048
+    data = TensorDataset(torch.randn(n, 1, 16, 16), torch.randint(0, 10, (n,)))
+    extra = {
+        "+ BayesSecurityMonitor": lambda: [BayesSecurityMonitor()],
+        "+ PrivacyBudgetStopping": lambda: [PrivacyBudgetStopping(max_epsilon=50.0)],
+        "+ AttributeInferenceMonitor": lambda: [
+            AttributeInferenceMonitor(attribute=SensitiveAttribute.custom(substitute=pixel, values=[-1.0, 0.0, 1.0]))
+        ],
+        "+ CanaryAudit": lambda: [CanaryAudit()],
+    }
+    callbacks = [DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost")]
+    if which == "+ all four":
+        callbacks += [c for make in extra.values() for c in make()]
+    elif which != "DPSGD alone":
+        callbacks += extra[which]()
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=callbacks,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    start = time.process_time()
+    trainer.fit(Module(), train_dataloaders=DataLoader(data, batch_size=64, shuffle=True))
+    return {"set": which, "per_epoch": (time.process_time() - start) / epochs, "steps": trainer.global_step}
+
+
+def measure_callbacks() -> list:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    rows = []
+    for which in CALLBACK_SETS:
+        command = [sys.executable, __file__, "--one-callbacks", which]
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"  measured {which}", file=sys.stderr, flush=True)
+    alone = rows[0]["per_epoch"]
+    lines = [
+        "",
+        "Callbacks on the CNN (ghost mode, 3 epochs of 32 steps): process CPU seconds per epoch, ÷ DPSGD alone:",
+    ]
+    lines += [f"{row['set']:<30}{row['per_epoch']:>8.3f}{row['per_epoch'] / alone:>8.2f}" for row in rows]
+    return lines
+
+
+def measure(models, steps: int, warmup: int, clock: str, roots=(None,)) -> list:
+    """Every (model, mode) row for each package root (``None``: the default import), each in a fresh process.
+
+    The roots alternate row by row, so that a slower or busier stretch of the run touches them alike.
+    """
+    tables: list = [[] for _ in roots]
+    for model in models:
+        for mode in MODES:
+            for table, root in zip(tables, roots):
+                env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                if root is not None:
+                    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+                command = [sys.executable, __file__, "--one", model, mode, "--steps", str(steps)]
+                command += ["--warmup", str(warmup), "--clock", clock]
+                done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+                table.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(f"  measured {model} / {mode}" + (f" ({root})" if root else ""), file=sys.stderr, flush=True)
+    return tables
+
+
+def _ratio(rows: list, row: dict) -> float:
+    plain = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "none")
+    return row["step"] / plain["step"]
+
+
+def breakdown(rows: list) -> list:
+    head = f"{'model':<12}{'mode':<7}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    lines = [head]
+    for row in rows:
+        rest = row["step"] - sum(row[p] for p in PARTS)
+        lines.append(
+            f"{row['model']:<12}{row['mode']:<7}{row['step']:>8.1f}{_ratio(rows, row):>8.2f}"
+            + "".join(f"{row[p]:>10.1f}" for p in PARTS)
+            + f"{rest:>8.1f}"
+        )
+    return lines
+
+
+def side_by_side(before: list, after: list, ref: str) -> list:
+    lines = [f"{'model':<12}{'mode':<7}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"]
+    for old, new in zip(before, after):
+        if new["mode"] == "none":
+            continue
+        lines.append(
+            f"{new['model']:<12}{new['mode']:<7}{_ratio(before, old):>16.2f}{_ratio(after, new):>12.2f}"
+            f"{old['step']:>14.1f}{new['step']:>10.1f}"
+        )
+    return lines
+
+
+def _worktree(ref: str, where: Path) -> Path:
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", str(where), ref], check=True, capture_output=True
+    )
+    return where
+
+
 def main() -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="measured steps (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps (default: %(default)s)")
     parser.add_argument("--models", nargs="*", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
+    parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
+    parser.add_argument("--callbacks", action="store_true", help="also each callback's cost per epoch on the CNN")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-callbacks", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.one:
-        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup)))
+    if args.one_callbacks:
+        print(json.dumps(run_callbacks(args.one_callbacks)))
         return ""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    rows = []
-    for model in args.models:
-        for mode in MODES:
-            command = [sys.executable, __file__, "--one", model, mode, "--steps", str(args.steps)]
-            command += ["--warmup", str(args.warmup)]
-            done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"  measured {model} / {mode}", file=sys.stderr, flush=True)
-    head = f"{'model':<12}{'mode':<7}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    if args.one:
+        print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup, args.clock)))
+        return ""
+    clock = "process CPU time" if args.clock == "cpu" else "wall time"
     lines = [
-        f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms; "
-        "CPU, 1 torch thread, expected batch 32 (Poisson), σ = 1, C = 1",
-        head,
+        f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms of "
+        f"{clock}; CPU, 1 torch thread, expected batch 32 (Poisson), σ = 1, C = 1"
     ]
-    for row in rows:
-        plain = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "none")
-        rest = row["step"] - sum(row[p] for p in PARTS)
-        lines.append(
-            f"{row['model']:<12}{row['mode']:<7}{row['step']:>8.1f}{row['step'] / plain['step']:>8.2f}"
-            + "".join(f"{row[p]:>10.1f}" for p in PARTS)
-            + f"{rest:>8.1f}"
-        )
+    if args.before:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = _worktree(args.before, Path(tmp) / "before")
+            try:
+                before, after = measure(args.models, args.steps, args.warmup, args.clock, roots=(root, None))
+            finally:
+                subprocess.run(
+                    ["git", "worktree", "remove", "--force", str(root)], cwd=Path(__file__).parent, check=False
+                )
+        lines += breakdown(after) + ["", f"The step ÷ the plain step, the package at {args.before} and now (same run):"]
+        lines += side_by_side(before, after, args.before)
+    else:
+        (after,) = measure(args.models, args.steps, args.warmup, args.clock)
+        lines += breakdown(after)
     lines.append(
-        "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in rows if r["mode"] == "none")
+        "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in after if r["mode"] == "none")
     )
+    if args.callbacks:
+        lines += measure_callbacks()
     table = "\n".join(lines) + "\n"
     print(table, end="")
     if args.output is not None:

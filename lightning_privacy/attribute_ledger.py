@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from lightning_privacy._validation import check_int, check_positive
 from lightning_privacy.analysis import bayes_security as bs
@@ -138,6 +138,41 @@ class AttributeLedger:
             )
         if measured:
             self.max_sensitivity = max(self.max_sensitivity, r)
+
+    def align(self, history: Sequence[Tuple[float, float, int]], pending: Optional[float] = None) -> None:
+        """Catch up with an accountant's run-length ``history`` ``[(σ, p, steps), ...]`` of the same run.
+
+        The steps beyond those recorded count at the worst case R = 2C, except the last one when ``pending`` (the
+        R_t measured at that step) is given. Needs ``max_grad_norm``.
+
+        Raises:
+            RuntimeError: the history holds fewer steps than the ledger (the ledger belongs to another run).
+
+        Example::
+
+            >>> ledger = AttributeLedger(max_grad_norm=1.0)
+            >>> ledger.align([(1.0, 0.1, 3)], pending=0.5)  # two unmeasured steps, then the measured one
+            >>> [(s["steps"], s["measured"]) for s in ledger.segments], ledger.max_sensitivity
+            ([(2, False), (1, True)], 0.5)
+        """
+        total, tracked = sum(int(n) for _, _, n in history), self.steps
+        if total < tracked:
+            raise RuntimeError(
+                f"AttributeInferenceMonitor has {tracked} steps but the accountant only {total}: the monitor state "
+                "belongs to another run."
+            )
+        start = 0
+        for sigma, rate, n in history:  # the new steps are positions [tracked, total)
+            lo, hi = max(start, tracked), min(start + n, total)
+            start += n
+            if lo >= hi:
+                continue
+            measured_here = pending is not None and hi == total
+            unmeasured = hi - lo - (1 if measured_here else 0)
+            if unmeasured:
+                self.record(noise_multiplier=sigma, sample_rate=rate, sensitivity=None, steps=unmeasured)
+            if measured_here:
+                self.record(noise_multiplier=sigma, sample_rate=rate, sensitivity=pending)
 
     @property
     def steps(self) -> int:

@@ -169,3 +169,20 @@ def test_version_1_state_loads_on_the_safe_side():
     assert ledger.bayes_security_closed_form() == pytest.approx(bs.ai_bayes_security(**kw, sensitivities=rs + [0.3]))
     assert ledger.steps == 4 and ledger.max_sensitivity == 0.6
     assert math.isclose(ledger.state_dict()["segments"][0]["sum_sq"], 0.77)
+
+
+def test_align_catches_up_with_an_accountant_history_without_a_trainer():
+    """New steps count at the worst case 2C, the last one at the measured R_t; a shorter history is another run."""
+    ledger = AttributeLedger(max_grad_norm=1.0)
+    ledger.align([(1.0, 0.1, 2)])
+    ledger.align([(1.0, 0.1, 2), (2.0, 0.2, 3)], pending=0.25)
+    assert [(s["noise_multiplier"], s["steps"], s["measured"]) for s in ledger.segments] == [
+        (1.0, 2, False),
+        (2.0, 2, False),
+        (2.0, 1, True),
+    ]
+    assert ledger.steps == 5 and ledger.max_sensitivity == 0.25
+    ledger.align([(1.0, 0.1, 2), (2.0, 0.2, 3)])  # nothing new: nothing recorded
+    assert ledger.steps == 5
+    with pytest.raises(RuntimeError, match="has 5 steps but the accountant only 4"):
+        ledger.align([(1.0, 0.1, 4)])

@@ -87,9 +87,11 @@ def test_outside_and_warnings_come_first(fitted):
     loud.outside = ("the attack's TPR at FPR ≤ 0.01 is at least 0.5 but the accountant allows at most 0.1 there",)
     loud.warnings = ("the scores look reversed",)
     stand_in = SimpleNamespace(result=loud, results=audit.results, attack="rmia", references=None)
-    from lightning_privacy.report import _membership, _result_warnings, _table
+    from lightning_privacy.callbacks.membership_audit import MembershipAudit
+    from lightning_privacy.report import _table
 
-    text = _table(TITLE, _membership(stand_in), _result_warnings(loud))
+    section = MembershipAudit.report_section(stand_in)
+    text = _table(TITLE, section.rows, section.warnings)
     lines = text.splitlines()
     assert lines[2] == f"> **Warning:** {loud.outside[0]}" and lines[4] == f"> **Warning:** {loud.warnings[0]}"
     assert not any(row.startswith("| reference models") for row in lines)  # no ReferenceModels, no row

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from lightning_privacy.analysis._checks import expect_choice, expect_real
 from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
 from lightning_privacy.analysis.estimation import score_orientation
 from lightning_privacy.audits._common import AuditResult, ClaimChecked, jsonable, warnings_markdown
+from lightning_privacy.reporting import ReportSection, claim_rows, result_warnings
 
 __all__ = ["CanaryResult", "audit_canaries"]
 
@@ -58,6 +59,57 @@ KEYS = {
 }
 #: uncorrected values: kept in ``values`` and the summary, never logged as if they were bounds
 OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_GDP)
+
+
+REPORT_TITLE = "One-run canary audit"
+FIGURE_CAPTION = (
+    "Theory vs practice: the accountant's ε (an upper bound) beside the canary audit's lower bounds (and ε*, "
+    "PANORAMIA ε̃ when those audits ran; they are not DP bounds)."
+)
+
+
+def report_rows(values: Mapping[str, float], accountant_epsilon: Optional[float], alpha: float) -> List[tuple]:
+    """The report's rows for the canary ``values`` (a result's ``values`` and ``metrics()``); "not run" for none."""
+    if not values:
+        return [("canary audit", "—", "not run (it runs at the end of fit)")]
+    level = f"{100 * (1 - alpha):g}%"
+    rows = []
+    if accountant_epsilon is not None:
+        rows.append(
+            ("accountant ε", f"{accountant_epsilon:.4g}", "upper bound the run claims at the audit's δ (theory)")
+        )
+    rows += [
+        (
+            f"`{names.CANARY_EPSILON_LOWER}`",
+            f"{values[names.CANARY_EPSILON_LOWER]:.4g}",
+            f"lower bound on ε with {level} confidence (Steinke et al., binomial): the run is not (ε', δ)-DP for any "
+            "smaller ε' (practice)",
+        ),
+        (
+            f"`{names.CANARY_EPSILON_LOWER_GDP}`",
+            f"{values[names.CANARY_EPSILON_LOWER_GDP]:.4g}",
+            f"the same from the Gaussian f-DP test (Mahloujifar et al.), {level} confidence",
+        ),
+        (
+            "guesses / correct (binomial)",
+            f"{int(values[names.CANARY_GUESSES])} / {int(values[names.CANARY_CORRECT])}",
+            "canaries the auditor guessed (in or out) and how many of those guesses were right",
+        ),
+        (
+            f"`{names.CANARY_EPSILON_LOWER_MAX}`",
+            f"{values[names.CANARY_EPSILON_LOWER_MAX]:.4g}",
+            "ceiling: the largest bound this many canaries can give (every guess right), whatever the true ε",
+        ),
+    ]
+    if names.CANARY_EPSILON_OPTIMISTIC in values:
+        rows.append(
+            (
+                "uncorrected best (binomial)",
+                f"{values[names.CANARY_EPSILON_OPTIMISTIC]:.4g}",
+                "the best of many tests without correction, as papers report it: NOT a valid bound",
+            )
+        )
+    return rows
 
 
 @dataclass
@@ -144,6 +196,14 @@ class CanaryResult(ClaimChecked, AuditResult):
                 f"{self.claim.delta:.3g}. Verdict: {self.claim_verdict.sentence()}."
             )
         return "\n".join(lines)
+
+    def report_section(self, trainer: Any = None) -> ReportSection:
+        """The report's section: both bounds and their ceiling, the claim's verdict, warnings first, the figure."""
+        rows = report_rows({**self.values, **self.metrics()}, self.accountant_epsilon, self.alpha)
+        rows += claim_rows(self, names.CANARY_CLAIM_CONTRADICTED)
+        return ReportSection(
+            REPORT_TITLE, rows, figures=[(self.figure, FIGURE_CAPTION)], warnings=result_warnings(self)
+        )
 
     def figure(self) -> Any:
         """Theory vs practice: the accountant's ε (upper bound) beside the canary bounds, ε* and PANORAMIA ε̃."""

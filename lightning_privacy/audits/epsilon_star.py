@@ -26,6 +26,7 @@ from lightning_privacy.analysis.epsilon_star import (
     transform_losses,
 )
 from lightning_privacy.audits._common import AuditResult, jsonable, sequential_loader, warnings_markdown
+from lightning_privacy.reporting import ReportSection, result_warnings
 
 __all__ = [
     "KS_LEVEL",
@@ -152,6 +153,24 @@ def transformed_fit_figure(details: EpsilonStarDetails, member_losses: Any, nonm
     return fig
 
 
+REPORT_TITLE = "Epsilon* audit"
+FIGURE_CAPTION = (
+    "Epsilon*: histograms of the transformed losses φ of members (training) and non-members with their Normal fits; "
+    "the dashed line is the threshold that maximises the ratio."
+)
+
+
+def report_rows(values: Mapping[str, float], fits_rejected: bool = False) -> List[tuple]:
+    """The report's rows for Epsilon* ``values`` (``fits_rejected``: the KS test rejects the Normal fits)."""
+    meaning = {
+        names.EPSILON_STAR: "estimate (parametric Normal fits), not a bound; empirical privacy of the loss-threshold attack"
+        + ("; NOT RELIABLE here: the KS test rejects the Normal fits (see the warning)" if fits_rejected else ""),
+        names.EPSILON_STAR_EMPIRICAL: "estimate from the empirical loss distributions, not a bound",
+        names.MIA_EPSILON_LOWER: "lower bound (with confidence) on the ε of any DP guarantee, from the same losses",
+    }
+    return [(f"`{k}`", f"{v:.4g}", meaning.get(k, "")) for k, v in values.items()] or [("Epsilon*", "—", "not run")]
+
+
 @dataclass
 class EpsilonStarResult(AuditResult):
     """One Epsilon* audit.
@@ -199,6 +218,13 @@ class EpsilonStarResult(AuditResult):
     def summary(self) -> str:
         """The Markdown table (what :class:`~lightning_privacy.EpsilonStarAudit` writes and prints)."""
         return summary_text(self.values, self.details, self.warnings)
+
+    def report_section(self, trainer: Any = None) -> ReportSection:
+        """The report's section: the values, the warnings first, the figure (:mod:`lightning_privacy.reporting`)."""
+        rows = report_rows(self.metrics(), self.fits_rejected)
+        return ReportSection(
+            REPORT_TITLE, rows, figures=[(self.figure, FIGURE_CAPTION)], warnings=result_warnings(self)
+        )
 
     def figure(self):
         """The transformed losses of both sets with their Normal fits (a ``matplotlib.figure.Figure``).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from lightning_privacy import names
 from lightning_privacy.audits._common import AuditResult, jsonable, progress_stages, sequential_loader
 from lightning_privacy.functional.panoramia import PHASES, PanoramiaResult, panoramia_audit, summary_text
 from lightning_privacy.generators import _data
+from lightning_privacy.reporting import ReportSection, result_warnings
 
 __all__ = [
     "SUPPORTED",
@@ -127,6 +128,36 @@ def panoramia_figure(result: PanoramiaResult):
     return fig
 
 
+REPORT_TITLE = "PANORAMIA audit"
+FIGURE_CAPTION = (
+    "PANORAMIA: precision–recall of the baseline (generated vs real) and of the membership attack, and both lower "
+    "bounds c_lb and {c+ε}_lb over recall."
+)
+
+
+def report_rows(values: Mapping[str, float]) -> List[tuple]:
+    """The report's rows for PANORAMIA ``values`` (``metrics()``); "not run" for none."""
+    if not values:
+        return [("PANORAMIA", "—", "not run")]
+    return [
+        (
+            "ε̃",
+            f"{values[names.PANORAMIA_EPSILON]:.4g}",
+            "NOT a lower bound on ε-DP: measured leakage beyond the generator's gap c_lb",
+        ),
+        (
+            "c_lb",
+            f"{values[names.PANORAMIA_C_LB]:.4g}",
+            "how distinguishable generated rows are from real ones (lower bound)",
+        ),
+        (
+            "{c+ε}_lb",
+            f"{values[names.PANORAMIA_C_PLUS_EPSILON_LB]:.4g}",
+            "the same for the membership attack on the model",
+        ),
+    ]
+
+
 @dataclass
 class PanoramiaAuditResult(PanoramiaResult, AuditResult):
     """A :class:`~lightning_privacy.functional.panoramia.PanoramiaResult` with the four audit views.
@@ -158,6 +189,13 @@ class PanoramiaAuditResult(PanoramiaResult, AuditResult):
     def figure(self):
         """Precision–recall of baseline vs MIA, and both bounds over recall."""
         return panoramia_figure(self)
+
+    def report_section(self, trainer: Any = None) -> ReportSection:
+        """The report's section: the three numbers, the warnings first, the figure."""
+        rows = report_rows(self.metrics())
+        return ReportSection(
+            REPORT_TITLE, rows, figures=[(self.figure, FIGURE_CAPTION)], warnings=result_warnings(self)
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         """The numbers, the level β, the sizes, the time per phase, the classifier settings and the meaning."""

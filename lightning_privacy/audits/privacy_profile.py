@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from lightning_privacy.audits._common import (
     sequential_loader,
     warnings_markdown,
 )
+from lightning_privacy.reporting import ReportSection, ReportTable, result_warnings
 
 __all__ = ["PrivacyProfileResult", "audit_privacy_profile", "transition_figure"]
 
@@ -72,6 +73,52 @@ def top_rows_text(top_rows: List[dict], transition: pp.TransitionAnalysis, epsil
         + "\n".join(lines)
         + f"\n\nRecommended ε range: [{transition.epsilon_low:.3g}, {transition.epsilon_high:.3g}]"
     )
+
+
+REPORT_TITLE = "Privacy profile audit"
+FIGURE_CAPTION = (
+    "Privacy profile: the typical profile of row losses by rank for several ε, and per rank across ε with the ε "
+    "range worth trying."
+)
+
+
+def report_rows(values: Mapping[str, float]) -> List[tuple]:
+    """The report's rows for a profile's ``metrics()``; "not run" for none."""
+    if not values:
+        return [("privacy profile", "—", "not run (or not on this rank)")]
+    return [
+        (
+            "largest row loss",
+            f"{values[names.PROFILE_MAX_LOSS]:.4g}",
+            "|l| of the most exposed training row (|l|/β without ε)",
+        ),
+        (
+            "recommended ε range",
+            f"[{values[names.PROFILE_EPSILON_LOW]:.3g}, {values[names.PROFILE_EPSILON_HIGH]:.3g}]",
+            "below: no privacy gain; above: no more loss",
+        ),
+        ("gradient norm ‖∇J‖", f"{values[names.PROFILE_GRADIENT_NORM]:.3g}", "0 at the optimum the analysis assumes"),
+        (
+            "approximation bound",
+            f"{values[names.PROFILE_APPROXIMATION_BOUND]:.3g}",
+            "bound on the relative error of the worst-case neighbours",
+        ),
+    ]
+
+
+def top_rows_table(result: PrivacyProfileResult) -> List[ReportTable]:
+    """The most exposed rows as a report table (none when there are none)."""
+    top = result.top_rows
+    if not top:
+        return []
+    columns = [k for k in top[0] if k not in ("row", "loss")]
+    unit = "|l(x, y_i, M)|" if result.epsilon is not None else "|l(x, y_i, M)|/β (no ε given)"
+    cells = [
+        [str(rank), str(row["row"]), f"{row['loss']:.4g}", *(f"{row[c]:.4g}" for c in columns)]
+        for rank, row in enumerate(top, 1)
+    ]
+    caption = f"Most exposed training rows (loss = {unit}), most exposed first"
+    return [ReportTable(caption, ["rank", "row", "loss", *columns], cells)]
 
 
 @dataclass
@@ -126,6 +173,16 @@ class PrivacyProfileResult(AuditResult):
     def figure(self):
         """The typical profile across ranks and ε, with the recommended range."""
         return transition_figure(self.transition, self.typical_profiles, self.epsilon)
+
+    def report_section(self, trainer: Any = None) -> ReportSection:
+        """The report's section: the metrics, the most exposed rows, the warnings first, the figure."""
+        return ReportSection(
+            REPORT_TITLE,
+            report_rows(self.metrics()),
+            extras=top_rows_table(self),
+            figures=[(self.figure, FIGURE_CAPTION)],
+            warnings=result_warnings(self),
+        )
 
     def to_dict(self) -> Dict[str, Any]:
         """The metrics, ε, Λ, the recommended range, the top rows and the notes."""

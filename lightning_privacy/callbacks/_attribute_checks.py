@@ -6,18 +6,55 @@ candidates fit lives in :mod:`lightning_privacy.functional.attributes` (torch on
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy.attributes import SensitiveAttribute, check_candidates, observed_values
+from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS
 
-__all__ = ["CandidateCheck", "look_up_attribute"]
+__all__ = ["CandidateCheck", "check_monitor_arguments", "look_up_attribute"]
 
 #: the candidate check stops (cannot tell) after this many rows without a verdict
 CHECK_MAX_ROWS = 4096
+
+
+def check_monitor_arguments(
+    attribute: Any,
+    method: Any,
+    values: Any,
+    publish: Any,
+    check_candidates: Any,
+    chunk_size: Any,
+    backend: Any,
+    key: Any,
+    loss_fn: Any,
+    batch_to_inputs_targets: Any,
+) -> None:
+    """AttributeInferenceMonitor's arguments: a ``MisconfigurationException`` naming the first bad one."""
+    if not isinstance(attribute, SensitiveAttribute) and not (isinstance(attribute, str) and attribute):
+        raise MisconfigurationException(
+            f"`attribute` must be a SensitiveAttribute or the name of one (for the datamodule's "
+            f"`sensitive_attribute(name)`), got {attribute!r}"
+        )
+    if method not in METHODS:
+        raise MisconfigurationException(f"`method` can be {' or '.join(METHODS)}, got {method!r}")
+    if (isinstance(values, str) and values not in ("all", "extremes")) or not isinstance(values, Iterable):
+        raise MisconfigurationException(f"`values` can be 'all', 'extremes' or a sequence, got {values!r}")
+    for name, flag in (("publish", publish), ("check_candidates", check_candidates)):
+        if not isinstance(flag, bool):
+            raise MisconfigurationException(f"`{name}` must be a bool, got {flag!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise MisconfigurationException(f"`chunk_size` must be a positive int or None, got {chunk_size!r}")
+    if backend not in BACKENDS:
+        raise MisconfigurationException(f"`backend` can be {', '.join(BACKENDS)}, got {backend!r}")
+    if not isinstance(key, str) or not key:
+        raise MisconfigurationException(f"`key` must be a non-empty string, got {key!r}")
+    for name, fn in (("loss_fn", loss_fn), ("batch_to_inputs_targets", batch_to_inputs_targets)):
+        if fn is not None and not callable(fn):
+            raise MisconfigurationException(f"`{name}` must be callable, got {fn!r}")
 
 
 def look_up_attribute(trainer: pl.Trainer, name: str) -> SensitiveAttribute:

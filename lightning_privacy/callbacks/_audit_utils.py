@@ -15,14 +15,18 @@ the data, call them and log the results with these helpers.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Optional
+import contextlib
+import dataclasses
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from lightning_privacy import names
 from lightning_privacy.audits._common import sequential_loader
+from lightning_privacy.reporting import ReportSection
 
 __all__ = [
     "ScheduledAudit",
@@ -32,8 +36,11 @@ __all__ = [
     "log_histogram",
     "log_scalars",
     "log_text",
+    "other_epsilons",
     "member_loader",
+    "misconfiguration",
     "population_loader",
+    "section",
     "sharded_loader",
     "show_progress",
     "skip_audit",
@@ -42,6 +49,36 @@ __all__ = [
 
 
 # --- writing ----------------------------------------------------------------------------------
+def other_epsilons(trainer: pl.Trainer) -> Dict[str, float]:
+    """ε* and PANORAMIA ε̃ of this fit, from the audit callbacks' attributes or ``trainer.callback_metrics``."""
+    found: Dict[str, float] = {}
+    for key in (names.EPSILON_STAR, names.PANORAMIA_EPSILON):
+        for cb in trainer.callbacks:
+            for attr in ("results", "last_values"):
+                values = getattr(cb, attr, None)
+                if isinstance(values, dict) and key in values:
+                    found[key] = float(values[key])
+        if key not in found and key in trainer.callback_metrics:
+            found[key] = float(trainer.callback_metrics[key])
+    return found
+
+
+@contextlib.contextmanager
+def misconfiguration() -> Iterator[None]:
+    """A ``ValueError`` of the Trainer-free machinery (a setting the user can fix) as Lightning's exception."""
+    try:
+        yield
+    except ValueError as err:
+        raise MisconfigurationException(str(err)) from None
+
+
+def section(result: Any, title: str, rows: List[tuple]) -> ReportSection:
+    """An audit callback's report section: its ``rows``, with the last result's warnings, tables and figures."""
+    if result is None:
+        return ReportSection(title, rows)
+    return dataclasses.replace(result.report_section(), rows=rows)
+
+
 def _step(trainer: pl.Trainer, step: Optional[int]) -> int:
     return int(trainer.global_step if step is None else step)
 

@@ -18,8 +18,13 @@ backward pass of the reduced loss lets Opacus' fast-gradient-clipping hooks comp
 ``‖∇ℓᵢ‖`` layer by layer, without storing per-example gradients (Linear and Embedding by the ghost-norm identity;
 other layers materialise their own per-example gradients one layer at a time); the coefficients
 ``cᵢ = min(1, C / (‖∇ℓᵢ‖ + 1e-6))`` then weight a second pass, with the hooks off, of ``Σᵢ cᵢ·ℓᵢ`` whose gradient is
-the clipped sum that the ``DPOptimizerFastGradientClipping`` noises. ``LightningModule.backward`` is the documented
-hook for "perform backward on the loss returned in training_step"; DPSGD replaces it on the instance for one fit.
+the clipped sum that the ``DPOptimizerFastGradientClipping`` noises. Where every trainable layer ran once and has a
+known per-example gradient form, the second pass is replaced by book-keeping (Bu et al. 2023,
+:mod:`lightning_privacy.bookkeeping`): the clipped sum formed from the first pass's layer inputs and output gradients.
+In the steps DPSGD self-checks, both are computed and compared; a disagreement (a layer whose gradient is not what
+its type suggests) turns book-keeping off for the fit, with a warning naming the parameter.
+``LightningModule.backward`` is the documented hook for "perform backward on the loss returned in training_step";
+DPSGD replaces it on the instance for one fit.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
+from lightning_privacy.bookkeeping import BookKeeping
 from lightning_privacy.callbacks._dp_checks import odd_batch_message
 
 __all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward", "is_empty_batch"]
@@ -80,6 +86,10 @@ def is_empty_batch(batch: Any) -> bool:
     return False
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def _reduce(loss: torch.Tensor, loss_reduction: str) -> torch.Tensor:
     return loss.mean() if loss_reduction == "mean" else loss.sum()
 
@@ -97,6 +107,7 @@ class PerExampleBackward:
             ``should_check()`` is true (DPSGD's self-check of the norms).
         sharded: the module is sharded by FSDP2 (Opacus' FSDP hooks; every step runs two backward passes, the
             reduce-scatters every rank must join, empty batches included).
+        one_pass: form ghost clipping's clipped sum by book-keeping where the module allows (not when sharded).
 
     Empty Poisson batches: Opacus' ghost norm samplers cannot take a batch of zero examples, so DPSGD calls
     :meth:`start_batch` with ``empty=True`` for such a batch (hooks off for its forward); its backward then only gives every
@@ -120,6 +131,7 @@ class PerExampleBackward:
         check: Optional[Callable[[torch.Tensor, List[torch.Tensor], torch.Tensor], None]] = None,
         should_check: Callable[[], bool] = lambda: False,
         sharded: bool = False,
+        one_pass: bool = True,
     ) -> None:
         if mode == "ghost" and is_overridden("backward", pl_module, parent=pl.LightningModule):
             raise MisconfigurationException(
@@ -135,6 +147,12 @@ class PerExampleBackward:
         self.should_check = should_check
         self.last_norms: Optional[torch.Tensor] = None
         self.sharded = sharded
+        self.bookkeeping: Optional[BookKeeping] = None
+        if mode == "ghost" and one_pass and not sharded:
+            keeper = BookKeeping(pl_module, loss_reduction=loss_reduction)
+            self.bookkeeping = keeper if keeper.supported else None
+            if not keeper.supported:
+                keeper.remove()
         self._skipping = False
         self._original = pl_module.backward
         self._had_own = "backward" in vars(pl_module)
@@ -160,6 +178,8 @@ class PerExampleBackward:
         """Called at every batch start: an empty batch runs without hooks (ghost mode; see the class docstring)."""
         if self.mode != "ghost":
             return
+        if self.bookkeeping is not None:
+            self.bookkeeping.start()
         if self._skipping:  # the last empty batch had no backward (training_step returned None)
             self.hooks.enable_hooks()
         self._skipping = empty
@@ -167,7 +187,10 @@ class PerExampleBackward:
             self.hooks.disable_hooks()
 
     def remove(self) -> None:
-        """Give the module its own ``backward`` and ``training_step`` back."""
+        """Give the module its own ``backward`` and ``training_step`` back (and remove book-keeping's hooks)."""
+        if self.bookkeeping is not None:
+            self.bookkeeping.remove()
+            self.bookkeeping = None
         for name, had_own, original in (
             ("backward", self._had_own, self._original),
             ("training_step", self._had_own_step, self._original_step),
@@ -213,7 +236,20 @@ class PerExampleBackward:
             return
         for param in params:  # Opacus never resets them: a stale norm would clip this batch with the last one's
             _compat.clear_norm_sample(param)
-        self._original(_reduce(losses, self.loss_reduction), *args, retain_graph=True, **kwargs)
+        keeper = self.bookkeeping
+        # one pass: no weight gradients in the first pass (not under DDP, whose reducer waits for every parameter's)
+        targets = keeper.first_pass_targets() if keeper is not None and not _distributed() else None
+        if keeper is not None:
+            keeper.capturing = True
+        try:
+            reduced = _reduce(losses, self.loss_reduction)
+            if targets is not None:  # (what LightningModule.backward does, differentiating the layers' outputs only)
+                torch.autograd.grad(reduced, targets, retain_graph=True)
+            else:
+                self._original(reduced, *args, retain_graph=True, **kwargs)
+        finally:
+            if keeper is not None:
+                keeper.capturing = False
         # (Opacus' FSDP hooks keep the norms on the modules, one per parameter, and raise themselves when one is missing)
         norms = {} if self.sharded else {self._name(p): _compat.norm_sample(p) for p in params}
         missing = [name for name, norm in norms.items() if norm is None]
@@ -237,11 +273,40 @@ class PerExampleBackward:
             )
         self.hooks.disable_hooks()
         try:
-            if self.check is not None and self.should_check():
+            checking = self.check is not None and self.should_check()
+            if checking:
                 self.check(losses, params, self.last_norms)
+            sums = keeper.clipped_sums(coefficients) if keeper is not None and keeper.ready(len(losses)) else None
+            if sums is not None and all(p in sums for p in params) and not checking:
+                for param in params:
+                    param.grad = sums[param]
+                return
             self._original((coefficients.to(device=losses.device) * losses).sum(), *args, **kwargs)
+            if sums is not None and checking:
+                self._compare(sums, params)
         finally:
             self.hooks.enable_hooks()
+            if keeper is not None:
+                keeper.clear()
+
+    def _compare(self, sums: Dict[torch.Tensor, torch.Tensor], params: List[torch.Tensor]) -> None:
+        """Self-check: book-keeping's clipped sums against the second pass's; off for the fit if one disagrees."""
+        for param in params:
+            total, grad = sums.get(param), param.grad
+            if total is None or grad is None:
+                continue
+            # (autocast: the second pass multiplies in 16 bits, book-keeping in the parameters' precision)
+            rtol = 5e-2 if self.bookkeeping.low_precision else 1e-3
+            tolerance = rtol * 0.1 * float(grad.abs().max()) + 1e-6
+            if not torch.allclose(total.to(grad.dtype), grad, rtol=rtol, atol=tolerance):
+                warnings.warn(
+                    f"DPSGD(grad_sample_mode='ghost'): book-keeping's clipped sum for `{self._name(param)}` differs "
+                    "from the second backward pass's; DPSGD takes two backward passes for the rest of this fit.",
+                    stacklevel=2,
+                )
+                self.bookkeeping.remove()
+                self.bookkeeping = None
+                return
 
     def _empty(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         if losses.numel():

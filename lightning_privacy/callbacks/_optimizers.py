@@ -4,6 +4,8 @@
   ``_init_optim_state`` under FSDP2) goes to the wrapped optimizer, neither counted nor noised;
 - :class:`_BeforeNoiseHooks`: DPSGD's self-check and the registered hooks (canaries) on the clipped sum, then the noise;
 - :class:`_SecretNoise`: every step's noise from the fit's :class:`~lightning_privacy.noise.NoiseSource`;
+- :class:`_NoiseIntoGradient`: the noise added to the clipped sum in place, chunk by chunk (no per-step allocation);
+- :class:`_GhostSumWithoutCopy`: ghost clipping's clipped sum taken over from ``p.grad`` instead of copied;
 - :class:`_ClipInParameterPrecision`: hooks mode clips per-sample gradients in their parameter's dtype.
 
 Which class a fit uses (one process, DDP, FSDP2; hooks or ghost) is decided by
@@ -22,6 +24,7 @@ from opacus.optimizers import (
     DPOptimizerFastGradientClipping,
 )
 from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
 
 class _BeforeNoiseHooks:
@@ -85,6 +88,106 @@ class _SecretNoise:
         super().add_noise()
 
 
+NOISE_CHUNK = 1 << 16  # elements of noise drawn at a time into a small reused buffer (a multiple of 16)
+
+
+class _NoiseIntoGradient:
+    """Mixin: Opacus' ``add_noise`` without its three fresh parameter-sized tensors per step, same numbers.
+
+    Opacus' ``_generate_noise`` allocates a tensor of zeros and one of noise, then ``summed_grad + noise`` a third; on
+    the CPU a large allocation is fresh memory from the operating system every time (page faults), which cost about as
+    much as drawing the noise (``benchmarks/results/dpsgd_overhead.txt``). Here, on the CPU, the noise is drawn in
+    chunks of ``NOISE_CHUNK`` into one small buffer that stays in the cache and added to the clipped sum in place,
+    which then becomes ``p.grad``. The draws are Opacus' bit for bit: ``torch.normal(0, σC, size)`` runs
+    ``Tensor.normal_``, whose CPU kernel turns one uniform number per element, in order, into Gaussians sixteen at
+    a time (recomputing the last sixteen when the size is not a multiple of sixteen), so chunks of a multiple of
+    sixteen elements with a last chunk of at least sixteen draw exactly the full tensor's numbers; and
+    ``sum + noise`` commutes. A fixed ``noise_seed`` therefore gives the same model as Opacus' code. Where that
+    argument does not hold — a CUDA tensor (Philox offsets), a non-contiguous sum, fewer than sixteen elements — the
+    noise is drawn whole into ``p.grad``'s memory when it can hold it, or into a new tensor. Secure mode (four draws per
+    coordinate) and FSDP2 (a sharded ``DTensor``) keep Opacus' own code; under DDP only rank 0 noises, as in Opacus.
+    """
+
+    params: List[torch.Tensor]
+    noise_multiplier: float
+    max_grad_norm: float
+    secure_mode: bool
+    generator: Optional[torch.Generator]
+    _noise_buffer: Optional[torch.Tensor] = None
+
+    def add_noise(self) -> None:
+        distributed = isinstance(self, (DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping))
+        if self.secure_mode or (distributed and getattr(self, "rank", 0) != 0):
+            super().add_noise()  # type: ignore[misc]
+            return
+        # (ghost clipping's adaptive clipping noises with an adjusted multiplier, accounts with the original one)
+        std = getattr(self, "_adjusted_noise_multiplier", self.noise_multiplier) * self.max_grad_norm
+        for p in self.params:
+            summed = p.summed_grad
+            _check_processed_flag(summed)
+            if std == 0:
+                p.grad = summed.clone().view_as(p)
+            elif self._chunkable(summed):
+                self._add_in_chunks(summed.view(-1), std)
+                p.grad = summed.view_as(p)
+            else:
+                p.grad = self._whole(p, summed, std)
+            _mark_as_processed(summed)
+
+    @staticmethod
+    def _chunkable(summed: torch.Tensor) -> bool:
+        return (
+            type(summed) is torch.Tensor
+            and summed.device.type == "cpu"
+            and summed.is_contiguous()
+            and summed.numel() >= 16
+        )
+
+    def _add_in_chunks(self, flat: torch.Tensor, std: float) -> None:
+        size = NOISE_CHUNK + 16  # (the last chunk may be up to 15 elements longer)
+        buffer = self._noise_buffer
+        if buffer is None or buffer.dtype != flat.dtype or buffer.numel() < size:
+            buffer = self._noise_buffer = torch.empty(size, dtype=flat.dtype)
+        start, total = 0, flat.numel()
+        while start < total:
+            length = NOISE_CHUNK if total - start - NOISE_CHUNK >= 16 else total - start
+            flat[start : start + length].add_(buffer[:length].normal_(0, std, generator=self.generator))
+            start += length
+
+    def _whole(self, p: torch.Tensor, summed: torch.Tensor, std: float) -> torch.Tensor:
+        out = p.grad
+        if not (
+            type(out) is torch.Tensor
+            and out.shape == p.shape
+            and out.dtype == summed.dtype
+            and out.device == summed.device
+            and out.is_contiguous()
+            and out.data_ptr() != summed.data_ptr()
+        ):
+            out = torch.empty(p.shape, dtype=summed.dtype, device=summed.device)
+        return out.normal_(0, std, generator=self.generator).add_(summed.view_as(p))
+
+
+class _GhostSumWithoutCopy:
+    """Mixin for the ghost-clipping optimizers: the second backward's gradient *is* the clipped sum; take it over.
+
+    Opacus' ``DPOptimizerFastGradientClipping.accumulate`` deep-copies ``p.grad`` into ``p.summed_grad`` (a fresh
+    tensor and a copy per parameter and step) and leaves ``p.grad``, which ``add_noise`` then replaces. Here the
+    first sum of a step becomes ``p.summed_grad`` itself and ``p.grad`` is cleared (so the noise gets its own tensor,
+    and no ``zero_grad(set_to_none=False)`` can zero the sum through an alias); a later sum is added as in Opacus.
+    """
+
+    params: List[torch.Tensor]
+
+    def accumulate(self) -> None:
+        for p in self.params:
+            if p.summed_grad is not None:
+                p.summed_grad.add_(p.grad.data)
+            else:
+                p.summed_grad = p.grad.detach()
+            p.grad = None
+
+
 class _StateInitialisationStep:
     """Mixin: a ``step()`` that only initialises optimizer state is passed to the wrapped optimizer, not taken.
 
@@ -114,22 +217,46 @@ class _StateInitialisationStep:
         return super().step(closure)
 
 
-class _DPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DPOptimizer):
-    pass
-
-
-class _DistributedDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, _ClipInParameterPrecision, DistributedDPOptimizer
+class _DPOptimizer(
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _ClipInParameterPrecision,
+    DPOptimizer,
 ):
     pass
 
 
-class _GhostDPOptimizer(_StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DPOptimizerFastGradientClipping):
+class _DistributedDPOptimizer(
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _ClipInParameterPrecision,
+    DistributedDPOptimizer,
+):
+    pass
+
+
+class _GhostDPOptimizer(
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _GhostSumWithoutCopy,
+    DPOptimizerFastGradientClipping,
+):
     pass
 
 
 class _DistributedGhostDPOptimizer(
-    _StateInitialisationStep, _BeforeNoiseHooks, _SecretNoise, DistributedDPOptimizerFastGradientClipping
+    _StateInitialisationStep,
+    _BeforeNoiseHooks,
+    _SecretNoise,
+    _NoiseIntoGradient,
+    _GhostSumWithoutCopy,
+    DistributedDPOptimizerFastGradientClipping,
 ):
     pass
 

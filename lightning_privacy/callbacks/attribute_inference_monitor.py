@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import lightning.pytorch as pl
 import torch
@@ -17,7 +17,7 @@ from typing_extensions import override
 from lightning_privacy import names
 from lightning_privacy.attribute_ledger import AttributeLedger
 from lightning_privacy.attributes import SensitiveAttribute
-from lightning_privacy.callbacks._attribute_checks import CandidateCheck, look_up_attribute
+from lightning_privacy.callbacks._attribute_checks import CandidateCheck, check_monitor_arguments, look_up_attribute
 from lightning_privacy.callbacks._opacus import (
     accountant_history,
     dp_optimizers,
@@ -28,8 +28,6 @@ from lightning_privacy.callbacks._opacus import (
 from lightning_privacy.callbacks._strategies import full_tensors, is_fsdp
 from lightning_privacy.callbacks.bayes_security_monitor import _float32_toward_safety
 from lightning_privacy.functional.attribute_sensitivity import (
-    BACKENDS,
-    METHODS,
     attribute_sensitivity,
     hook_free_twin,
     sensitivity_rounding_allowance,
@@ -154,6 +152,14 @@ class AttributeInferenceMonitor(Callback):
         SensitiveAttribute.numeric(name='age', column=0, |A|=2, values=(17, 90))
     """
 
+    report_order = 30  # the report's sections: DP-SGD first, then monitors, then audits
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""
+        from lightning_privacy.callbacks._sections import ai_section
+
+        return ai_section(self, trainer)
+
     #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
     @property
     def hparams_metric_keys(self) -> Tuple[str, ...]:
@@ -181,32 +187,12 @@ class AttributeInferenceMonitor(Callback):
         accountant: Optional[IAccountant] = None,
         check_candidates: bool = True,
     ) -> None:
-        if not isinstance(attribute, SensitiveAttribute) and not (isinstance(attribute, str) and attribute):
-            raise MisconfigurationException(
-                f"`attribute` must be a SensitiveAttribute or the name of one (for the datamodule's "
-                f"`sensitive_attribute(name)`), got {attribute!r}"
-            )
-        if method not in METHODS:
-            raise MisconfigurationException(f"`method` can be {' or '.join(METHODS)}, got {method!r}")
-        if (isinstance(values, str) and values not in ("all", "extremes")) or not isinstance(values, Iterable):
-            raise MisconfigurationException(f"`values` can be 'all', 'extremes' or a sequence, got {values!r}")
+        check_monitor_arguments(
+            attribute, method, values, publish, check_candidates, chunk_size, backend, key, loss_fn, batch_to_inputs_targets
+        )  # fmt: skip
         self.values = values if isinstance(values, str) else list(values)
         self.attribute, self._attribute_name = attribute, attribute if isinstance(attribute, str) else None
         self.tracked_attribute = self._select(attribute) if isinstance(attribute, SensitiveAttribute) else None
-        for name, flag in (("publish", publish), ("check_candidates", check_candidates)):
-            if not isinstance(flag, bool):
-                raise MisconfigurationException(f"`{name}` must be a bool, got {flag!r}")
-        if chunk_size is not None and (
-            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-        ):
-            raise MisconfigurationException(f"`chunk_size` must be a positive int or None, got {chunk_size!r}")
-        if backend not in BACKENDS:
-            raise MisconfigurationException(f"`backend` can be {', '.join(BACKENDS)}, got {backend!r}")
-        if not isinstance(key, str) or not key:
-            raise MisconfigurationException(f"`key` must be a non-empty string, got {key!r}")
-        for name, fn in (("loss_fn", loss_fn), ("batch_to_inputs_targets", batch_to_inputs_targets)):
-            if fn is not None and not callable(fn):
-                raise MisconfigurationException(f"`{name}` must be callable, got {fn!r}")
         self.method = method
         self.publish = publish
         self.loss_fn = loss_fn if loss_fn is not None else F.cross_entropy
@@ -293,34 +279,17 @@ class AttributeInferenceMonitor(Callback):
     def _commit(self, trainer: pl.Trainer) -> None:
         """Align with the accountant: new steps get the pending R_t (last one) or the worst case 2C."""
         history = accountant_history(trainer, self.accountant)
-        total, tracked = history_steps(history), self.steps
-        if total < tracked:
-            raise RuntimeError(
-                f"AttributeInferenceMonitor has {tracked} steps but the accountant only {total}: the monitor state "
-                "belongs to another run."
-            )
-        if total == tracked:
+        if history_steps(history) == self.steps:
             self._pending = None  # no step was taken (e.g. skipped by the optimizer)
             return
-        if self.max_grad_norm is None:
+        if self.max_grad_norm is None and history_steps(history) > self.steps:
             optimizers = dp_optimizers(trainer)
             if not optimizers:
                 raise MisconfigurationException(
                     "The accountant recorded steps but no Opacus DPOptimizer gives max_grad_norm."
                 )
             self._set_max_grad_norm(optimizers[0].max_grad_norm)
-        start = 0
-        for sigma, rate, n in history:  # the new steps are positions [tracked, total)
-            lo, hi = max(start, tracked), min(start + n, total)
-            start += n
-            if lo >= hi:
-                continue
-            measured_here = self._pending is not None and hi == total
-            unmeasured = hi - lo - (1 if measured_here else 0)
-            if unmeasured:
-                self.ledger.record(noise_multiplier=sigma, sample_rate=rate, sensitivity=None, steps=unmeasured)
-            if measured_here:
-                self.ledger.record(noise_multiplier=sigma, sample_rate=rate, sensitivity=self._pending)
+        self.ledger.align(history, self._pending)
         self._pending = None
 
     # ------------------------------------------------------------------------------ attribute

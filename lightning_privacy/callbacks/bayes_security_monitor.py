@@ -91,6 +91,14 @@ class BayesSecurityMonitor(Callback):
         >>> #     monitor="privacy/mia_bayes_security", mode="max", divergence_threshold=0.9)])
     """
 
+    report_order = 20  # the report's sections: DP-SGD first, then monitors, then audits
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""
+        from lightning_privacy.callbacks._sections import bayes_section
+
+        return bayes_section(self, trainer)
+
     #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
     hparams_metric_keys = (names.MIA_BAYES_SECURITY, names.DP_EPSILON)
 

@@ -222,6 +222,14 @@ class DPSGD(Callback):
         >>> # trainer = Trainer(callbacks=[DPSGD(noise_multiplier=1.1)]); trainer.fit(model, datamodule)
     """
 
+    report_order = 10  # the report's sections: DP-SGD first, then monitors, then audits
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""
+        from lightning_privacy.callbacks._sections import dpsgd_section
+
+        return dpsgd_section(self, trainer)
+
     def __init__(
         self,
         *,
@@ -354,6 +362,7 @@ class DPSGD(Callback):
         if _strategies.is_fsdp(trainer):
             _strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
         if self.grad_sample_mode == "ghost":
+            _dp_checks.check_no_tied_parameters_for_ghost(pl_module)
             if "16" in str(trainer.precision):
                 rank_zero_warn(
                     f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "

@@ -14,9 +14,11 @@ from lightning_privacy import names
 from lightning_privacy.analysis.epsilon_star import EpsilonStarDetails
 from lightning_privacy.audits._common import unshard
 from lightning_privacy.audits.epsilon_star import (
+    REPORT_TITLE,
     EpsilonStarResult,
     audit_epsilon_star_from_losses,
     fit_warnings,
+    report_rows,
     summary_text,
     transformed_fit_figure,
 )
@@ -93,6 +95,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
 
     #: Metric columns this callback adds to the run's HPARAMS session (see ``callbacks/_hparams.py``).
     hparams_metric_keys = (names.EPSILON_STAR,)
+    report_order = 50
 
     def __init__(
         self,
@@ -168,6 +171,11 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         text = self.summary()
         audit.log_text(trainer, SUMMARY_TAG, text)
         rank_zero_info(text)
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """The report's section (:mod:`lightning_privacy.reporting`): the values, the last audit's warnings, figure."""
+        rows = report_rows(self.results, fits_rejected=self.result is not None and self.result.fits_rejected)
+        return audit.section(self.result, REPORT_TITLE, rows)
 
     def summary(self) -> str:
         """A markdown table of the last audit, its warnings first (e.g. Normal fits that the KS test rejects)."""

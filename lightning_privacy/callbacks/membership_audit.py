@@ -55,7 +55,8 @@ class MembershipAudit(audit.ScheduledAudit):
         every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
         signal_fn: one membership loss per example from ``signal_fn(model, batch)`` instead of ``forward_fn`` (e.g.
-            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language model).
+            :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language model: RMIA and LiRA
+            then read each sequence's likelihood; a score such as Min-K% only with ``attack="loss"``).
         claim: the guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
             when DPSGD trains the model, else no verdict.
@@ -73,6 +74,8 @@ class MembershipAudit(audit.ScheduledAudit):
         ...
         lightning.fabric.utilities.exceptions.MisconfigurationException: `num_references` must be an int >= 1 for attack='lira', got 0
     """
+
+    report_order = 80  # the report's sections: DP-SGD first, then monitors, then audits
 
     def __init__(
         self,
@@ -103,6 +106,13 @@ class MembershipAudit(audit.ScheduledAudit):
                 raise MisconfigurationException(
                     f"`num_references` must be an int >= 1 for attack={attack!r}, got {num_references!r}"
                 )
+        if signal_fn is not None:
+            from lightning_privacy.audits.membership import _attack_signal
+
+            try:  # a score (Min-K%) has no likelihood for RMIA / LiRA: refused before training, not at fit end
+                _attack_signal(attack, signal_fn)
+            except ValueError as err:
+                raise MisconfigurationException(str(err)) from None
         if not 0.0 < alpha < 1.0:
             raise MisconfigurationException(f"`alpha` must be in (0, 1), got {alpha!r}")
         if claim is not None and not hasattr(claim, "privacy_loss_distribution"):  # a ledger is read at the audit
@@ -264,6 +274,16 @@ class MembershipAudit(audit.ScheduledAudit):
         return self.results
 
     @override
+    def report_section(self, trainer: Any = None) -> Any:
+        """The report's section (:mod:`lightning_privacy.reporting`): the attack, its references, the ROC figure."""
+        from lightning_privacy.audits._membership_section import REPORT_TITLE, membership_section
+
+        if self.result is None:
+            return audit.section(
+                None, REPORT_TITLE, [("membership attack", "—", "not run (it runs at the end of fit)")]
+            )
+        return membership_section(self.result, getattr(self, "references", None))
+
     def state_dict(self) -> Dict[str, Any]:
         return {"results": dict(self.results)}
 

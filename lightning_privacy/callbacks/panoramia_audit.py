@@ -17,7 +17,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_privacy import names
-from lightning_privacy.audits.panoramia import PanoramiaAuditResult, audit_panoramia, panoramia_figure
+from lightning_privacy.audits.panoramia import (
+    REPORT_TITLE,
+    PanoramiaAuditResult,
+    audit_panoramia,
+    panoramia_figure,
+    report_rows,
+)
 from lightning_privacy.callbacks import _audit_utils as audit
 
 __all__ = ["PanoramiaAudit", "panoramia_figure"]
@@ -76,6 +82,8 @@ class PanoramiaAudit(Callback):
         >>> trainer = pl.Trainer(callbacks=[audit], max_epochs=10)  # doctest: +SKIP
         >>> trainer.fit(model, datamodule=AdultDataModule())  # doctest: +SKIP
     """
+
+    report_order = 60  # the report's sections: DP-SGD first, then monitors, then audits
 
     def __init__(
         self,
@@ -186,6 +194,11 @@ class PanoramiaAudit(Callback):
         rank_zero_info(text.splitlines()[0])
         for warning in result.warnings:
             rank_zero_warn(f"PanoramiaAudit: {warning}")
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """The report's section (:mod:`lightning_privacy.reporting`): ε̃, c_lb, {c+ε}_lb, the warnings, the figure."""
+        rows = report_rows(self.result.metrics() if self.result is not None else self.last_values)
+        return audit.section(self.result, REPORT_TITLE, rows)
 
     @property
     def last_values(self) -> Dict[str, float]:

@@ -69,6 +69,14 @@ class PrivacyBudgetStopping(Callback):
         lightning.fabric.utilities.exceptions.MisconfigurationException: `min_bayes_security` must be in (0, 1), got 1.5
     """
 
+    report_order = 40  # the report's sections: DP-SGD first, then monitors, then audits
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""
+        from lightning_privacy.callbacks._sections import stopping_section
+
+        return stopping_section(self)
+
     def __init__(
         self,
         *,

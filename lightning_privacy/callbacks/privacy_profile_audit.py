@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import lightning.pytorch as pl
 import numpy as np
@@ -13,7 +13,13 @@ from typing_extensions import override
 
 from lightning_privacy import names
 from lightning_privacy.analysis import privacy_profile as pp
-from lightning_privacy.audits.privacy_profile import PrivacyProfileResult, audit_privacy_profile, transition_figure
+from lightning_privacy.audits.privacy_profile import (
+    REPORT_TITLE,
+    PrivacyProfileResult,
+    audit_privacy_profile,
+    report_rows,
+    transition_figure,
+)
 from lightning_privacy.callbacks import _audit_utils as audit
 from lightning_privacy.callbacks.output_perturbation import OutputPerturbation, check_linear_head_model
 
@@ -76,6 +82,8 @@ class PrivacyProfileAudit(Callback):
         >>> trainer.fit(LogisticRegressionModule(6), full_batch_loader)  # doctest: +SKIP
         >>> audit.transition.recommended_range  # doctest: +SKIP
     """
+
+    report_order = 70  # the report's sections: DP-SGD first, then monitors, then audits
 
     def __init__(
         self,
@@ -183,6 +191,10 @@ class PrivacyProfileAudit(Callback):
         self.gradient_norm, self.approximation_bound = result.gradient_norm, result.approximation_bound
         self.top_rows = result.top_rows
         return self.profile
+
+    def report_section(self, trainer: Any = None) -> Any:
+        """The report's section (:mod:`lightning_privacy.reporting`): the metrics, the most exposed rows, the figure."""
+        return audit.section(self.result, REPORT_TITLE, report_rows(self.result.metrics() if self.result else {}))
 
     def _log(self, trainer: pl.Trainer) -> None:
         result = self.result

@@ -4,7 +4,6 @@ accountant, power, input canaries, logging and configuration."""
 import pickle
 import warnings
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import numpy as np
@@ -101,7 +100,7 @@ def test_the_default_adapts_to_a_model_with_fewer_trainable_coordinates(tmp_path
     torch.manual_seed(0)
     t = trainer([DPSGD(noise_multiplier=1.0), audit], tmp_path, max_epochs=2)
     t.fit(TabularMLP(D, hidden=(16,), lr=0.5), _loader())
-    assert audit.num_canaries == SMALL and sorted(audit._canaries) == list(range(SMALL))
+    assert audit.num_canaries == SMALL and sorted(audit.canaries.canaries) == list(range(SMALL))
     assert audit.result is not None and audit.result.num_canaries == SMALL and audit.scores.shape == (SMALL,)
     assert audit.state_key.endswith("'num_canaries': 1000, 'seed': 0}")  # the key stays what was constructed
     state = audit.state_dict()
@@ -123,71 +122,13 @@ def test_input_canaries_do_not_adapt_and_name_the_argument_and_the_largest_value
 
 
 # ------------------------------------------------------------------------------------------ the canaries
-def _hooked_audit(world_size, rank, *, seed=3, m=200, rate=0.5, clip=2.0):
-    """A gradient CanaryAudit wired to a model without a Trainer: one simulated DDP rank."""
-    model = _model()
-    audit = CanaryAudit(num_canaries=m, seed=seed)
-    audit._dpsgd = SimpleNamespace(sample_rate=rate, max_grad_norm=clip)
-    optimizer = SimpleNamespace(
-        param_groups=[{"params": list(model.parameters())}],
-        loss_reduction="sum",
-        expected_batch_size=16,
-        accumulated_iterations=1,
-        summed=lambda p: p.summed_grad,  # DPSGD's optimizers give the clipped sum this way
-    )
-    fake = SimpleNamespace(
-        strategy=SimpleNamespace(optimizers=[optimizer]), is_global_zero=rank == 0, world_size=world_size
-    )
-    audit.on_train_start(fake, model)
-    for p in model.parameters():
-        p.summed_grad = torch.zeros_like(p)
-    return audit, model, optimizer
-
-
-def _flat_summed(model):
-    return torch.cat([p.summed_grad.reshape(-1) for p in model.parameters()])
-
-
-def test_canary_set_inclusion_and_sampling_follow_the_seed():
-    audit, _, _ = _hooked_audit(1, 0, m=1000, rate=0.1)
-    coords = np.asarray(audit.state_dict()["canaries"])
-    assert len(set(coords.tolist())) == 1000 and coords.min() >= 0 and coords.max() < COORDS
-    assert 400 < audit.included.sum() < 600
-    rates = np.mean([audit.sampled(t)[audit.included].mean() for t in range(200)])
-    assert rates == pytest.approx(0.1, abs=0.01)
-    assert not audit.sampled(0)[~audit.included].any()  # excluded canaries are never sampled
-    again, _, _ = _hooked_audit(1, 0, m=1000, rate=0.1)
-    assert again.state_dict()["canaries"] == audit.state_dict()["canaries"]
-    assert np.array_equal(again.sampled(17), audit.sampled(17))
-    other, _, _ = _hooked_audit(1, 0, m=1000, rate=0.1, seed=4)
-    assert other.state_dict()["canaries"] != audit.state_dict()["canaries"]
-
-
-def test_before_noise_hook_adds_each_sampled_canary_once_across_ranks():
-    single, model, opt = _hooked_audit(1, 0)
-    ranks = [_hooked_audit(2, r) for r in (0, 1)]
-    coords = torch.as_tensor(single.state_dict()["canaries"])
-    for step in range(3):
-        for audit, m, o in [(single, model, opt), *ranks]:
-            for p in m.parameters():
-                p.summed_grad.zero_()
-            audit._add_canaries(o)
-        expected = torch.zeros(COORDS)
-        expected[coords[torch.as_tensor(single.sampled(step))]] = 2.0  # C·e_j, C = 2
-        assert torch.equal(_flat_summed(model), expected)
-        assert torch.equal(_flat_summed(ranks[0][1]), expected)  # global rank 0 adds them …
-        assert not _flat_summed(ranks[1][1]).any()  # … rank 1 adds nothing: DDP's sum counts them once
-        assert expected.sum() > 0
-    assert single._steps == ranks[0][0]._steps == ranks[1][0]._steps == 3
-
-
 def test_scores_are_the_released_sum_minus_the_batch_in_units_of_the_clipped_sum():
     """σ → 0: every canary's score is C × (number of steps it was sampled), read from the released p.grad."""
     dp = DPSGD(noise_multiplier=1e-4, max_grad_norm=2.0)
     audit = CanaryAudit(num_canaries=300, seed=1)
     _fit([dp, audit], epochs=4)
     counts = _counts(audit, dp.steps)
-    assert audit._steps == dp.steps == 40
+    assert audit.canaries.steps == dp.steps == 40
     assert audit.scores == pytest.approx(2.0 * counts, abs=0.05)
     assert counts[audit.included].mean() == pytest.approx(0.1 * 40, rel=0.1)
     # "released" keeps the real data's gradient in the score: no longer the count alone
@@ -391,9 +332,9 @@ class _PerStep(CanaryAudit):
     """Records each step's score increment (released minus the batch's own sum, at every canary)."""
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        before = self._scores.copy()
+        before = self.scores
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self.steps_values = [*getattr(self, "steps_values", []), self._scores - before]
+        self.steps_values = [*getattr(self, "steps_values", []), self.scores - before]
 
 
 def test_the_likelihood_ratio_score_is_the_per_step_log_likelihood_ratio_summed():
