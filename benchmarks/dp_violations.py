@@ -69,6 +69,7 @@ About 35 minutes on one core (35.4 on a shared 2-core machine).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import platform
 import statistics
@@ -182,22 +183,11 @@ def trained(case, seed: int, claim: Claim) -> Dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lightning_privacy import DPSGD, CanaryAudit
+    from lightning_privacy import DPSGD
     from lightning_privacy.audits import audit_membership
     from lightning_privacy.models import TabularMLP
 
     key, _, sigma, value, repeat, _ = case
-
-    class Violating(CanaryAudit):
-        """The canaries of a broken run: added at ``value``·C (clipping skipped) or with masks repeated per epoch."""
-
-        def on_train_start(self, trainer, pl_module):
-            super().on_train_start(trainer, pl_module)
-            if value != 1.0:
-                self._dpsgd = _Scaled(self._dpsgd, value)
-
-        def sampled(self, step: int) -> np.ndarray:
-            return super().sampled(step % EPOCH if repeat else step)
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2 * ROWS, FEATURES, generator=g)
@@ -208,7 +198,9 @@ def trained(case, seed: int, claim: Claim) -> Dict[str, Any]:
     dpsgd = DPSGD(
         noise_multiplier=sigma or NO_NOISE, max_grad_norm=1.0, delta=DELTA, sampling_seed=seed, noise_seed=seed
     )
-    canaries = Violating("gradient", num_canaries=M, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim)
+    canaries = broken_canaries(value, repeat, claimed_score=False)(
+        "gradient", num_canaries=M, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim
+    )
     torch.manual_seed(seed)
     model = TabularMLP(FEATURES, hidden=(WIDTH,), lr=0.5)
     trainer = pl.Trainer(
@@ -289,29 +281,6 @@ def trained_all(case, seed: int, claim: Claim, audit: str, refs: Any = None) -> 
             self.flags = flag.bool()
             return super().training_step((x, y), batch_idx)
 
-    class GradientCanaries(CanaryAudit):
-        """Gradient canaries of a broken run: added at ``value``·C or with masks repeated per epoch; scored with the
-        claim (σ = 2, C = 1) whatever the run did, as an auditor holding only the claim would."""
-
-        def _add_canaries(self, optimizer):
-            real = self._dpsgd
-            self._dpsgd = _Scaled(real, value)
-            try:
-                super()._add_canaries(optimizer)
-            finally:
-                self._dpsgd = real
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            real = self._dpsgd
-            self._dpsgd = _Claimed(real)
-            try:
-                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-            finally:
-                self._dpsgd = real
-
-        def sampled(self, step: int) -> np.ndarray:
-            return super().sampled(step % EPOCH if repeat else step)
-
     class InputCanaries(CanaryAudit):
         """Input canaries whose rows are flagged in case (c); the batch size keeps p = 0.1 with the canaries added."""
 
@@ -334,7 +303,7 @@ def trained_all(case, seed: int, claim: Claim, audit: str, refs: Any = None) -> 
     model = Flagged(FEATURES_B, hidden=(WIDE,), lr=LR_B)
     if key == "c":
         dpsgd.register_before_noise_hook(lambda optimizer: _unclip(optimizer, model.flags, UNCLIPPED))
-    grad = GradientCanaries(
+    grad = broken_canaries(value, repeat, claimed_score=True)(
         "gradient", num_canaries=M_LR, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim, score="likelihood_ratio"
     )
     inp = InputCanaries("input", num_canaries=M_INPUT, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim)
@@ -431,6 +400,41 @@ class _Claimed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def broken_canaries(value: float, repeat: bool, *, claimed_score: bool) -> Any:
+    """``CanaryAudit("gradient")`` of a broken run: its canaries added at ``value``·C (clipping skipped) and/or with
+    the first epoch's masks every epoch; with ``claimed_score`` the likelihood-ratio score uses the claim's σ = 2 and
+    C = 1 whatever the run did, as an auditor holding only the claim must. The audit's gradient run
+    (``lightning_privacy.audits.canary_run.GradientCanaries``, ``_gradient``) reads C when it adds the canaries and
+    σ, C when it scores a step, from the DPSGD it holds: each is seen through a proxy for that call only."""
+    from lightning_privacy import CanaryAudit
+
+    class Broken(CanaryAudit):
+        def on_train_start(self, trainer, pl_module):
+            super().on_train_start(trainer, pl_module)
+            if repeat:  # which canaries join step t: those of step t mod 10
+                sampled = self.canaries.sampled
+                self.canaries.sampled = lambda step, rate: sampled(step % EPOCH, rate)
+
+        def _add_canaries(self, optimizer):
+            with _seen_as(self._gradient, _Scaled(self._gradient.dpsgd, value)):
+                super()._add_canaries(optimizer)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            with _seen_as(self._gradient, _Claimed(self._gradient.dpsgd) if claimed_score else self._gradient.dpsgd):
+                super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    return Broken
+
+
+@contextlib.contextmanager
+def _seen_as(gradient: Any, dpsgd: Any) -> Any:
+    real, gradient.dpsgd = gradient.dpsgd, dpsgd
+    try:
+        yield
+    finally:
+        gradient.dpsgd = real
 
 
 class _Scaled:
