@@ -17,6 +17,12 @@ and forms the clipped sum from them directly, without the second pass through th
   per-example gradients from ``cᵢ·gᵢ``, summed over examples. These are small layers (their per-example gradients
   are what ghost clipping materialises for them anyway).
 
+The first pass itself need not compute any parameter's gradient (ghost clipping discards them): when every layer's
+output is known, :meth:`BookKeeping.first_pass_targets` names those outputs, and a first pass that differentiates
+with respect to them alone propagates the output gradients through the network (Opacus' norm hooks and
+book-keeping's capture fire as before) while torch skips every weight gradient. One backward pass then costs
+about what the non-private one does, plus the norms and one weight product per layer.
+
 The sum is the second pass's up to floating-point summation order (tests compare it with hooks mode and with the
 two passes). It saves the second pass's propagation through the network — its input gradients — and keeps each
 layer's output gradient until the sum is formed (memory of the size of the activations). A step falls back to the
@@ -94,6 +100,7 @@ class BookKeeping:
         self._layers = [m for m in module.modules() if _direct_trainable(m)]
         self.supported = all(self._supports(m) for m in self._layers)
         self._inputs: Dict[nn.Module, List[Tuple[torch.Tensor, ...]]] = {}
+        self._outputs: Dict[nn.Module, List[object]] = {}
         self._grads: Dict[nn.Module, List[torch.Tensor]] = {}
         self._handles = []
         if self.supported:
@@ -109,9 +116,11 @@ class BookKeeping:
             return _embedding_ok(layer)
         return type(layer) in GradSampleModule.GRAD_SAMPLERS and type(layer) is not nn.EmbeddingBag
 
-    def _forward(self, layer: nn.Module, inputs: Tuple[torch.Tensor, ...], _output: torch.Tensor) -> None:
+    def _forward(self, layer: nn.Module, inputs: Tuple[torch.Tensor, ...], output: object) -> None:
         if layer.training and torch.is_grad_enabled():
             self._inputs.setdefault(layer, []).append(tuple(t.detach() for t in inputs if isinstance(t, torch.Tensor)))
+            # (forward hooks see the layer's own output, before torch wraps it for the layer's backward hooks)
+            self._outputs.setdefault(layer, []).append(output)
 
     def _backward(self, layer: nn.Module, _grad_input: tuple, grad_output: tuple) -> None:
         if self.capturing and grad_output and grad_output[0] is not None:
@@ -123,7 +132,22 @@ class BookKeeping:
 
     def clear(self) -> None:
         self._inputs.clear()
+        self._outputs.clear()
         self._grads.clear()
+
+    def first_pass_targets(self) -> Optional[List[torch.Tensor]]:
+        """After the forward pass: every layer's output, to differentiate the first pass with respect to (or ``None``).
+
+        The gradient with respect to these tensors runs through every layer's backward hooks (each output's
+        gradient is needed) and through no weight's gradient; ``None`` when a layer ran other than once or returned
+        something other than one tensor that needs a gradient.
+        """
+        if not self.forward_ready():
+            return None
+        outputs = [self._outputs.get(m, [None])[0] for m in self._layers]
+        if not all(isinstance(t, torch.Tensor) and t.requires_grad for t in outputs):
+            return None
+        return outputs
 
     def forward_ready(self) -> bool:
         """After the forward pass: every trainable layer ran exactly once (so one backward pass can do)."""

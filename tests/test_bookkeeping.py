@@ -147,3 +147,32 @@ def test_a_fit_with_one_backward_pass_trains_the_same_model(monkeypatch):
 
 def test_the_module_docstring_names_the_method():
     assert "Bu, Wang, Zha, Karypis" in bookkeeping.__doc__
+
+
+def test_the_first_pass_computes_no_weight_gradient():
+    torch.manual_seed(0)
+    net = _Text()
+    keeper = BookKeeping(net, loss_reduction="sum")
+    x, y = _data("text")
+    computed = []
+    for p in net.parameters():
+        p.register_hook(lambda g, p=p: computed.append(p))  # fires whenever a weight's gradient is computed
+    keeper.start()
+    losses = F.cross_entropy(net(x), y, reduction="none")
+    targets = keeper.first_pass_targets()
+    assert targets is not None and len(targets) == len(keeper._layers)
+    keeper.capturing = True
+    torch.autograd.grad(losses.sum(), targets, retain_graph=True)
+    keeper.capturing = False
+    assert computed == [] and keeper.ready(len(x))  # every layer's output gradient, no weight's
+    c = torch.rand(len(x))
+    sums = keeper.clipped_sums(c)
+    (c * losses).sum().backward()
+    for p in net.parameters():
+        torch.testing.assert_close(sums[p], p.grad, rtol=1e-5, atol=1e-6)
+    keeper.start()
+    shared = nn.Linear(3, 3)
+    again = BookKeeping(nn.Sequential(shared, shared), loss_reduction="sum")
+    again.start()
+    nn.Sequential(shared, shared)(torch.randn(2, 3))
+    assert again.first_pass_targets() is None  # a layer that ran twice: the ordinary first pass

@@ -7,6 +7,8 @@
   ``print`` calls print, or, after a ```bash block holding one ``lightning-privacy`` command, what the command prints
   on stdout from a temporary folder (output before the text block's first line — progress bars — is not compared).
   Whitespace runs compare equal and ``...`` stands for any text (doctest's NORMALIZE_WHITESPACE and ELLIPSIS).
+- A block importing an optional dependency (``OPTIONAL_MODULES``: the ``lm`` extra's transformers and peft) is skipped
+  where it is not installed.
 - README.md stays short and its links resolve (the site's links are checked by ``mkdocs build --strict``).
 """
 
@@ -27,6 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "hooks" not in p.parts)]
 SLOW_PAGES = ("docs/guides/attribute_inference.md", "docs/guides/panoramia.md")  # > 15 s a block
+OPTIONAL_MODULES = ("transformers", "peft")  # the `lm` extra: a block importing one is skipped where it is missing
 CLI = str(Path(sys.executable).parent / "lightning-privacy")
 PRINTS = re.compile(r"#\s*prints:\s?(.*)$")
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -85,6 +88,9 @@ def test_pages_have_examples():
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize(("code", "expected"), list(_params("python")))
 def test_python_block_runs_and_prints_what_the_page_says(code, expected, tmp_path, monkeypatch):
+    for module in OPTIONAL_MODULES:
+        if re.search(rf"^\s*(?:from|import)\s+{module}\b", code, flags=re.M):
+            pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)  # lightning_logs and checkpoints land here
     torch.set_num_threads(1)
     printed = []

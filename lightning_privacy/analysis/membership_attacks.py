@@ -8,6 +8,13 @@ which both attacks' quantities follow exactly:
 - LiRA's logit-scaled confidence ``φ = log(p / (1 − p)) = −L`` (``p`` = softmax probability of the true label);
 - RMIA's ``Pr(x | θ) = p = 1 / (1 + e^L)``, kept in log space (``log p = −log(1 + e^L)``).
 
+For examples that are sequences (language models) the signal is instead ``signal="nll"``: the negative
+log-likelihood ``N = −log Pr(x | θ)`` of the whole sequence, the sum of its next-token losses (``mean token loss ×
+tokens``). Then RMIA's ``Pr(x | θ) = e^{−N}``, the product of the sequence's next-token probabilities, the likelihood
+of the example the model was trained on (the RMIA paper, Zarifzadeh et al. 2024, evaluates image and tabular data; we
+found no choice for text in it). LiRA's ``φ = −N = log p``: for a sequence ``p ≪ 1`` and ``log(p / (1 − p)) =
+log p + O(p)``, while ``log p`` stays finite for a memorised sequence (``N → 0``), where the logit diverges.
+
 Reference models are described by boolean matrices ``inside[k, i]``: whether reference ``k`` trained on
 example ``i``. An example with no IN reference is audited *offline*.
 
@@ -37,6 +44,7 @@ from lightning_privacy.analysis.estimation import rate_interval, roc_counts, sco
 
 __all__ = [
     "FIXED_VARIANCE_BELOW",
+    "SIGNALS",
     "TIE_BREAK",
     "TprAtFpr",
     "auc",
@@ -58,6 +66,17 @@ FIXED_VARIANCE_BELOW = 64
 """LiRA uses one global variance per side below this many references (Carlini et al. 2022, Sec. IV-C)."""
 
 
+SIGNALS = ("membership_loss", "nll")
+"""What the attacks' input numbers are: a classification membership loss ``L`` (``Pr(x | θ) = 1 / (1 + e^L)``,
+the default) or a negative log-likelihood ``N`` (``Pr(x | θ) = e^{−N}``, e.g. a sequence's summed token loss)."""
+
+
+def _check_signal(signal: Any) -> str:
+    if signal not in SIGNALS:
+        raise ValueError(f"Expected argument `signal` to be one of {SIGNALS}, but got {signal!r}.")
+    return signal
+
+
 def _signals(name: str, value: Any, ndim: int) -> np.ndarray:
     arr = np.asarray(value, dtype=np.float64)
     if arr.ndim != ndim:
@@ -76,15 +95,21 @@ def _inside(name: str, value: Any, shape: Tuple[int, int]) -> np.ndarray:
     return arr.astype(bool)
 
 
-def log_probability(losses: Any) -> np.ndarray:
-    """``log p`` of the true label from membership losses ``L`` (``p = 1 / (1 + e^L)``), stable at both ends.
+def log_probability(losses: Any, *, signal: str = "membership_loss") -> np.ndarray:
+    """``log Pr(x | θ)``: of the true label from membership losses ``L`` (``p = 1 / (1 + e^L)``, stable at both
+    ends), or ``−N`` from negative log-likelihoods (``signal="nll"``).
 
     Example::
 
         >>> log_probability([0.0, -50.0, 50.0]).round(6).tolist()
         [-0.693147, -0.0, -50.0]
+        >>> log_probability([0.0, 12.5], signal="nll").tolist()  # a sequence of 5 tokens at loss 2.5 each: e^{-12.5}
+        [-0.0, -12.5]
     """
-    return -np.logaddexp(0.0, np.asarray(losses, dtype=np.float64))
+    values = np.asarray(losses, dtype=np.float64)
+    if _check_signal(signal) == "nll":
+        return -values
+    return -np.logaddexp(0.0, values)
 
 
 def loss_scores(target_losses: Any) -> np.ndarray:
@@ -92,7 +117,7 @@ def loss_scores(target_losses: Any) -> np.ndarray:
     return -_signals("target_losses", target_losses, 1)
 
 
-def fit_offline_a(reference_losses: Any, inside: Any) -> float:
+def fit_offline_a(reference_losses: Any, inside: Any, *, signal: str = "membership_loss") -> float:
     """RMIA's offline ``a`` from the references' own rows: ``a = E[1 − Pr_IN] / E[1 − Pr_OUT]``, in [0, 1].
 
     The offline approximation assumes ``Pr_IN(x) ≈ a·Pr_OUT(x) + (1 − a)``, i.e. ``1 − Pr_IN = a (1 − Pr_OUT)``;
@@ -102,6 +127,7 @@ def fit_offline_a(reference_losses: Any, inside: Any) -> float:
     Args:
         reference_losses: ``(k, n)`` membership losses of ``k`` reference models on ``n`` rows.
         inside: ``(k, n)`` booleans, whether reference ``k`` trained on row ``i``.
+        signal: ``"membership_loss"`` or ``"nll"`` (:data:`SIGNALS`).
 
     Raises:
         ValueError: when no reference has both IN and OUT rows.
@@ -114,7 +140,7 @@ def fit_offline_a(reference_losses: Any, inside: Any) -> float:
     """
     ref = _signals("reference_losses", reference_losses, 2)
     ins = _inside("inside", inside, ref.shape)
-    miss = -np.expm1(log_probability(ref))  # 1 − p, accurate near p = 1
+    miss = -np.expm1(log_probability(ref, signal=signal))  # 1 − p, accurate near p = 1
     usable = ins.any(axis=1) & (~ins).any(axis=1)
     if not usable.any():
         raise ValueError("Expected at least one reference model with both IN and OUT rows to fit `a`, but got none.")
@@ -123,9 +149,9 @@ def fit_offline_a(reference_losses: Any, inside: Any) -> float:
     return float(np.clip(num / den, 0.0, 1.0)) if den > 0 else 1.0
 
 
-def _log_marginal(ref: np.ndarray, ins: np.ndarray, a: float) -> np.ndarray:
+def _log_marginal(ref: np.ndarray, ins: np.ndarray, a: float, signal: str) -> np.ndarray:
     """``log Pr(x)`` per example: ½(mean IN + mean OUT), the offline approximation for the IN half if no IN."""
-    logp = log_probability(ref)
+    logp = log_probability(ref, signal=signal)
     k = ref.shape[0]
 
     def log_mean(mask: np.ndarray) -> np.ndarray:
@@ -157,6 +183,7 @@ def rmia_scores(
     population_inside: Any = None,
     gamma: float = 2.0,
     offline_a: float = 1.0,
+    signal: str = "membership_loss",
 ) -> np.ndarray:
     """RMIA scores: the fraction of population points ``z`` that ``x`` dominates by a likelihood ratio ≥ γ.
 
@@ -170,6 +197,8 @@ def rmia_scores(
             points that every reference trained on (e.g. half of them with one reference) are left out of ``z``.
         gamma: γ ≥ 1 (the paper uses values near 1–2).
         offline_a: ``a`` in [0, 1] of the offline approximation (see :func:`fit_offline_a`); ``1`` = no correction.
+        signal: what the losses are (:data:`SIGNALS`): ``"membership_loss"`` (classification) or ``"nll"``
+            (``−log Pr(x | θ)``, e.g. a sequence's summed token loss).
 
     Returns:
         ``(n,)`` scores: the fraction in [0, 1], plus less than :data:`TIE_BREAK` to order ties.
@@ -196,12 +225,17 @@ def rmia_scores(
         )
     gamma = expect_real("gamma", gamma, low=1.0)
     a = expect_real("offline_a", offline_a, low=0.0, high=1.0)
-    log_ratio_x = log_probability(tgt) - _log_marginal(ref, _inside("inside", inside, ref.shape), a)
+    signal = _check_signal(signal)
+    log_ratio_x = log_probability(tgt, signal=signal) - _log_marginal(
+        ref, _inside("inside", inside, ref.shape), a, signal
+    )
     pinside = _inside("population_inside", population_inside, pref.shape)
     usable = (~pinside).any(axis=0)  # a z in every reference's training set has no OUT estimate: not used
     if not usable.any():
         raise ValueError("RMIA needs population points outside some reference's training set, but every one is IN all.")
-    log_ratio_z = log_probability(ptgt[usable]) - _log_marginal(pref[:, usable], pinside[:, usable], a)
+    log_ratio_z = log_probability(ptgt[usable], signal=signal) - _log_marginal(
+        pref[:, usable], pinside[:, usable], a, signal
+    )
     # LR(x, z) ≥ γ  ⇔  log ratio_z ≤ log ratio_x − log γ
     sorted_z = np.sort(log_ratio_z)
     fraction = np.searchsorted(sorted_z, log_ratio_x - np.log(gamma), side="right") / sorted_z.size
@@ -211,7 +245,12 @@ def rmia_scores(
 
 
 def lira_scores(
-    target_losses: Any, reference_losses: Any, *, inside: Any = None, fixed_variance: Optional[bool] = None
+    target_losses: Any,
+    reference_losses: Any,
+    *,
+    inside: Any = None,
+    fixed_variance: Optional[bool] = None,
+    signal: str = "membership_loss",
 ) -> np.ndarray:
     """LiRA scores: online (a likelihood ratio of IN and OUT Gaussians) when ``inside`` has IN references for
     every example, offline (the standardised distance above the OUT Gaussian) when it has none.
@@ -221,6 +260,8 @@ def lira_scores(
         reference_losses: ``(k, n)`` the references'.
         inside: ``(k, n)`` booleans, whether reference ``k`` trained on example ``i``; ``None`` = offline.
         fixed_variance: one global variance per side (``None``: when ``k`` < :data:`FIXED_VARIANCE_BELOW`).
+        signal: ``"membership_loss"`` (``φ = −L``) or ``"nll"`` (``φ = log Pr(x | θ) = −N``) (:data:`SIGNALS`); both
+            give ``φ = −loss``.
 
     Raises:
         ValueError: when some but not all examples have IN references, or an example has no OUT reference.
@@ -238,6 +279,7 @@ def lira_scores(
     ins = _inside("inside", inside, ref.shape)
     k = ref.shape[0]
     fixed = k < FIXED_VARIANCE_BELOW if fixed_variance is None else bool(fixed_variance)
+    _check_signal(signal)  # φ = −L (the logit of the true-label probability) or −N (the log-likelihood): both −loss
     phi, phi_ref = -tgt, -ref
     if not np.all((~ins).any(axis=0)):
         raise ValueError("LiRA needs an OUT reference for every example; some were in every reference's training set.")

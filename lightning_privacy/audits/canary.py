@@ -280,6 +280,7 @@ def audit_canaries(
     accountant_epsilon: Optional[float] = None,
     others: Optional[Mapping[str, float]] = None,
     claim: Any = None,
+    claim_tests: str = "both",
 ) -> CanaryResult:
     """Both one-run ε lower bounds from canary scores (higher score = "this canary was included").
 
@@ -298,6 +299,8 @@ def audit_canaries(
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); the result's ``verdict``
             says whether the canaries contradict it at confidence 1 − ``alpha``
             (:func:`~lightning_privacy.analysis.claims.check_canaries`).
+        claim_tests: ``"both"`` (α split between the binomial (ε, δ) test and the f-DP test of the claim's curve) or
+            ``"fdp"`` (all of α on the f-DP test; :meth:`~lightning_privacy.claims.Claim.check_canaries`).
 
     Raises:
         TypeError, ValueError: on bad arguments (named), from here or from
@@ -344,5 +347,7 @@ def audit_canaries(
         others={str(k): float(v) for k, v in (others or {}).items()},
         warnings=found,
         claim=claim,
-        claim_verdict=None if claim is None else claim.check_canaries(scores, included_arr, alpha=alpha, seed=seed),
+        claim_verdict=None
+        if claim is None
+        else claim.check_canaries(scores, included_arr, alpha=alpha, seed=seed, tests=claim_tests),
     )

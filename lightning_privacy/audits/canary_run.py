@@ -110,12 +110,23 @@ def _bad(name: str, expected: str, value: Any) -> ValueError:
     return ValueError(f"`{name}` must be {expected}, got {value!r}")
 
 
+CLAIM_TESTS = ("both", "fdp")  # α split between the binomial and the f-DP test, or all on the f-DP test
+
+
 def _is_open_unit(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < 1
 
 
 def check_arguments(
-    kind: Any, num_canaries: Any, seed: Any, alpha: Any, delta: Any, correction: Any, score: Any, num_classes: Any
+    kind: Any,
+    num_canaries: Any,
+    seed: Any,
+    alpha: Any,
+    delta: Any,
+    correction: Any,
+    score: Any,
+    num_classes: Any,
+    claim_tests: Any = "both",
 ) -> None:
     """Raise ``ValueError`` naming the first bad argument of a canary audit (and what is allowed)."""
     if kind not in KINDS:
@@ -134,6 +145,8 @@ def check_arguments(
         raise _bad("score", f"one of {SCORES}", score)
     if num_classes is not None and (not _is_int(num_classes) or num_classes < 2):
         raise _bad("num_classes", "None or an int >= 2", num_classes)
+    if claim_tests not in CLAIM_TESTS:
+        raise _bad("claim_tests", f"one of {CLAIM_TESTS}", claim_tests)
 
 
 def parse_claim(claim: Any) -> Any:
@@ -158,6 +171,7 @@ def audit_run(
     correction: str,
     claim: Any = None,
     dpsgd: Any = None,
+    claim_tests: str = "both",
 ) -> CanaryResult:
     """The audit of the run's final scores (:func:`~lightning_privacy.audits.canary.audit_canaries`).
 
@@ -181,6 +195,7 @@ def audit_run(
         kind=kind,
         accountant_epsilon=accountant_epsilon,
         claim=claim,
+        claim_tests=claim_tests,
     )
 
 

@@ -21,7 +21,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,7 +50,10 @@ def _fingerprint(*loaders: Any) -> str:
     digest = hashlib.sha256()
     for loader in loaders:
         for batch in sequential_loader(loader):
-            items = batch if isinstance(batch, (list, tuple)) else [batch]
+            if isinstance(batch, Mapping):  # e.g. {"input_ids": ..., "attention_mask": ...}: keys and values
+                items = [x for key in sorted(batch, key=str) for x in (str(key), batch[key])]
+            else:
+                items = batch if isinstance(batch, (list, tuple)) else [batch]
             for item in items:
                 if isinstance(item, torch.Tensor):
                     digest.update(str(tuple(item.shape)).encode())
@@ -63,18 +66,36 @@ def _fingerprint(*loaders: Any) -> str:
     return digest.hexdigest()
 
 
-def _losses(model: Any, loaders: Sequence[Any], forward_fn, device, signal_fn=None) -> np.ndarray:
-    from lightning_privacy.functional.membership_loss import membership_losses_from_loader
+def _losses(model: Any, loaders: Sequence[Any], forward_fn, device, signal_fn=None, *, likelihood=False) -> np.ndarray:
+    """Every example's signal, in loader order. ``likelihood=True``: what RMIA and LiRA read — for a signal of kind
+    ``"mean_token_nll"`` the sequence's negative log-likelihood, mean token loss × its token count."""
+    from lightning_privacy.functional.membership_loss import signals_from_loader
 
-    parts = [
-        membership_losses_from_loader(
+    parts = []
+    for loader in loaders:
+        values, counts = signals_from_loader(
             model, sequential_loader(loader), forward_fn=forward_fn, device=device, signal_fn=signal_fn
         )
-        .double()
-        .numpy()
-        for loader in loaders
-    ]
+        values = values.double().numpy()
+        parts.append(values * counts.double().numpy() if likelihood and counts is not None else values)
     return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _attack_signal(attack: str, signal_fn: Any) -> Tuple[str, Optional[str]]:
+    """``(signal of the analysis functions, note)`` for ``attack`` on ``signal_fn``'s kind; refuses a score."""
+    from lightning_privacy.functional.sequence_loss import signal_kind
+
+    kind = "membership_loss" if signal_fn is None else signal_kind(signal_fn)
+    if attack == "loss" or kind == "membership_loss":
+        return "membership_loss", None
+    if kind == "score":
+        raise ValueError(
+            f"attack={attack!r} needs a likelihood Pr(x | θ) from every model, but `signal_fn` {signal_fn!r} gives a "
+            "score (kind 'score', e.g. Min-K%): use it with attack='loss', or give RMIA and LiRA a likelihood signal "
+            "such as causal_lm_signal."
+        )
+    what = "mean token loss × tokens" if kind == "mean_token_nll" else "the signal"
+    return "nll", f"{attack.upper()} on sequence likelihoods: Pr(x | θ) = exp(−{what}) of each sequence"
 
 
 # ------------------------------------------------------------------------------------------------------ references
@@ -377,9 +398,12 @@ def audit_membership(
         warn: issue each of the result's warnings and ``outside`` sentences as a ``UserWarning``.
         signal_fn: ``signal_fn(model, batch) -> losses`` (one per example, low = member-like) instead of
             ``forward_fn``, for examples that are not classification rows: for a causal language model
-            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` (each sequence's mean next-token loss
-            over its non-padding tokens). RMIA and LiRA then use that per-sequence loss as the signal of every model
-            (through the same monotone map as the classification loss).
+            :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` (each sequence's mean next-token loss
+            over its non-padding tokens, the LOSS attack's signal, and its token count: RMIA and LiRA use the
+            sequence's likelihood ``Pr(x | θ) = exp(−mean token loss × tokens)``), or
+            :data:`~lightning_privacy.functional.sequence_loss.min_k_percent_signal` (Min-K%, with ``attack="loss"``).
+            The signal's ``kind`` (:data:`~lightning_privacy.functional.sequence_loss.SIGNAL_KINDS`) says which; RMIA
+            and LiRA refuse a ``"score"``.
 
     Returns:
         A :class:`MembershipAuditResult`.
@@ -403,6 +427,7 @@ def audit_membership(
     from lightning_privacy.analysis._checks import expect_choice, expect_real
     from lightning_privacy.analysis.estimation import epsilon_lower_bound, score_orientation
     from lightning_privacy.claims import Claim
+    from lightning_privacy.functional.sequence_loss import signal_kind
 
     start = time.perf_counter()
     expect_choice("attack", attack, ATTACKS)
@@ -412,8 +437,12 @@ def audit_membership(
         delta = float(ledger.delta) if ledger is not None else claim.delta if claim is not None else 1e-5
     delta = expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
     notes: List[str] = []
-    member_target = _losses(model, [member_loader], forward_fn, device, signal_fn)
-    nonmember_target = _losses(model, [nonmember_loader], forward_fn, device, signal_fn)
+    signal, note = _attack_signal(attack, signal_fn)
+    nll = signal == "nll" and signal_fn is not None and signal_kind(signal_fn) == "mean_token_nll"
+    if note:
+        notes.append(note)
+    member_target = _losses(model, [member_loader], forward_fn, device, signal_fn, likelihood=nll)
+    nonmember_target = _losses(model, [nonmember_loader], forward_fn, device, signal_fn, likelihood=nll)
     target = np.r_[member_target, nonmember_target]
     is_member = np.r_[np.ones(member_target.size, bool), np.zeros(nonmember_target.size, bool)]
     k, used_gamma, used_a, variant = 0, None, None, "reference-free"
@@ -437,23 +466,29 @@ def audit_membership(
             inside = references.inside_targets
         variant = "online" if inside is not None else "offline"
         ref = np.stack(
-            [_losses(m, [member_loader, nonmember_loader], forward_fn, device, signal_fn) for m in references.models]
+            [
+                _losses(m, [member_loader, nonmember_loader], forward_fn, device, signal_fn, likelihood=nll)
+                for m in references.models
+            ]
         )
         if attack == "lira":
-            scores = attacks.lira_scores(target, ref, inside=inside)
+            scores = attacks.lira_scores(target, ref, inside=inside, signal=signal)
         else:
             if population_loader is None:
                 raise ValueError("Expected `population_loader` for attack='rmia' (its points are RMIA's z).")
-            pop_target = _losses(model, [population_loader], forward_fn, device, signal_fn)
+            pop_target = _losses(model, [population_loader], forward_fn, device, signal_fn, likelihood=nll)
             pop_ref = np.stack(
-                [_losses(m, [population_loader], forward_fn, device, signal_fn) for m in references.models]
+                [
+                    _losses(m, [population_loader], forward_fn, device, signal_fn, likelihood=nll)
+                    for m in references.models
+                ]
             )
             same = _fingerprint(population_loader) == references.population_fingerprint
             pop_inside = references.inside_population if same else None
             if not same:
                 notes.append("the population is not the references' training population: every z counted as OUT")
             if offline_a is None:
-                used_a = attacks.fit_offline_a(pop_ref, pop_inside) if same else 1.0
+                used_a = attacks.fit_offline_a(pop_ref, pop_inside, signal=signal) if same else 1.0
                 notes.append(
                     f"offline a = {used_a:.3f} "
                     + (
@@ -474,6 +509,7 @@ def audit_membership(
                 population_inside=pop_inside,
                 gamma=gamma,
                 offline_a=used_a,
+                signal=signal,
             )
     points = attacks.tpr_at_fpr(scores, is_member, REPORTED_FPRS, alpha=alpha)
     epsilon = epsilon_lower_bound(scores, is_member, delta=delta, alpha=alpha, selection="holdout", seed=0).as_dict()

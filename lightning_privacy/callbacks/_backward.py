@@ -74,6 +74,10 @@ def _describe(loss: Any) -> str:
     return f"a tensor of shape {list(loss.shape)}"
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 def _reduce(loss: torch.Tensor, loss_reduction: str) -> torch.Tensor:
     return loss.mean() if loss_reduction == "mean" else loss.sum()
 
@@ -221,10 +225,16 @@ class PerExampleBackward:
         for param in params:  # Opacus never resets them: a stale norm would clip this batch with the last one's
             _compat.clear_norm_sample(param)
         keeper = self.bookkeeping
+        # one pass: no weight gradients in the first pass (not under DDP, whose reducer waits for every parameter's)
+        targets = keeper.first_pass_targets() if keeper is not None and not _distributed() else None
         if keeper is not None:
             keeper.capturing = True
         try:
-            self._original(_reduce(losses, self.loss_reduction), *args, retain_graph=True, **kwargs)
+            reduced = _reduce(losses, self.loss_reduction)
+            if targets is not None:  # (what LightningModule.backward does, differentiating the layers' outputs only)
+                torch.autograd.grad(reduced, targets, retain_graph=True)
+            else:
+                self._original(reduced, *args, retain_graph=True, **kwargs)
         finally:
             if keeper is not None:
                 keeper.capturing = False

@@ -12,7 +12,7 @@ covered by the DP guarantee.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -32,12 +32,14 @@ __all__ = [
     "check_clipped_sum_bound",
     "check_clipping",
     "check_ghost_norm",
+    "check_no_tied_parameters_for_ghost",
     "check_noise",
     "NoiseCheck",
     "check_per_sample_gradients",
     "local_tensor",
     "noise_readback",
     "per_sample_norms",
+    "tied_trainable_parameters",
 ]
 
 
@@ -211,3 +213,38 @@ def check_no_batch_statistics(layers: Sequence[tuple]) -> None:
                 "(e.g. `def on_train_epoch_start(self): self.backbone.eval()` with running statistics), or replace it "
                 "(GroupNorm)."
             )
+
+
+def tied_trainable_parameters(module: torch.nn.Module) -> List[Tuple[str, ...]]:
+    """The names of every trainable parameter that several layers share (tied weights), one tuple per parameter.
+
+    A layer is a module without children that holds the parameter itself; a parameter that a container only aliases
+    (Opacus' ``DPLSTM`` exposes its cells' weights as ``weight_ih_l0``) is used by one layer and is not tied.
+
+    Example::
+
+        >>> lm = torch.nn.ModuleDict({"wte": torch.nn.Embedding(5, 3), "lm_head": torch.nn.Linear(3, 5, bias=False)})
+        >>> lm.lm_head.weight = lm.wte.weight  # GPT-2's tying: the output layer reads the token embedding
+        >>> tied_trainable_parameters(lm)
+        [('wte.weight', 'lm_head.weight')]
+    """
+    names: Dict[int, List[str]] = {}
+    for prefix, layer in module.named_modules(remove_duplicate=False):
+        if next(layer.children(), None) is not None:
+            continue
+        for name, param in layer.named_parameters(recurse=False):
+            if param.requires_grad:
+                names.setdefault(id(param), []).append(f"{prefix}.{name}" if prefix else name)
+    return [tuple(group) for group in names.values() if len(group) > 1]
+
+
+def check_no_tied_parameters_for_ghost(module: torch.nn.Module) -> None:
+    """Ghost clipping computes one norm per layer and cannot clip a parameter two layers share: refuse, naming it."""
+    tied = tied_trainable_parameters(module)
+    if tied:
+        shared = "; ".join(" is ".join(f"`{n}`" for n in group) for group in tied)
+        raise MisconfigurationException(
+            f"DPSGD(grad_sample_mode='ghost') cannot clip tied parameters ({shared}: one tensor used by several layers, "
+            "as GPT-2's output layer reuses its token embedding), so use grad_sample_mode='hooks' or freeze the tied "
+            "parameter (`requires_grad_(False)`, e.g. when training LoRA adapters)."
+        )

@@ -4,7 +4,7 @@
   ``_init_optim_state`` under FSDP2) goes to the wrapped optimizer, neither counted nor noised;
 - :class:`_BeforeNoiseHooks`: DPSGD's self-check and the registered hooks (canaries) on the clipped sum, then the noise;
 - :class:`_SecretNoise`: every step's noise from the fit's :class:`~lightning_privacy.noise.NoiseSource`;
-- :class:`_NoiseIntoGradient`: the noise drawn into the gradient's own memory (no per-step allocation);
+- :class:`_NoiseIntoGradient`: the noise added to the clipped sum in place, chunk by chunk (no per-step allocation);
 - :class:`_GhostSumWithoutCopy`: ghost clipping's clipped sum taken over from ``p.grad`` instead of copied;
 - :class:`_ClipInParameterPrecision`: hooks mode clips per-sample gradients in their parameter's dtype.
 
@@ -88,18 +88,23 @@ class _SecretNoise:
         super().add_noise()
 
 
-class _NoiseIntoGradient:
-    """Mixin: Opacus' ``add_noise`` without its three fresh tensors per parameter and step, same numbers.
+NOISE_CHUNK = 1 << 16  # elements of noise drawn at a time into a small reused buffer (a multiple of 16)
 
-    Opacus' ``_generate_noise`` allocates a tensor of zeros and one of noise, then ``summed_grad + noise`` a third;
-    on the CPU every large allocation is fresh memory from the operating system (page faults), which cost more than
-    drawing the noise (41 % of a ghost step of a 10 M-parameter MLP, ``benchmarks/results/dpsgd_overhead.txt``).
-    Here the noise is drawn with the same generator and kernel (``Tensor.normal_(0, σC)`` on a contiguous tensor,
-    which is what ``torch.normal(0, σC, size)`` runs) into the memory of ``p.grad`` — the backward's gradient, which
-    Opacus replaces at this point and nothing reads again — and the clipped sum is added in place: ``noise + sum``
-    equals Opacus' ``sum + noise`` bit for bit (floating-point addition commutes), so a fixed ``noise_seed`` gives the
-    same model as before. A parameter whose ``p.grad`` cannot hold the result (missing, another shape, dtype or
-    device, not contiguous, or the clipped sum itself) gets a new tensor, as in Opacus. Secure mode (four draws per
+
+class _NoiseIntoGradient:
+    """Mixin: Opacus' ``add_noise`` without its three fresh parameter-sized tensors per step, same numbers.
+
+    Opacus' ``_generate_noise`` allocates a tensor of zeros and one of noise, then ``summed_grad + noise`` a third; on
+    the CPU a large allocation is fresh memory from the operating system every time (page faults), which cost about as
+    much as drawing the noise (``benchmarks/results/dpsgd_overhead.txt``). Here, on the CPU, the noise is drawn in
+    chunks of ``NOISE_CHUNK`` into one small buffer that stays in the cache and added to the clipped sum in place,
+    which then becomes ``p.grad``. The draws are Opacus' bit for bit: ``torch.normal(0, σC, size)`` runs
+    ``Tensor.normal_``, whose CPU kernel turns one uniform number per element, in order, into Gaussians sixteen at
+    a time (recomputing the last sixteen when the size is not a multiple of sixteen), so chunks of a multiple of
+    sixteen elements with a last chunk of at least sixteen draw exactly the full tensor's numbers; and
+    ``sum + noise`` commutes. A fixed ``noise_seed`` therefore gives the same model as Opacus' code. Where that
+    argument does not hold — a CUDA tensor (Philox offsets), a non-contiguous sum, fewer than sixteen elements — the
+    noise is drawn whole into ``p.grad``'s memory when it can hold it, or into a new tensor. Secure mode (four draws per
     coordinate) and FSDP2 (a sharded ``DTensor``) keep Opacus' own code; under DDP only rank 0 noises, as in Opacus.
     """
 
@@ -108,6 +113,7 @@ class _NoiseIntoGradient:
     max_grad_norm: float
     secure_mode: bool
     generator: Optional[torch.Generator]
+    _noise_buffer: Optional[torch.Tensor] = None
 
     def add_noise(self) -> None:
         distributed = isinstance(self, (DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping))
@@ -119,23 +125,47 @@ class _NoiseIntoGradient:
         for p in self.params:
             summed = p.summed_grad
             _check_processed_flag(summed)
-            out = p.grad
-            if not (
-                isinstance(out, torch.Tensor)
-                and out.shape == p.shape
-                and out.dtype == summed.dtype
-                and out.device == summed.device
-                and out.is_contiguous()
-                and out.data_ptr() != summed.data_ptr()
-                and type(out) is torch.Tensor
-            ):
-                out = torch.empty(p.shape, dtype=summed.dtype, device=summed.device)
             if std == 0:
-                out.copy_(summed.view_as(p))
+                p.grad = summed.clone().view_as(p)
+            elif self._chunkable(summed):
+                self._add_in_chunks(summed.view(-1), std)
+                p.grad = summed.view_as(p)
             else:
-                out.normal_(0, std, generator=self.generator).add_(summed.view_as(p))
-            p.grad = out
+                p.grad = self._whole(p, summed, std)
             _mark_as_processed(summed)
+
+    @staticmethod
+    def _chunkable(summed: torch.Tensor) -> bool:
+        return (
+            type(summed) is torch.Tensor
+            and summed.device.type == "cpu"
+            and summed.is_contiguous()
+            and summed.numel() >= 16
+        )
+
+    def _add_in_chunks(self, flat: torch.Tensor, std: float) -> None:
+        size = NOISE_CHUNK + 16  # (the last chunk may be up to 15 elements longer)
+        buffer = self._noise_buffer
+        if buffer is None or buffer.dtype != flat.dtype or buffer.numel() < size:
+            buffer = self._noise_buffer = torch.empty(size, dtype=flat.dtype)
+        start, total = 0, flat.numel()
+        while start < total:
+            length = NOISE_CHUNK if total - start - NOISE_CHUNK >= 16 else total - start
+            flat[start : start + length].add_(buffer[:length].normal_(0, std, generator=self.generator))
+            start += length
+
+    def _whole(self, p: torch.Tensor, summed: torch.Tensor, std: float) -> torch.Tensor:
+        out = p.grad
+        if not (
+            type(out) is torch.Tensor
+            and out.shape == p.shape
+            and out.dtype == summed.dtype
+            and out.device == summed.device
+            and out.is_contiguous()
+            and out.data_ptr() != summed.data_ptr()
+        ):
+            out = torch.empty(p.shape, dtype=summed.dtype, device=summed.device)
+        return out.normal_(0, std, generator=self.generator).add_(summed.view_as(p))
 
 
 class _GhostSumWithoutCopy:

@@ -1,10 +1,8 @@
 """``CanaryAudit``: an ε lower bound from canaries inserted into the same training run (one-run auditing).
 
-Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023): m canaries, each
-included with probability 1/2, scored after training; the guesses become a statistically valid lower
-bound on ε (:mod:`lightning_privacy.analysis.canary`). The accountant gives the upper bound of the same run.
-The canaries themselves (drawing, sampling, insertion, scoring, wrong-label rows) are Trainer-free objects in
-:mod:`lightning_privacy.audits.canary_run`; this callback wires them to Lightning's hooks.
+Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run" (NeurIPS 2023). The canaries (drawing,
+sampling, insertion, scoring, wrong-label rows) are Trainer-free objects in :mod:`lightning_privacy.audits.canary_run`;
+this callback wires them to Lightning's hooks.
 """
 
 from __future__ import annotations
@@ -76,6 +74,8 @@ class CanaryAudit(Callback):
         forward_fn: ``forward_fn(pl_module, batch) -> (logits, target)`` to score input canaries; default
             ``pl_module(batch[0]), batch[1]``.
         claim: the guarantee to test (see above); ``None``: DPSGD's ledger at fit end, if DPSGD trains the model.
+        claim_tests: ``"both"`` (α split between the binomial and the f-DP test) or ``"fdp"`` (all of α on the f-DP
+            test of the claim's curve: the stronger test of a DP-SGD claim; ``Claim.check_canaries``).
 
     Attributes:
         results: the fit-end values by key: the logged ones plus the uncorrected best
@@ -99,7 +99,6 @@ class CanaryAudit(Callback):
         Traceback (most recent call last):
         ...
         lightning.fabric.utilities.exceptions.MisconfigurationException: `kind` must be one of ('gradient', 'input'), got 'labels'
-        >>> trainer = pl.Trainer(callbacks=[DPSGD(noise_multiplier=1.0), audit])  # doctest: +SKIP
     """
 
     report_order = 90  # the report's sections: DP-SGD first, then monitors, then audits
@@ -118,11 +117,12 @@ class CanaryAudit(Callback):
         num_classes: Optional[int] = None,
         forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
         claim: Any = None,
+        claim_tests: str = "both",
     ) -> None:
         with audit.misconfiguration():
-            run.check_arguments(kind, num_canaries, seed, alpha, delta, correction, score, num_classes)
+            run.check_arguments(kind, num_canaries, seed, alpha, delta, correction, score, num_classes, claim_tests)
             claim = run.parse_claim(claim)
-        self.claim = claim
+        self.claim, self.claim_tests = claim, claim_tests
         self.canaries = run.CanarySet(kind, num_canaries, seed)  # the run's canaries and scores (in state_dict)
         self.kind, self.seed = kind, int(seed)
         self.alpha, self.delta, self.correction = float(alpha), None if delta is None else float(delta), correction
@@ -244,7 +244,7 @@ class CanaryAudit(Callback):
             self.canaries.scores = self._input.scores(pl_module)
         self.result = run.audit_run(
             self.canaries, kind=self.kind, alpha=self.alpha, delta=self.delta, correction=self.correction,
-            claim=self.claim, dpsgd=self._dpsgd,
+            claim=self.claim, dpsgd=self._dpsgd, claim_tests=self.claim_tests,
         )  # fmt: skip
         self.accountant_epsilon = self.result.accountant_epsilon
         self.results, self.details = {**self.result.values, **self.result.metrics()}, dict(self.result.details)

@@ -201,6 +201,7 @@ class DPSGD(Callback):
         if _strategies.is_fsdp(trainer):
             _strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
         if self.grad_sample_mode == "ghost":
+            _dp_checks.check_no_tied_parameters_for_ghost(pl_module)
             if "16" in str(trainer.precision):
                 rank_zero_warn(
                     f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "

@@ -55,7 +55,8 @@ class MembershipAudit(audit.ScheduledAudit):
         every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
         signal_fn: one membership loss per example from ``signal_fn(model, batch)`` instead of ``forward_fn`` (e.g.
-            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language model).
+            :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language model: RMIA and LiRA
+            then read each sequence's likelihood; a score such as Min-K% only with ``attack="loss"``).
         claim: the guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
             when DPSGD trains the model, else no verdict.
@@ -105,6 +106,13 @@ class MembershipAudit(audit.ScheduledAudit):
                 raise MisconfigurationException(
                     f"`num_references` must be an int >= 1 for attack={attack!r}, got {num_references!r}"
                 )
+        if signal_fn is not None:
+            from lightning_privacy.audits.membership import _attack_signal
+
+            try:  # a score (Min-K%) has no likelihood for RMIA / LiRA: refused before training, not at fit end
+                _attack_signal(attack, signal_fn)
+            except ValueError as err:
+                raise MisconfigurationException(str(err)) from None
         if not 0.0 < alpha < 1.0:
             raise MisconfigurationException(f"`alpha` must be in (0, 1), got {alpha!r}")
         if claim is not None and not hasattr(claim, "privacy_loss_distribution"):  # a ledger is read at the audit

@@ -99,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="MODULE:FUNCTION",
         help="one membership loss per example from FUNCTION(model, batch) instead of the model's logits, e.g. "
-        "lightning_privacy.functional.sequence_loss:causal_lm_signal for a causal language model",
+        "lightning_privacy.functional.sequence_loss:causal_lm_signal for a causal language model (RMIA and LiRA then "
+        "read each sequence's likelihood), or ...:min_k_percent_signal (Min-K%%, --attack loss only)",
     )
     claim = parser.add_argument_group(
         "a claimed guarantee to test (default: the checkpoint's own DP-SGD ledger, if it has one)"

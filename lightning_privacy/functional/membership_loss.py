@@ -19,12 +19,12 @@ of any size (a probability of 1 - 1e-20 would round to 1 and give an infinite lo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["membership_loss", "membership_losses_from_loader"]
+__all__ = ["membership_loss", "membership_losses_from_loader", "signals_from_loader"]
 
 
 def _check_target(target: Tensor, num_classes: int, name: str = "target") -> Tensor:
@@ -165,8 +165,9 @@ def membership_losses_from_loader(
         device: where to move the batch's tensors (default: the module's first parameter's device).
         signal_fn: ``signal_fn(module, batch) -> losses`` of shape ``[batch size]`` (low = member-like), for
             examples that are not classification rows, e.g.
-            :func:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for language models. Instead of
-            ``forward_fn``.
+            :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for language models. Instead of
+            ``forward_fn``. Its ``kind`` (:data:`~lightning_privacy.functional.sequence_loss.SIGNAL_KINDS`) tells the
+            attacks what the numbers are.
 
     Raises:
         ValueError: both ``forward_fn`` and ``signal_fn``, or a batch whose losses are not one per example (e.g.
@@ -182,26 +183,59 @@ def membership_losses_from_loader(
         >>> membership_losses_from_loader(net, data).shape
         torch.Size([4])
     """
+    return signals_from_loader(module, batches, forward_fn=forward_fn, device=device, signal_fn=signal_fn)[0]
+
+
+@torch.no_grad()
+def signals_from_loader(
+    module: torch.nn.Module,
+    batches: Iterable,
+    *,
+    forward_fn: Optional[Callable[[torch.nn.Module, object], tuple]] = None,
+    device: Optional[torch.device] = None,
+    signal_fn: Optional[Callable[[torch.nn.Module, object], Tensor]] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`membership_losses_from_loader` and, for a ``signal_fn`` of kind ``"mean_token_nll"``, each example's
+    token count (``signal_fn.num_tokens(batch)``; else ``None``): what RMIA and LiRA need for a sequence's likelihood.
+
+    Example::
+
+        >>> from lightning_privacy.functional.sequence_loss import causal_lm_signal
+        >>> lm = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5))
+        >>> ids = torch.tensor([[1, 2, 3], [4, 1, 0]])
+        >>> batches = [{"input_ids": ids, "attention_mask": (ids > 0).long()}]
+        >>> losses, counts = signals_from_loader(lambda input_ids, attention_mask: lm(input_ids), batches,
+        ...                                      signal_fn=causal_lm_signal, device=torch.device("cpu"))
+        >>> losses.shape, counts
+        (torch.Size([2]), tensor([2, 1]))
+    """
+    from lightning_privacy.functional.sequence_loss import signal_kind
+
     if forward_fn is not None and signal_fn is not None:
         raise ValueError("Give `forward_fn` (logits and targets) or `signal_fn` (one loss per example), not both")
     forward = forward_fn or _default_forward
+    with_counts = signal_fn is not None and signal_kind(signal_fn) == "mean_token_nll"
     if device is None:
-        param = next(iter(module.parameters()), None)
+        param = next(iter(module.parameters()), None) if isinstance(module, torch.nn.Module) else None
         device = param.device if param is not None else torch.device("cpu")
-    was_training = module.training
-    module.eval()
-    out = []
+    was_training = getattr(module, "training", False)
+    if isinstance(module, torch.nn.Module):
+        module.eval()
+    out, counts = [], []
     try:
         for batch in batches:
             batch = _to(batch, device)
             if signal_fn is not None:
                 losses = _one_per_example(torch.as_tensor(signal_fn(module, batch)), batch, "signal_fn")
+                if with_counts:
+                    counts.append(_one_per_example(torch.as_tensor(signal_fn.num_tokens(batch)), batch, "num_tokens"))
             else:
                 logits, target = forward(module, batch)
                 losses = _one_per_example(membership_loss(logits, target), batch, "forward_fn")
             out.append(losses.detach().cpu())
     finally:
-        module.train(was_training)
+        if isinstance(module, torch.nn.Module):
+            module.train(was_training)
     if not out:
-        return torch.empty(0)
-    return torch.cat(out)
+        return torch.empty(0), (torch.empty(0, dtype=torch.long) if with_counts else None)
+    return torch.cat(out), (torch.cat(counts).cpu() if with_counts else None)

@@ -40,3 +40,22 @@ def test_no_dp_sgd_no_claim_no_verdict_and_bad_claims_are_named():
         CanaryAudit(claim="sigma=1")
     with pytest.raises(MisconfigurationException, match="`sample_rate` must be in \\(0, 1\\], got 1.5"):
         CanaryAudit(claim=(1.0, 1.5, 10))
+
+
+def test_all_of_alpha_on_the_fdp_test():
+    dpsgd = DPSGD(noise_multiplier=0.3, sampling_seed=0, noise_seed=0)
+    fdp = CanaryAudit("gradient", num_canaries=1000, claim=(3.0, 0.1, 30), claim_tests="fdp")
+    _fit([dpsgd, fdp], epochs=3)
+    assert [t["kind"] for t in fdp.result.claim_verdict.tests] == ["fdp"]  # one test, at level α
+    assert fdp.result.verdict == "contradicted" and fdp.result.evidence["kind"] == "fdp"
+    # the same scores with α split: two tests, each at α / 2
+    split = fdp.result.claim.check_canaries(fdp.canaries.scores, fdp.canaries.included, seed=fdp.seed)
+    assert sorted(t["kind"] for t in split.tests) == ["binomial", "fdp"]
+    assert {t["level"] for t in split.tests} == {0.025} and fdp.result.claim_verdict.tests[0]["level"] == 0.05
+    with pytest.raises(MisconfigurationException, match="`claim_tests` must be one of \\('both', 'fdp'\\), got 'gdp'"):
+        CanaryAudit(claim_tests="gdp")
+    # an (ε, δ) claim has a curve too (Kairouz et al.'s): its f-DP test alone
+    verdict = Claim.parse((1.0, 1e-5)).check_canaries([0.0, 1.0, 2.0, 3.0], [False, True, False, True], tests="fdp")
+    assert [t["kind"] for t in verdict.tests] == ["fdp"]
+    with pytest.raises(ValueError, match="`tests` must be 'both' or 'fdp', got 'all'"):
+        Claim.parse((1.0, 1e-5)).check_canaries([0.0, 1.0], [False, True], tests="all")

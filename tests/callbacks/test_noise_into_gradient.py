@@ -6,6 +6,7 @@ import pytest
 import torch
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
+from lightning_privacy.callbacks import _optimizers
 from lightning_privacy.callbacks._optimizers import _NoiseIntoGradient
 
 
@@ -17,57 +18,54 @@ class _OursGhost(_NoiseIntoGradient, DPOptimizerFastGradientClipping):
     pass
 
 
-def _fill(params, grad: str):
+# fewer than 16 elements, exactly 16, a multiple of 16, one more, chunks with a short tail, a long matrix
+SHAPES = [(3,), (16,), (4, 8), (17,), (7, 5), (2, 3, 17), (1000,)]
+
+
+def _fill(params, grad: str, layout: str):
     torch.manual_seed(0)
     for p in params:
         p.summed_grad = torch.randn(p.shape)
-        if grad == "fresh":
-            p.grad = torch.randn(p.shape)
-        elif grad == "none":
-            p.grad = None
-        elif grad == "strided":
-            p.grad = torch.randn(tuple(reversed(p.shape))).permute(*reversed(range(p.ndim)))
-        elif grad == "alias":
-            p.grad = p.summed_grad
+        if layout == "transposed" and p.ndim == 2:  # a non-contiguous clipped sum: drawn whole
+            p.summed_grad = torch.randn(tuple(reversed(p.shape))).t()
+        p.grad = torch.randn(p.shape) if grad == "present" else None
 
 
-def _noised(cls, grad: str, sigma: float, seed: int = 5):
-    params = [
-        torch.nn.Parameter(torch.zeros(7, 5)),
-        torch.nn.Parameter(torch.zeros(33)),
-        torch.nn.Parameter(torch.zeros(2, 3, 4)),
-    ]
+def _noised(cls, grad: str, layout: str, sigma: float, seed: int = 5):
+    params = [torch.nn.Parameter(torch.zeros(shape)) for shape in SHAPES]
     optimizer = cls(torch.optim.SGD(params, lr=0.1), noise_multiplier=sigma, max_grad_norm=0.7, expected_batch_size=4)
-    _fill(params, grad)
+    _fill(params, grad, layout)
     optimizer.generator = torch.Generator().manual_seed(seed)
-    before = [p.grad for p in params]
     optimizer.add_noise()
-    return [p.grad.clone() for p in params], [p.grad is b for p, b in zip(params, before)], params
+    return [p.grad.clone() for p in params], params
 
 
-@pytest.mark.parametrize("grad", ["fresh", "none", "strided", "alias"])
+@pytest.mark.parametrize("chunk", [32, 1 << 16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("grad", ["present", "none"])
 @pytest.mark.parametrize("sigma", [1.3, 0.0])
 @pytest.mark.parametrize(("opacus", "ours"), [(DPOptimizer, _Ours), (DPOptimizerFastGradientClipping, _OursGhost)])
-def test_same_bits_as_opacus(opacus, ours, grad, sigma):
-    expected, _, _ = _noised(opacus, grad, sigma)
-    got, reused, params = _noised(ours, grad, sigma)
+def test_same_bits_as_opacus(opacus, ours, sigma, grad, layout, chunk, monkeypatch):
+    monkeypatch.setattr(_optimizers, "NOISE_CHUNK", chunk)  # 32: many chunks, tails of 4 to 40 elements
+    expected, _ = _noised(opacus, grad, layout, sigma)
+    got, params = _noised(ours, grad, layout, sigma)
     for e, g in zip(expected, got):
         assert torch.equal(e, g)  # bit for bit, not close
-    # the gradient's own memory is reused where it can hold the result, and only there
-    assert all(reused) == (grad == "fresh")
     for p in params:
-        assert p.grad.shape == p.shape and p.grad.is_contiguous()
+        assert p.grad.shape == p.shape
         assert p.summed_grad._processed  # Opacus' guard against noising one sum twice
 
 
 def test_the_noise_is_gaussian_with_the_claimed_scale():
-    torch.manual_seed(0)
     p = torch.nn.Parameter(torch.zeros(200_000))
     optimizer = _Ours(torch.optim.SGD([p], lr=0.1), noise_multiplier=1.5, max_grad_norm=2.0, expected_batch_size=4)
-    p.summed_grad, p.grad = torch.zeros(p.shape), torch.zeros(p.shape)
+    p.summed_grad = torch.zeros(p.shape)
     optimizer.generator = torch.Generator().manual_seed(1)
     optimizer.add_noise()
     assert abs(float(p.grad.std()) - 3.0) < 0.02 and abs(float(p.grad.mean())) < 0.02
+    assert optimizer._noise_buffer.numel() == _optimizers.NOISE_CHUNK + 16  # one small buffer, reused
+    chunks = p.grad.view(-1)[: 3 * _optimizers.NOISE_CHUNK].view(3, -1)
+    assert not torch.equal(chunks[0], chunks[1])  # each chunk its own draws
 
 
 def test_a_noised_sum_is_not_noised_twice():

@@ -1,17 +1,26 @@
-"""Per-sequence membership losses for language models: checked against a token loop, padding and ignored labels left
-out, token logits refused where examples were expected, and a membership audit per sequence on a memorising LM."""
+"""Per-sequence membership signals for language models: checked against a token loop and a direct numpy Min-K%,
+padding and ignored labels left out, token logits refused where examples were expected, and a membership audit per
+sequence on a memorising LM."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_privacy.audits import audit_membership
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
-from lightning_privacy.functional.sequence_loss import causal_lm_losses, causal_lm_signal
+from lightning_privacy.functional.sequence_loss import (
+    CausalLMSignal,
+    MinKPercentSignal,
+    causal_lm_losses,
+    causal_lm_signal,
+    min_k_percent_signal,
+    signal_kind,
+)
 
 V, T = 20, 12
 
@@ -111,3 +120,60 @@ def test_a_memorising_language_model_is_audited_per_sequence():
     assert result.to_dict()["num_members"] == 64 and result.to_dict()["num_nonmembers"] == 64  # sequences, not tokens
     assert result.metrics()["audit/loss_auc"] > 0.95
     assert result.metrics()["audit/loss_epsilon_lower"] > 1.0
+
+
+def test_the_summed_loss_is_the_mean_times_the_counted_tokens_and_the_signals_say_what_they_are():
+    data = Sequences(5, seed=6)
+    logits = torch.randn(5, T, V, generator=torch.Generator().manual_seed(1))
+    mean = causal_lm_losses(logits, data.ids, data.mask)
+    total = causal_lm_losses(logits, data.ids, data.mask, reduction="sum")
+    counts = causal_lm_signal.num_tokens({"input_ids": data.ids, "attention_mask": data.mask})
+    assert counts.tolist() == (data.mask[:, 1:].sum(dim=1)).tolist()
+    torch.testing.assert_close(total, mean * counts)
+    assert (signal_kind(causal_lm_signal), signal_kind(CausalLMSignal("sum")), signal_kind(min_k_percent_signal)) == (
+        "mean_token_nll",
+        "nll",
+        "score",
+    )
+    with pytest.raises(ValueError, match=r"`reduction` to be 'mean' or 'sum', but got 'max'"):
+        CausalLMSignal("max")
+    with pytest.raises(ValueError, match=r"`k` to be a fraction in \(0, 1\], but got 0"):
+        MinKPercentSignal(k=0)
+    bad = lambda model, batch: None
+    bad.kind = "likelihood"
+    with pytest.raises(ValueError, match=r"`kind` of `signal_fn` to be one of .* but got 'likelihood'"):
+        signal_kind(bad)
+
+
+def test_min_k_percent_is_the_mean_log_probability_of_the_least_likely_tokens_padding_excluded():
+    """Shi et al. 2024: Min-K%(x) = mean of the k% lowest token log-probabilities; the signal is its negative."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, T, V)) * 3
+    ids = rng.integers(1, V, size=(3, T))
+    mask = np.ones((3, T), dtype=np.int64)
+    mask[1, 7:] = 0  # 6 scored tokens
+    mask[2, 3:] = 0  # 2 scored tokens: ⌊0.2 · 2⌋ = 0 → 1 token
+    ids = ids * mask
+    logp = logits - np.log(np.exp(logits).sum(axis=2, keepdims=True))
+    for k in (0.2, 0.5, 1.0):
+        signal = MinKPercentSignal(k=k)
+        got = signal.losses(torch.tensor(logits), torch.tensor(ids), torch.tensor(mask))
+        for b in range(3):
+            n = int(mask[b, 1:].sum())
+            token_logp = np.array([logp[b, t, ids[b, t + 1]] for t in range(T - 1) if mask[b, t + 1]])
+            assert token_logp.size == n
+            lowest = np.sort(token_logp)[: max(1, int(k * n))]
+            assert float(got[b]) == pytest.approx(-lowest.mean(), rel=1e-5)
+    # k = 1 is the mean token loss; padding tokens with huge losses change nothing
+    full = MinKPercentSignal(k=1.0).losses(torch.tensor(logits), torch.tensor(ids), torch.tensor(mask))
+    torch.testing.assert_close(full, causal_lm_losses(torch.tensor(logits), torch.tensor(ids), torch.tensor(mask)))
+    noisy = logits.copy()
+    noisy[1, 6:, :] = rng.normal(size=(T - 6, V)) * 50
+    again = MinKPercentSignal(k=0.2).losses(torch.tensor(noisy), torch.tensor(ids), torch.tensor(mask))
+    before = MinKPercentSignal(k=0.2).losses(torch.tensor(logits), torch.tensor(ids), torch.tensor(mask))
+    assert float(again[1]) == pytest.approx(float(before[1]), rel=1e-6)
+    # through a model and the loader, one number per sequence
+    losses = membership_losses_from_loader(
+        TinyLM(), DataLoader(Sequences(10, seed=5), batch_size=4), signal_fn=min_k_percent_signal
+    )
+    assert losses.shape == (10,) and bool(torch.isfinite(losses).all())

@@ -1,0 +1,169 @@
+"""Membership attacks per sequence: RMIA and LiRA read a sequence's likelihood exp(−mean token loss × tokens), the
+same numbers as the summed-loss signal and as the classification path fed the equivalent probabilities; a Min-K% score
+is refused by them; reference models train on a language model's batches (mappings) end to end, through
+``train_references`` and through ``MembershipAudit``."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_privacy.analysis import membership_attacks as attacks
+from lightning_privacy.audits import audit_membership, train_references
+from lightning_privacy.callbacks.membership_audit import MembershipAudit
+from lightning_privacy.functional.membership_loss import membership_losses_from_loader
+from lightning_privacy.functional.sequence_loss import CausalLMSignal, causal_lm_signal, min_k_percent_signal
+
+V, T = 24, 10
+
+
+class Sequences(Dataset):
+    """Random token sequences of lengths 4..T, right-padded with 0: mappings, as a tokenizer's collator gives."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(4, T + 1, (n,), generator=g)
+        self.mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+        self.ids = torch.randint(1, V, (n, T), generator=g) * self.mask
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i]}
+
+
+class TinyLM(pl.LightningModule):
+    """Embedding → GRU → vocabulary logits, trained on per-sequence losses (one module, with or without DPSGD)."""
+
+    def __init__(self, lr: float = 0.02) -> None:
+        super().__init__()
+        self.embed, self.rnn = torch.nn.Embedding(V, 32), torch.nn.GRU(32, 64, batch_first=True)
+        self.head, self.lr = torch.nn.Linear(64, V), lr
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.head(self.rnn(self.embed(input_ids))[0])
+
+    def training_step(self, batch, batch_idx):
+        losses = causal_lm_signal(self, batch)
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
+
+
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+def test_rmia_on_sequence_likelihoods_equals_the_classification_path_fed_the_same_probabilities():
+    """RMIA with signal='nll' is RMIA with Pr(x|θ) = e^{−N}: fed as membership losses L = log((1 − p)/p), the same."""
+    rng = np.random.default_rng(0)
+    n, m, k = 40, 60, 3
+    nll = lambda *shape: rng.uniform(2.0, 30.0, size=shape)
+    tgt, ref, ptgt, pref = nll(n), nll(k, n), nll(m), nll(k, m)
+    pinside = rng.random((k, m)) < 0.5
+    as_loss = lambda v: np.log(-np.expm1(-v)) + v  # L with 1 / (1 + e^L) = e^{−v}
+    a = attacks.fit_offline_a(pref, pinside, signal="nll")
+    assert a == pytest.approx(attacks.fit_offline_a(as_loss(pref), pinside), rel=1e-9)
+    got = attacks.rmia_scores(tgt, ref, ptgt, pref, population_inside=pinside, offline_a=a, signal="nll")
+    want = attacks.rmia_scores(
+        as_loss(tgt), as_loss(ref), as_loss(ptgt), as_loss(pref), population_inside=pinside, offline_a=a
+    )
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    assert attacks.log_probability([3.5], signal="nll").tolist() == [-3.5]
+    with pytest.raises(ValueError, match=r"`signal` to be one of \('membership_loss', 'nll'\), but got 'mean'"):
+        attacks.rmia_scores(tgt, ref, ptgt, pref, signal="mean")
+
+
+@pytest.fixture(scope="module")
+def lm_audit_setup():
+    members, nonmembers, population = Sequences(96, seed=1), Sequences(96, seed=2), Sequences(192, seed=3)
+    member_loader, nonmember_loader = DataLoader(members, batch_size=32), DataLoader(nonmembers, batch_size=32)
+    population_loader = DataLoader(population, batch_size=32)
+    torch.manual_seed(0)
+    model = TinyLM()
+    train = DataLoader(members, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    pl.Trainer(max_epochs=40, **QUIET).fit(model, train)
+    references = train_references(
+        TinyLM,
+        population_loader,
+        num_references=2,
+        trainer_kwargs={"max_epochs": 40},
+        targets=(member_loader, nonmember_loader),
+        seed=0,
+    )
+    return model.eval(), member_loader, nonmember_loader, population_loader, references
+
+
+def test_rmia_and_lira_read_each_sequences_likelihood_mean_token_loss_times_tokens(lm_audit_setup):
+    model, member_loader, nonmember_loader, population_loader, references = lm_audit_setup
+    assert len(references) == 2 and references.online and references.trained == 2
+    common = dict(references=references, population_loader=population_loader, warn=False)
+    rmia = audit_membership(model, member_loader, nonmember_loader, attack="rmia", signal_fn=causal_lm_signal, **common)
+    summed = audit_membership(
+        model, member_loader, nonmember_loader, attack="rmia", signal_fn=CausalLMSignal("sum"), **common
+    )
+    np.testing.assert_allclose(rmia.scores, summed.scores, rtol=0, atol=1e-9)
+    assert any("Pr(x | θ) = exp(−mean token loss × tokens)" in note for note in rmia.notes)
+
+    # by hand: the summed token losses of every model, through the pure RMIA of the analysis layer
+    nll = lambda m, loaders: np.concatenate(
+        [membership_losses_from_loader(m, ld, signal_fn=CausalLMSignal("sum")).double().numpy() for ld in loaders]
+    )
+    both = [member_loader, nonmember_loader]
+    pop_ref = np.stack([nll(r, [population_loader]) for r in references.models])
+    a = attacks.fit_offline_a(pop_ref, references.inside_population, signal="nll")
+    want = attacks.rmia_scores(
+        nll(model, both),
+        np.stack([nll(r, both) for r in references.models]),
+        nll(model, [population_loader]),
+        pop_ref,
+        inside=references.inside_targets,
+        population_inside=references.inside_population,
+        offline_a=a,
+        signal="nll",
+    )
+    np.testing.assert_allclose(rmia.scores, want, rtol=1e-9, atol=1e-12)
+    assert rmia.num_references == 2 and rmia.variant == "online"
+    assert rmia.to_dict()["num_members"] == 96 and rmia.to_dict()["num_nonmembers"] == 96  # sequences, not tokens
+    assert rmia.auc > 0.9  # an over-fitted model: members far more likely under it than under the references
+
+    lira = audit_membership(model, member_loader, nonmember_loader, attack="lira", signal_fn=causal_lm_signal, **common)
+    assert lira.variant == "online" and lira.auc > 0.8
+    loss = audit_membership(
+        model, member_loader, nonmember_loader, attack="loss", signal_fn=causal_lm_signal, warn=False
+    )
+    mink = audit_membership(
+        model, member_loader, nonmember_loader, attack="loss", signal_fn=min_k_percent_signal, warn=False
+    )
+    assert loss.auc > 0.9 and mink.auc > 0.9
+    with pytest.raises(ValueError, match=r"attack='rmia' needs a likelihood.*kind 'score'.*attack='loss'"):
+        audit_membership(
+            model, member_loader, nonmember_loader, attack="rmia", signal_fn=min_k_percent_signal, **common
+        )
+
+
+def test_membership_audit_callback_audits_a_language_model_per_sequence(tmp_path):
+    members, nonmembers, population = Sequences(64, seed=11), Sequences(64, seed=12), Sequences(128, seed=13)
+    audit = MembershipAudit(
+        attack="rmia",
+        num_references=2,
+        population=DataLoader(population, batch_size=32),
+        member_dataloader=DataLoader(members, batch_size=32),
+        nonmember_dataloader=DataLoader(nonmembers, batch_size=32),
+        model_factory=TinyLM,
+        signal_fn=causal_lm_signal,
+        log_figure=False,
+    )
+    torch.manual_seed(0)
+    train = DataLoader(members, batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    pl.Trainer(max_epochs=30, callbacks=[audit], **QUIET).fit(TinyLM(), train)
+    result = audit.result
+    assert result is not None and result.attack == "rmia" and len(audit.references) == 2
+    assert result.to_dict()["num_members"] == 64 and result.auc > 0.8
+    assert audit.results["audit/rmia_auc"] == result.auc
+    with pytest.raises(Exception, match=r"min_k_percent_signal|kind 'score'"):
+        MembershipAudit(attack="lira", signal_fn=min_k_percent_signal)
