@@ -157,11 +157,12 @@ def prepare_module(module: torch.nn.Module, *, fix_modules: bool) -> Optional[Li
         record = fixed_modules_record(replaced)
         if replaced:
             rank_zero_warn(replacements_warning(replaced))
-    if ModuleValidator.validate(module, strict=False) and (module.training or incompatible_layers(module)):
+    layers = incompatible_layers(module)  # (also what Opacus' validator lets through: padded convolutions)
+    if layers or (ModuleValidator.validate(module, strict=False) and module.training):
         owner = type(module).__name__
         other = [] if module.training else [f"{owner} is in eval mode: call `model.train()` before `fit`."]
         raise MisconfigurationException(
-            incompatible_layers_message(owner, incompatible_layers(module), fix_modules=fix_modules, other=other)
+            incompatible_layers_message(owner, layers, fix_modules=fix_modules, other=other)
         )
     train_trainable_layers(module)  # only eval mode remained of the validator's complaints
     return record

@@ -236,3 +236,36 @@ def test_the_warning_of_a_fit_with_attention_and_lstm_says_nothing_of_batchnorm(
         )
     message = next(str(w.message) for w in record if "replaced 2 module" in str(w.message))
     assert "BatchNorm" not in message and "fresh" not in message and "initial weights" not in message
+
+
+class _ReflectPadded(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), nn.Flatten(), nn.Linear(50, 2))
+
+    def training_step(self, batch, batch_idx):
+        losses = F.cross_entropy(self.net(batch[0]), batch[1], reduction="none")
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_a_convolution_opacus_differentiates_wrongly_is_refused():
+    model = _ReflectPadded()
+    x = torch.randn(3, 1, 5, 5)
+    # what Opacus' hooks compute for this layer is not its per-example gradient (the reason for the refusal)
+    from opacus.grad_sample import GradSampleModule
+
+    conv = model.net[0]
+    truth = torch.stack([torch.autograd.grad(model.net(x[i : i + 1]).sum(), conv.weight)[0] for i in range(3)])
+    hooked = GradSampleModule(model.net)
+    hooked(x).sum().backward()
+    assert not torch.allclose(conv.weight.grad_sample, truth, atol=1e-3)
+    hooked._close()
+    data = torch.utils.data.TensorDataset(torch.randn(64, 1, 5, 5), torch.randint(0, 2, (64,)))
+    for mode in ("hooks", "ghost"):
+        with pytest.raises(MisconfigurationException, match=r"net\.0\. Opacus computes a convolution's per-example"):
+            trainer([DPSGD(noise_multiplier=1.0, grad_sample_mode=mode)], max_epochs=1).fit(
+                _ReflectPadded(), train_dataloaders=DataLoader(data, batch_size=16)
+            )
