@@ -7,7 +7,7 @@ torch and lightning.
 from importlib import import_module
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _CALLBACKS = {
     "DPSGD": "lightning_privacy.callbacks.dpsgd",

@@ -33,8 +33,8 @@ with probability p, independently of every other row, and the batch size is Bino
 (PCG64's ``random``, or 53 of 64 bits from ``os.urandom``), so each inclusion probability is p up to about 2⁻⁵³.
 Drawing stops at the first gap that passes row N − 1: about N·p + 1 gaps.
 
-This draw replaced one uniform number per row (``rng.random(N) < p``) after release 0.1.0: the law is the same, but a
-given seed now selects other rows than before (docs/changelog.md, "Sampling at O(batch)").
+This draw replaced one uniform number per row (``rng.random(N) < p``) in release 0.2.0 (after 0.1.0): the law is the same, but a
+given seed now selects other rows than before (CHANGELOG.md, "Sampling at O(batch)").
 """
 
 from __future__ import annotations

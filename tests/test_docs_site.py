@@ -85,6 +85,20 @@ def test_site_builds_strictly_and_the_dpsgd_page_lists_every_parameter_with_its_
     guide = (tmp_path / "site" / "guides" / "tensorboard" / "index.html").read_text()
     assert 'src="../../assets/benchmarks/results/tensorboard_scalars.png"' in guide
     assert (tmp_path / "site" / "assets" / "benchmarks" / "results" / "tensorboard_scalars.png").is_file()
+    changelog = (tmp_path / "site" / "changelog" / "index.html").read_text()  # CHANGELOG.md, served by the hook
+    assert "Keep a Changelog" in changelog and re.search(r"<h2[^>]*>0\.2\.0", changelog)
+
+
+def test_the_changelog_heads_with_the_package_version():
+    import tomllib
+
+    import lightning_privacy
+
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    versions = re.findall(r"^## (\d+\.\d+\.\d+)", text, flags=re.M)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert versions[0] == lightning_privacy.__version__ == project and versions[-1] == "0.1.0"
+    assert "## Unreleased" not in text or text.index("## Unreleased") < text.index(f"## {versions[0]}")
 
 
 def test_every_logged_key_has_a_meaning_a_unit_and_a_trust_kind_and_headings_are_escaped():

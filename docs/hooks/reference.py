@@ -266,6 +266,7 @@ def on_files(files, config, **kwargs):
     from mkdocs.structure.files import File
 
     pages = {API_INDEX: api_index(), "reference/cli.md": cli_markdown(), "reference/logged_keys.md": keys_markdown()}
+    pages["changelog.md"] = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")  # the repository's, served as is
     pages.update({api_page_uri(m): api_page(m) for m in api_modules()})
     for uri, content in pages.items():
         files.append(File.generated(config, uri, content=content))
