@@ -6,9 +6,20 @@ run), so the parent process that only launches measurements does not load torch.
 
 from __future__ import annotations
 
+import lightning.pytorch as pl
 import torch
 from opacus.layers import DPMultiheadAttention
 from torch import nn
+from torch.nn import functional as F
+
+QUIET = dict(
+    accelerator="cpu",
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    num_sanity_val_steps=0,
+)  # the Trainer settings of every measurement: nothing but the training itself
 
 
 class Block(nn.Module):
@@ -45,3 +56,30 @@ def wide_mlp() -> nn.Sequential:
         nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(),
         nn.Linear(2048, 10),
     )  # fmt: skip
+
+
+def small_cnn() -> nn.Sequential:
+    """Two 3×3 convolutions with GroupNorm on 1×16×16 images, 10 classes (0.01 M parameters)."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(32, 10),
+    )  # fmt: skip
+
+
+class Classifier(pl.LightningModule):
+    """``net`` trained with SGD on cross-entropy; the same module with or without DPSGD (per-example losses too)."""
+
+    def __init__(self, net: nn.Module, lr: float) -> None:
+        super().__init__()
+        self.net, self.lr = net, lr
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        losses = F.cross_entropy(self.net(batch[0]), batch[1], reduction="none")
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)

@@ -53,7 +53,7 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
 
     import lightning.pytorch as pl
     import torch
-    from _models import Transformer, wide_mlp
+    from _models import QUIET, Transformer, wide_mlp
     from torch import nn
     from torch.nn import functional as F
     from torch.utils.data import DataLoader, TensorDataset
@@ -100,16 +100,7 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
     callbacks = [Timer()]
     if mode != "none":
         callbacks.insert(0, DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode))
-    trainer = pl.Trainer(
-        max_steps=warmup + steps,
-        callbacks=callbacks,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = pl.Trainer(max_steps=warmup + steps, callbacks=callbacks, **QUIET)
     module = Module(net)
     base_kb = _status_kb("VmRSS")
     _reset_peak()

@@ -58,10 +58,8 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
 
     import lightning.pytorch as pl
     import torch
-    from _models import Transformer, wide_mlp
+    from _models import QUIET, Classifier, Transformer, small_cnn, wide_mlp
     from opacus.optimizers import DPOptimizer
-    from torch import nn
-    from torch.nn import functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_privacy import DPSGD
@@ -94,35 +92,19 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
 
         setattr(owner, name, wrapper)
 
-    class Module(pl.LightningModule):
-        def __init__(self, net: nn.Module) -> None:
-            super().__init__()
-            self.net = net
-
-        def training_step(self, batch, batch_idx):
-            losses = F.cross_entropy(self.net(batch[0]), batch[1], reduction="none")
-            return {"loss": losses.mean(), "per_example_loss": losses}
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     n = 32 * 16  # sample rate 1/16
     if model_name == "mlp":
         net = wide_mlp()
         data = TensorDataset(torch.randn(n, 1024), torch.randint(0, 10, (n,)))
     elif model_name == "cnn":
-        net = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-            nn.Linear(32, 10),
-        )  # fmt: skip
+        net = small_cnn()
         data = TensorDataset(torch.randn(n, 1, 16, 16), torch.randint(0, 10, (n,)))
     else:
         net = Transformer(vocab=4000, width=256, heads=4)
         data = TensorDataset(torch.randint(0, 4000, (n, 32)), torch.randint(0, 2, (n,)))
     params = sum(p.numel() for p in net.parameters())
 
-    timed(Module, "training_step", "forward")
+    timed(Classifier, "training_step", "forward")
     timed(pl.LightningModule, "backward", "backward")  # (DPSGD's backward calls it: exclusive timing counts it once)
     timed(PerExampleBackward, "__call__", "backward")
     timed(DPOptimizer, "clip_and_accumulate", "clip")
@@ -145,17 +127,8 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
     callbacks = [Timer()]
     if mode != "none":
         callbacks.insert(0, DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode))
-    trainer = pl.Trainer(
-        max_steps=warmup + steps,
-        callbacks=callbacks,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(Module(net), train_dataloaders=DataLoader(data, batch_size=32, shuffle=True))
+    trainer = pl.Trainer(max_steps=warmup + steps, callbacks=callbacks, **QUIET)
+    trainer.fit(Classifier(net, lr=0.01), train_dataloaders=DataLoader(data, batch_size=32, shuffle=True))
     measured = records[warmup:]
     out = {"model": model_name, "mode": mode, "params": params}
     for key in ("step", *PARTS):
@@ -174,8 +147,7 @@ def run_callbacks(which: str, epochs: int = 3) -> dict:
 
     import lightning.pytorch as pl
     import torch
-    from torch import nn
-    from torch.nn import functional as F
+    from _models import QUIET, Classifier, small_cnn
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_privacy import (
@@ -191,25 +163,6 @@ def run_callbacks(which: str, epochs: int = 3) -> dict:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     torch.set_num_threads(1)
     torch.manual_seed(0)
-
-    class Module(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(
-                nn.Conv2d(1, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.ReLU(), nn.MaxPool2d(2),
-                nn.Conv2d(16, 32, 3, padding=1), nn.GroupNorm(4, 32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                nn.Linear(32, 10),
-            )  # fmt: skip
-
-        def forward(self, x):
-            return self.net(x)
-
-        def training_step(self, batch, batch_idx):
-            losses = F.cross_entropy(self(batch[0]), batch[1], reduction="none")
-            return {"loss": losses.mean(), "per_example_loss": losses}
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
 
     def pixel(x, value):  # the attribute: the top-left pixel of every image
         x = x.clone()
@@ -231,18 +184,9 @@ def run_callbacks(which: str, epochs: int = 3) -> dict:
         callbacks += [c for make in extra.values() for c in make()]
     elif which != "DPSGD alone":
         callbacks += extra[which]()
-    trainer = pl.Trainer(
-        max_epochs=epochs,
-        callbacks=callbacks,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET)
     start = time.process_time()
-    trainer.fit(Module(), train_dataloaders=DataLoader(data, batch_size=64, shuffle=True))
+    trainer.fit(Classifier(small_cnn(), lr=0.05), train_dataloaders=DataLoader(data, batch_size=64, shuffle=True))
     return {"set": which, "per_epoch": (time.process_time() - start) / epochs, "steps": trainer.global_step}
 
 
