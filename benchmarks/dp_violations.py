@@ -86,6 +86,10 @@ from lightning_privacy.audits import audit_canaries
 from lightning_privacy.claims import Claim
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# every fit's Trainer settings besides its epochs and callbacks: nothing logged, saved or printed, on the CPU
+QUIET = dict(
+    logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu"
+)
 SIGMA, RATE, STEPS, M, DELTA, ALPHA = 2.0, 0.1, 300, 1000, 1e-5, 0.05
 EPOCH = round(1 / RATE)  # steps per epoch
 UNCLIPPED = 4.0  # (c): the canaries' norm when clipping is skipped, in units of C
@@ -203,15 +207,7 @@ def trained(case, seed: int, claim: Claim) -> Dict[str, Any]:
     )
     torch.manual_seed(seed)
     model = TabularMLP(FEATURES, hidden=(WIDTH,), lr=0.5)
-    trainer = pl.Trainer(
-        max_epochs=STEPS // EPOCH,
-        callbacks=[dpsgd, canaries],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
+    trainer = pl.Trainer(max_epochs=STEPS // EPOCH, callbacks=[dpsgd, canaries], **QUIET)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(model, train)
@@ -307,15 +303,8 @@ def trained_all(case, seed: int, claim: Claim, audit: str, refs: Any = None) -> 
         "gradient", num_canaries=M_LR, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim, score="likelihood_ratio"
     )
     inp = InputCanaries("input", num_canaries=M_INPUT, seed=seed, alpha=ALPHA, delta=DELTA, claim=claim)
-    trainer = pl.Trainer(
-        max_epochs=STEPS // EPOCH,
-        callbacks=[dpsgd] + [grad] * (audit == "gradient") + [inp] * (audit == "input"),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-    )
+    callbacks = [dpsgd] + [grad] * (audit == "gradient") + [inp] * (audit == "input")
+    trainer = pl.Trainer(max_epochs=STEPS // EPOCH, callbacks=callbacks, **QUIET)
     local_batch = PoissonBatchSampler.local_batch
     if repeat:  # (d): every epoch draws the first epoch's masks again
         PoissonBatchSampler.local_batch = lambda self, step: local_batch(self, step % EPOCH)
