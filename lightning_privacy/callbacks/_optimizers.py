@@ -126,7 +126,7 @@ class _NoiseIntoGradient:
             summed = p.summed_grad
             _check_processed_flag(summed)
             if std == 0:
-                p.grad = summed.clone().view_as(p)
+                p.grad = summed.view_as(p)  # (Opacus: sum + zeros, the same values)
             elif self._chunkable(summed):
                 self._add_in_chunks(summed.view(-1), std)
                 p.grad = summed.view_as(p)
