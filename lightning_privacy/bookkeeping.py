@@ -215,17 +215,16 @@ class BookKeeping:
         """The first of ``params`` whose clipped sum in ``sums`` differs from its ``.grad`` (the second pass's), else
         ``None``: DPSGD's self-check of book-keeping (a layer whose gradient is not what its type suggests).
 
-        Relative tolerance 1e-3, or 5e-2 when the sums came from 16-bit output gradients (autocast: the second pass
-        multiplies in 16 bits, book-keeping in the parameters' precision); absolute, a tenth of that of the gradient's
-        largest entry, plus 1e-6.
+        Relative tolerance 1e-3 of the sum's norm, or 5e-2 when the sums came from 16-bit output gradients
+        (autocast: the second pass multiplies in 16 bits, book-keeping in the parameters' precision), plus 1e-6.
         """
         rtol = 5e-2 if self.low_precision else 1e-3
         for param in params:
             total, grad = sums.get(param), param.grad
             if total is None or grad is None:
                 continue
-            tolerance = rtol * 0.1 * float(grad.abs().max()) + 1e-6
-            if not torch.allclose(total.to(grad.dtype), grad, rtol=rtol, atol=tolerance):
+            total, grad = total.to(torch.float64), grad.to(torch.float64)
+            if float((total - grad).norm()) > rtol * max(float(grad.norm()), float(total.norm())) + 1e-6:
                 return param
         return None
 

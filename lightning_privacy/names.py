@@ -25,6 +25,7 @@ DP_NOISE_SEED = "dp/noise_seed"  # the noise's seed: secret / fixed / secure (ne
 DP_CLIP_FRACTION = "dp/clip_fraction"  # share of per-sample gradients whose norm exceeded C
 DP_GRAD_NORM_MEDIAN = "dp/grad_norm_median"
 DP_GRAD_NORMS = "dp/grad_norms"  # histogram of per-sample gradient norms
+DP_EXACTNESS_ERROR = "dp/exactness_error"  # largest mismatch between what was clipped and the examples' gradients
 
 # Bayes security (per epoch)
 MIA_BAYES_SECURITY = "privacy/mia_bayes_security"  # safe: a certified lower bound (pessimistic PLD) every epoch
@@ -147,6 +148,11 @@ KEY_DOCS = {
     DP_CLIP_FRACTION: ("share of per-sample gradients whose norm exceeded C", "fraction", NOT_PRIVATE),
     DP_GRAD_NORM_MEDIAN: ("median per-sample gradient norm before clipping", "gradient norm", NOT_PRIVATE),
     DP_GRAD_NORMS: ("histogram of per-sample gradient norms", "gradient norm", NOT_PRIVATE),
+    DP_EXACTNESS_ERROR: (
+        "largest mismatch between what DP-SGD clipped and the examples' whole gradients on the self-checked steps",
+        "fraction of the gradient norm",
+        DIAGNOSTIC,
+    ),
     MIA_BAYES_SECURITY: (
         "β*_MIA: 1 − the best membership attack's advantage (replace game)",
         "β* in [0, 1]",

@@ -21,10 +21,17 @@ other layers materialise their own per-example gradients one layer at a time); t
 the clipped sum that the ``DPOptimizerFastGradientClipping`` noises. Where every trainable layer ran once and has a
 known per-example gradient form, the second pass is replaced by book-keeping (Bu et al. 2023,
 :mod:`lightning_privacy.bookkeeping`): the clipped sum formed from the first pass's layer inputs and output gradients.
-In the steps DPSGD self-checks, both are computed and compared; a disagreement (a layer whose gradient is not what
-its type suggests) turns book-keeping off for the fit, with a warning naming the parameter.
+In the steps DPSGD self-checks, the exactness check (:mod:`._exactness`) compares what is clipped with every example's
+whole gradient by autograd, and book-keeping's sum with the second pass's; a mismatch stops the fit before its first
+optimizer step, naming the parameter (nothing is trained through a disagreement).
+
+Empty Poisson batches never reach the module (on one process and under DDP): ``training_step`` is not called, the
+step's gradient is zero for every parameter (a backward pass of ``0 · Σ p`` so that DDP's reducer sees every
+parameter), and the DP optimizer adds the noise: the noise-only update the accountant counts as one step. Under FSDP2
+every rank must join the reduce-scatters of the module's backward, so an empty batch runs through the module with
+Opacus' hooks off (a module must accept a batch of zero rows there).
 ``LightningModule.backward`` is the documented hook for "perform backward on the loss returned in training_step";
-DPSGD replaces it on the instance for one fit.
+DPSGD replaces it (and wraps ``training_step``) on the instance for one fit.
 """
 
 from __future__ import annotations
@@ -40,13 +47,18 @@ from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
 from lightning_privacy.bookkeeping import BookKeeping, sums_or_none
-from lightning_privacy.callbacks._dp_checks import odd_batch_message
+from lightning_privacy.callbacks import _exactness
+from lightning_privacy.callbacks._dp_checks import _grad_sample, odd_batch_message
+from lightning_privacy.callbacks._poisson import batch_rows, is_empty_batch
 
 __all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward"]
 
 PER_EXAMPLE_LOSS = "per_example_loss"  # training_step's dict key for the per-example losses (beside "loss")
 
-EXAMPLE = "e.g. `F.cross_entropy(logits, y, reduction='none')`"
+EXAMPLE = (
+    "e.g. `F.cross_entropy(logits, y, reduction='none')`, or for a language model one loss per sequence from "
+    "`lightning_privacy.functional.sequence_loss.causal_lm_losses`"
+)
 # torch/utils/hooks.py, BackwardHook: a full backward hook fired on a module none of whose inputs needs a gradient
 FULL_BACKWARD_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 
@@ -89,17 +101,15 @@ class PerExampleBackward:
         pl_module: the module whose ``backward`` is replaced until :meth:`remove`.
         mode: ``"hooks"`` or ``"ghost"``.
         loss_reduction: ``"mean"`` or ``"sum"``, how per-example losses are reduced.
-        hooks: Opacus' ``GradSampleHooksFastGradientClipping`` (``mode="ghost"`` only).
+        hooks: Opacus' per-example hooks (``GradSampleHooks`` or ``GradSampleHooksFastGradientClipping``).
         param_names: parameter names by ``id``, for messages.
-        check: ``check(losses, params, norms)``, called after the first ghost pass with the hooks off while
-            ``should_check()`` is true (DPSGD's self-check of the norms).
+        should_check: true on the steps DPSGD self-checks: the exactness check (:mod:`._exactness`) runs, and in
+            ghost mode book-keeping's sum is compared with the second pass's.
+        rtol: the exactness check's relative tolerance (16-bit precision needs more than 32-bit).
+        record: where the exactness check records what it compared.
         sharded: the module is sharded by FSDP2 (Opacus' FSDP hooks; every step runs two backward passes, the
-            reduce-scatters every rank must join, empty batches included).
+            reduce-scatters every rank must join, empty batches included; no exactness check).
         one_pass: form ghost clipping's clipped sum by book-keeping where the module allows (not when sharded).
-
-    Empty Poisson batches: Opacus' ghost norm samplers cannot take a batch of zero examples, so DPSGD calls
-    :meth:`start_batch` with ``empty=True`` for such a batch (hooks off for its forward); its backward then only gives every
-    parameter a zero gradient, which the optimizer noises as any other step.
 
     Attributes:
         last_norms: the per-example gradient norms of the last ghost step (``None`` in hooks mode).
@@ -116,8 +126,9 @@ class PerExampleBackward:
         loss_reduction: str,
         hooks: Any = None,
         param_names: Optional[Dict[int, str]] = None,
-        check: Optional[Callable[[torch.Tensor, List[torch.Tensor], torch.Tensor], None]] = None,
         should_check: Callable[[], bool] = lambda: False,
+        rtol: float = 1e-3,
+        record: Optional[_exactness.ExactnessRecord] = None,
         sharded: bool = False,
         one_pass: bool = True,
     ) -> None:
@@ -131,17 +142,24 @@ class PerExampleBackward:
         self.loss_reduction = loss_reduction
         self.hooks = hooks
         self.param_names = param_names or {}
-        self.check = check
         self.should_check = should_check
+        self.rtol = rtol
+        self.record = record if record is not None else _exactness.ExactnessRecord()
         self.last_norms: Optional[torch.Tensor] = None
         self.sharded = sharded
+        self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
+        self._layers = [
+            (name, m) for name, m in pl_module.named_modules() if any(p.requires_grad for p in m.parameters(False))
+        ]
         self.bookkeeping: Optional[BookKeeping] = None
         if mode == "ghost" and one_pass and not sharded:
             keeper = BookKeeping(pl_module, loss_reduction=loss_reduction)
             self.bookkeeping = keeper if keeper.supported else None
             if not keeper.supported:
                 keeper.remove()
-        self._skipping = False
+        self._skipping = False  # FSDP2: this batch is empty and runs through the module with the hooks off
+        self._empty_step = False  # one process / DDP: this batch is empty and skipped the module
+        self._rows: Optional[int] = None  # this batch's examples, from the batch itself
         self._original = pl_module.backward
         self._had_own = "backward" in vars(pl_module)
         pl_module.backward = self
@@ -149,9 +167,22 @@ class PerExampleBackward:
         self._had_own_step = "training_step" in vars(pl_module)
         pl_module.training_step = self._training_step
 
+    # ------------------------------------------------------------------------------------------- training_step
     def _training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """The module's ``training_step``, its ``"per_example_loss"`` put where Lightning takes the loss from."""
-        out = self._original_step(*args, **kwargs)
+        """The module's ``training_step``, its ``"per_example_loss"`` put where Lightning takes the loss from; an
+        empty batch does not reach it (see the module docstring)."""
+        batch = args[0] if args else kwargs.get("batch")
+        self._rows = batch_rows(batch)
+        self._empty_step = not self.sharded and is_empty_batch(batch)
+        if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
+            return {"loss": torch.stack([p.sum() for p in self.trainable]).sum() * 0.0}
+        try:
+            out = self._original_step(*args, **kwargs)
+        except NotImplementedError as err:
+            if self.mode == "ghost" and "Parameter tying is not supported" in str(err):
+                raise MisconfigurationException(self._called_twice_message()) from err
+            raise
+        self._check_train_mode()
         if isinstance(out, dict) and PER_EXAMPLE_LOSS in out:
             losses = out[PER_EXAMPLE_LOSS]
             if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
@@ -162,12 +193,46 @@ class PerExampleBackward:
             out = {**out, "loss": losses}
         return out
 
+    def _called_twice_message(self) -> str:
+        """Ghost mode: the layer Opacus found called twice (its recorded inputs), named."""
+        twice = [f"`{name}` ({type(m).__name__})" for name, m in self._layers if len(getattr(m, "activations", ())) > 1]
+        layer = ", ".join(twice) if twice else "a Linear or Embedding layer"
+        return (
+            f"DPSGD(grad_sample_mode='ghost'): {layer} ran more than once in one forward pass, and ghost clipping "
+            "computes one gradient norm per call of a Linear or Embedding layer that it cannot combine into the "
+            "example's norm, so use grad_sample_mode='hooks' (whose per-example gradients add up the calls) or call "
+            "each trainable layer once per step."
+        )
+
+    def _check_train_mode(self) -> None:
+        """Every trainable layer ran in train mode (Opacus records no input of a layer in eval mode)."""
+        for name, module in self._layers:
+            if not module.training:
+                raise MisconfigurationException(
+                    f"DPSGD: trainable layer `{name or type(module).__name__}` ({type(module).__name__}) is in eval "
+                    "mode during training (`model.eval()` or `.train(False)` inside the fit, e.g. in "
+                    "`on_train_epoch_start`), and Opacus' hooks record no per-example input for a layer in eval mode, "
+                    "so its gradient cannot be clipped: keep trainable layers in train mode, or freeze the layer "
+                    "(`requires_grad_(False)`) to keep it in eval mode."
+                )
+
+    def _check_rows(self, losses: torch.Tensor) -> None:
+        if self._rows is not None and losses.ndim == 1 and losses.shape[0] != self._rows:
+            raise MisconfigurationException(
+                f"DPSGD: `training_step` returned {losses.shape[0]} per-example losses for a batch of {self._rows} "
+                f"examples; DP-SGD clips each example's gradient through that example's own loss, so return one loss "
+                f"per example ({EXAMPLE}), not one per token."
+            )
+
     def start_batch(self, *, empty: bool) -> None:
-        """Called at every batch start: an empty batch runs without hooks (ghost mode; see the class docstring)."""
+        """Called at every batch start: book-keeping forgets the last step; under FSDP2 an empty batch runs without
+        hooks (see the module docstring)."""
         if self.mode != "ghost":
             return
         if self.bookkeeping is not None:
             self.bookkeeping.start()
+        if not self.sharded:
+            return
         if self._skipping:  # the last empty batch had no backward (training_step returned None)
             self.hooks.enable_hooks()
         self._skipping = empty
@@ -188,23 +253,59 @@ class PerExampleBackward:
             elif name in vars(self.pl_module):
                 delattr(self.pl_module, name)
 
+    # ------------------------------------------------------------------------------------------------ backward
     def __call__(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        if self._empty_step:
+            self._empty_skipped(loss, *args, **kwargs)
+            return
+        if isinstance(loss, torch.Tensor) and loss.ndim == 1:
+            self._check_rows(loss)
         if self.mode == "hooks":
-            if isinstance(loss, torch.Tensor) and loss.ndim == 1:
-                loss = _reduce(loss, self.loss_reduction)
-            elif not (isinstance(loss, torch.Tensor) and loss.ndim == 0):
-                raise MisconfigurationException(
-                    "DPSGD expects `training_step` to return a reduced loss or one loss per example (shape "
-                    f"[batch_size]); it returned {_describe(loss)}."
-                )
             with opacus_hooks_backward():
-                self._original(loss, *args, **kwargs)
+                self._hooks_mode(loss, *args, **kwargs)
             return
         with opacus_hooks_backward():
             self._ghost(loss, *args, **kwargs)
 
     def _name(self, param: torch.Tensor) -> str:
         return self.param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
+
+    def _hooks_mode(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        per_example = isinstance(loss, torch.Tensor) and loss.ndim == 1
+        if per_example:
+            reduced = _reduce(loss, self.loss_reduction)
+        elif isinstance(loss, torch.Tensor) and loss.ndim == 0:
+            reduced = loss
+        else:
+            raise MisconfigurationException(
+                "DPSGD expects `training_step` to return a reduced loss or one loss per example (shape "
+                f"[batch_size]: {EXAMPLE}); it returned {_describe(loss)}."
+            )
+        checking = self.should_check()
+        self._original(reduced, *args, **({**kwargs, "retain_graph": True} if checking and per_example else kwargs))
+        if not checking:
+            return
+        params = [p for p in self.trainable if getattr(p, "grad_sample", None) is not None]
+        samples = [_grad_sample(p) for p in params]
+        if len({int(s.shape[0]) for s in samples}) > 1:
+            return  # (the per-sample gradient check names the parameters whose batch differs)
+        self.hooks.disable_hooks()
+        try:
+            if per_example:
+                _exactness.check_per_example_gradients(
+                    loss, params, samples, self.param_names, rtol=self.rtol, record=self.record
+                )
+            else:
+                _exactness.check_summed_gradients(
+                    params,
+                    samples,
+                    self.param_names,
+                    loss_reduction=self.loss_reduction,
+                    rtol=self.rtol,
+                    record=self.record,
+                )
+        finally:
+            self.hooks.enable_hooks()
 
     def _ghost(self, losses: Any, *args: Any, **kwargs: Any) -> None:
         if not isinstance(losses, torch.Tensor) or losses.ndim != 1:
@@ -218,7 +319,7 @@ class PerExampleBackward:
         if self._skipping:
             self._skipping = False
             try:
-                self._empty(losses, params, *args, **kwargs)
+                self._empty_sharded(losses, params, *args, **kwargs)
             finally:
                 self.hooks.enable_hooks()
             return
@@ -239,15 +340,15 @@ class PerExampleBackward:
             if keeper is not None:
                 keeper.capturing = False
         # (Opacus' FSDP hooks keep the norms on the modules, one per parameter, and raise themselves when one is missing)
-        norms = {} if self.sharded else {self._name(p): _compat.norm_sample(p) for p in params}
-        missing = [name for name, norm in norms.items() if norm is None]
+        norms = {} if self.sharded else {p: _compat.norm_sample(p) for p in params}
+        missing = [self._name(p) for p, norm in norms.items() if norm is None]
         if missing:
             raise MisconfigurationException(
                 f"DP-SGD (ghost clipping): trainable parameter(s) {', '.join(f'`{n}`' for n in missing[:5])} got no "
                 "per-example gradient norm in this step: unused in the forward pass, or in a layer Opacus cannot "
                 "handle. Freeze them (requires_grad=False) or replace the layer."
             )
-        sizes = {name: int(norm.shape[0]) for name, norm in norms.items()}
+        sizes = {self._name(p): int(norm.shape[0]) for p, norm in norms.items()}
         if len(set(sizes.values())) > 1:
             raise MisconfigurationException(odd_batch_message(sizes, what="gradient norms"))
         for param in params:
@@ -257,13 +358,16 @@ class PerExampleBackward:
         if coefficients.shape != losses.shape:
             raise MisconfigurationException(
                 f"DPSGD(grad_sample_mode='ghost'): `training_step` returned {losses.shape[0]} per-example losses but "
-                f"the model's layers saw {coefficients.shape[0]} examples; return one loss per example of the batch."
+                f"the model's layers saw {coefficients.shape[0]} examples; return one loss per example of the batch "
+                f"({EXAMPLE})."
             )
         self.hooks.disable_hooks()
         try:
-            checking = self.check is not None and self.should_check()
+            checking = not self.sharded and self.should_check()
             if checking:
-                self.check(losses, params, self.last_norms)
+                _exactness.check_ghost_norms(
+                    losses, params, norms, self.param_names, rtol=self.rtol, record=self.record
+                )
             sums = sums_or_none(keeper, len(losses), coefficients)
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:
@@ -271,28 +375,45 @@ class PerExampleBackward:
                 return
             self._original((coefficients.to(device=losses.device) * losses).sum(), *args, **kwargs)
             differing = keeper.disagreeing(sums, params) if sums is not None and checking else None
-            if differing is not None:  # the self-check: book-keeping off for the rest of the fit
-                warnings.warn(
-                    f"DPSGD(grad_sample_mode='ghost'): book-keeping's clipped sum for `{self._name(differing)}` differs "
-                    "from the second backward pass's; DPSGD takes two backward passes for the rest of this fit.",
-                    stacklevel=2,
-                )
-                keeper.remove()
-                self.bookkeeping = None
+            if differing is not None:  # nothing is trained through a disagreement
+                raise MisconfigurationException(self._disagreement_message(differing, sums[differing]))
         finally:
             self.hooks.enable_hooks()
             if keeper is not None:
                 keeper.clear()
 
-    def _empty(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
+    def _disagreement_message(self, param: torch.Tensor, kept: torch.Tensor) -> str:
+        grad = param.grad.to(torch.float64)
+        error = float((kept.to(torch.float64) - grad).norm())
+        size = max(float(grad.norm()), 1e-30)
+        return (
+            f"DP-SGD self-check (ghost clipping): book-keeping's clipped sum for `{self._name(param)}` is {error:.4g} "
+            f"away from the second backward pass's ({error / size:.1%} of its norm), so that parameter's gradient is "
+            "not what its layer's per-example hooks see (the parameter used outside its layer, or a layer whose "
+            "gradient is not what its type suggests): move that use into the layer, untie or freeze the parameter "
+            "(`requires_grad_(False)`), or use grad_sample_mode='hooks'; DPSGD stops rather than train on either sum."
+        )
+
+    def _empty_skipped(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """An empty batch that skipped the module: zero gradients (DDP's reducer sees each parameter), no example."""
+        self._empty_step = False
+        if loss.requires_grad:
+            self._original(loss, *args, **kwargs)
+        for param in self.trainable:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            if self.mode == "hooks":
+                param.grad_sample = param.new_zeros((0, *param.shape))
+        self.last_norms = loss.detach().new_zeros(0) if self.mode == "ghost" else None
+
+    def _empty_sharded(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         if losses.numel():
             raise MisconfigurationException(
                 f"DPSGD(grad_sample_mode='ghost'): the batch looked empty but `training_step` returned "
                 f"{losses.numel()} per-example losses."
             )
-        if losses.requires_grad:
-            if self.sharded:  # as many backward passes (FSDP reduce-scatters) as a non-empty step on another rank
-                self._original(losses.sum(), *args, retain_graph=True, **kwargs)
+        if losses.requires_grad:  # as many backward passes (FSDP reduce-scatters) as a non-empty step on another rank
+            self._original(losses.sum(), *args, retain_graph=True, **kwargs)
             self._original(losses.sum(), *args, **kwargs)
         for param in params:
             if param.grad is None:

@@ -3,9 +3,8 @@
 Self-checks (``check_*``) re-derive, from what Opacus left on the parameters, that privacy is really applied:
 every trainable parameter has per-sample gradients; the summed gradient is the sum of per-sample gradients clipped
 to the callback's C; the noise added has standard deviation σ·C (:mod:`._noise_check`). Ghost clipping never materialises per-sample
-gradients, so there the checks are: the norm it clipped the largest example by is that example's gradient norm
-recomputed by autograd (:func:`check_ghost_norm`), and the clipped sum is within batch size × C
-(:func:`check_clipped_sum_bound`). They raise ``MisconfigurationException`` naming the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
+gradients, so there the check is that the clipped sum is within batch size × C (:func:`check_clipped_sum_bound`);
+that what is clipped is each example's whole gradient, in both modes, is the exactness check's (:mod:`._exactness`). They raise ``MisconfigurationException`` naming the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
 covered by the DP guarantee.
 """
 
@@ -31,7 +30,6 @@ __all__ = [
     "ClippingStats",
     "check_clipped_sum_bound",
     "check_clipping",
-    "check_ghost_norm",
     "check_no_tied_parameters_for_ghost",
     "check_noise",
     "NoiseCheck",
@@ -137,26 +135,6 @@ def check_clipped_sum_bound(
         raise MisconfigurationException(
             f"DP-SGD self-check: the clipped gradient sum has norm {total:.4g} > batch size × "
             f"max_grad_norm{over} = {bound:.4g}."
-        )
-
-
-def check_ghost_norm(losses: torch.Tensor, params: Sequence[torch.Tensor], norms: torch.Tensor, *, rtol: float) -> None:
-    """Ghost clipping's norm for the batch's largest example equals ``‖∇ℓᵢ‖`` recomputed by autograd.
-
-    ``losses`` are the per-example losses (graph retained, Opacus' hooks off), ``norms`` the per-example gradient
-    norms ghost clipping computes its clipping coefficients from.
-    """
-    if losses.numel() == 0:
-        return
-    index = int(norms.argmax())
-    grads = torch.autograd.grad(losses[index], list(params), retain_graph=True, allow_unused=True)
-    direct = math.sqrt(sum(float(g.to(torch.float64).pow(2).sum()) for g in grads if g is not None))
-    ghost = float(norms[index])
-    if abs(direct - ghost) > rtol * max(direct, ghost) + 1e-12:
-        raise MisconfigurationException(
-            f"DP-SGD self-check (ghost clipping): example {index} has gradient norm {direct:.6g}, but ghost clipping "
-            f"clipped it as if it were {ghost:.6g}; the per-example norms are wrong (a layer Opacus' ghost norm does "
-            "not handle correctly, or examples that interact in the forward pass)."
         )
 
 

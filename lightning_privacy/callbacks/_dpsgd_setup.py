@@ -22,6 +22,7 @@ from lightning_privacy.callbacks import _dp_checks, _strategies
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._backward import PerExampleBackward
 from lightning_privacy.callbacks._dpsgd_settings import plan_noise_multiplier
+from lightning_privacy.callbacks._exactness import ExactnessRecord
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.callbacks._poisson import make_poisson_loader
 from lightning_privacy.callbacks._self_checks import SelfChecks
@@ -31,6 +32,7 @@ __all__ = [
     "check_trainer",
     "install_dp_optimizer",
     "log_clipping",
+    "log_exactness",
     "record_step",
     "remove_dp_hooks",
 ]
@@ -81,14 +83,16 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp._view_hooks = _strategies.fsdp_outputs_without_hook_views(pl_module) if fsdp else []
     cls = _strategies.dp_optimizer_class(trainer, dp.grad_sample_mode)
     _strategies.disable_ddp_gradient_sync(trainer)
+    dp.exactness = ExactnessRecord(reference="not run (FSDP2: the parameters are sharded)" if fsdp else "not run")
     dp._backward = PerExampleBackward(
         pl_module,
         mode=dp.grad_sample_mode,
         loss_reduction=dp.loss_reduction,
         hooks=dp._hooks,
         param_names=dp._param_names,
-        check=functools.partial(_dp_checks.check_ghost_norm, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
         should_check=lambda: dp._checks is not None and dp._checks.checking_clipping and not fsdp,
+        rtol=5e-2 if "16" in str(trainer.precision) else 1e-3,
+        record=dp.exactness,
         sharded=fsdp,
     )
     expected_batch_size = int(len(loader.dataset) * dp.sample_rate)
@@ -155,6 +159,14 @@ def remove_dp_hooks(dp: Any) -> None:
     if dp._hooks is not None:
         dp._hooks.cleanup()
         dp._hooks = None
+
+
+def log_exactness(dp: Any, pl_module: pl.LightningModule) -> None:
+    """Log ``dp/exactness_error``: the largest relative mismatch the exactness check found (the largest over ranks)."""
+    pl_module.log(
+        names.DP_EXACTNESS_ERROR, dp.exactness.max_relative_error, on_step=False, on_epoch=True, sync_dist=True,
+        reduce_fx="max",
+    )  # fmt: skip
 
 
 def log_clipping(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

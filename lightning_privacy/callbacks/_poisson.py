@@ -10,7 +10,7 @@ share (:mod:`lightning_privacy.sampling` holds the sampling itself and its guara
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -91,3 +91,18 @@ def is_empty_batch(batch: Any) -> bool:
         found = [is_empty_batch(item) for item in batch if isinstance(item, (torch.Tensor, tuple, list, dict))]
         return bool(found) and all(found)
     return False
+
+
+def batch_rows(batch: Any) -> Optional[int]:
+    """The examples in ``batch``: the first dimension of its first tensor of at least one dimension (nested tuples,
+    lists, dicts; batch-first, as Opacus' hooks assume), or ``None`` when it holds no such tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim > 0 else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (tuple, list)):
+        for item in batch:
+            rows = batch_rows(item)
+            if rows is not None:
+                return rows
+    return None

@@ -38,6 +38,7 @@ from lightning_privacy.callbacks._optimizers import (
     _FSDPGhostDPOptimizer,
     _GhostDPOptimizer,
 )
+from lightning_privacy.callbacks._samplers import install_exact_samplers
 from lightning_privacy.noise import NoiseSource
 from lightning_privacy.sampling import draw_seed
 
@@ -148,7 +149,7 @@ def is_distributed(trainer: pl.Trainer) -> bool:
 
 
 def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str, **kwargs: Any) -> Any:
-    """Opacus' per-example hooks for the mode and the strategy."""
+    """Opacus' per-example hooks for the mode and the strategy (with :mod:`._samplers`' corrections)."""
     from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
     from opacus.grad_sample.grad_sample_module_fast_gradient_clipping_fsdp import (
         GradSampleHooksFastGradientClippingFSDP,
@@ -156,9 +157,9 @@ def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str
 
     if grad_sample_mode == "hooks":
         kwargs.pop("max_grad_norm", None)
-        return GradSampleHooks(module, batch_first=True, **kwargs)
+        return install_exact_samplers(GradSampleHooks(module, batch_first=True, **kwargs))
     cls = GradSampleHooksFastGradientClippingFSDP if is_fsdp(trainer) else GradSampleHooksFastGradientClipping
-    return cls(module, batch_first=True, **kwargs)
+    return install_exact_samplers(cls(module, batch_first=True, **kwargs))
 
 
 def _clone_hook_views(module: Any, args: Any, output: Any) -> Any:

@@ -23,6 +23,7 @@ from lightning_privacy.callbacks._dpsgd_settings import (
     privacy_settings,
     seed,
 )
+from lightning_privacy.callbacks._exactness import ExactnessRecord
 from lightning_privacy.callbacks._poisson import install_poisson_sampling, is_empty_batch
 from lightning_privacy.callbacks._self_checks import SelfChecks
 from lightning_privacy.ledger import PrivacyLedger
@@ -94,6 +95,9 @@ class DPSGD(Callback):
             ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
             audit commands read them to load the weights into the user's class and to check the member set.
         accountant: the Opacus accountant of this run.
+        exactness: what the exactness check of the last fit compared (:class:`~._exactness.ExactnessRecord`: the
+            reference computation, steps and examples compared, the largest relative mismatch), also logged as
+            ``dp/exactness_error``.
 
     Raises:
         MisconfigurationException: for inconsistent arguments, gradient accumulation, several
@@ -171,6 +175,7 @@ class DPSGD(Callback):
         self.sample_rate: Optional[float] = None
         self.dataset_size: Optional[int] = None  # rows Poisson-sampled (set with sample_rate; saved for the audits)
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
+        self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit
         self.steps_per_epoch: Optional[int] = None
         self._hooks: Any = None  # Opacus' per-example hooks (see _strategies.grad_sample_hooks)
         self._view_hooks: List[Any] = []  # FSDP2: forward hooks that keep Opacus' hook views from FSDP's checks
@@ -252,6 +257,8 @@ class DPSGD(Callback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _dpsgd_setup.check_steps_accounted(self, trainer)
+        if self.exactness.steps:
+            _dpsgd_setup.log_exactness(self, pl_module)
         if self.log_clipping:
             _dpsgd_setup.log_clipping(self, trainer, pl_module)
 

@@ -1,0 +1,275 @@
+"""DPSGD's exactness check: what DP-SGD clips for an example is that example's whole gradient.
+
+Opacus computes per-example gradients (hooks mode) and per-example norms (ghost clipping) from hooks on the layers
+it knows, so it sees a parameter only through its own layer's forward. A use of the parameter outside that layer —
+``F.linear(z, self.lin.weight)``, a weight-tied output head ``h @ self.embed.weight.T`` — is invisible to the hooks
+but not to autograd: ghost clipping then computed each example's norm without it while the second backward pass
+(the clipped sum) included it, so one example could add several times C to a step; hooks mode dropped it from the
+gradient altogether. A layer whose per-example function is wrong (Opacus' ``nn.Embedding`` with ``padding_idx``,
+corrected in :mod:`._samplers`) does the same.
+
+On the steps DPSGD self-checks (the first :data:`~._self_checks.SELF_CHECK_STEPS` of a fit, before any optimizer
+step), this module compares what DP-SGD clips with a computation that differentiates the whole forward pass:
+
+- **Per-example reference** (ghost mode always; hooks mode when ``training_step`` returns one loss per example): each
+  example's gradient ``∇ℓᵢ`` of every trainable parameter by autograd on the step's own graph (the same forward pass,
+  dropout masks included), all examples at once by ``torch.autograd.grad(..., is_grads_batched=True)`` (vmap over the
+  backward pass) in chunks, or one example at a time where vmap cannot run the model's backward. Compared with the
+  per-example gradients (hooks) or the per-parameter per-example norms (ghost) of every example.
+- **Sum invariant** (hooks mode with a reduced loss, where no per-example loss exists): for every parameter, the sum
+  over examples of the per-example gradients the hooks produced equals autograd's gradient of the batch's loss
+  (÷ the batch size under ``loss_reduction="mean"``). A use the hooks miss breaks it; what it cannot see is an error
+  that cancels over the batch (examples swapped), which the per-example reference sees.
+
+With book-keeping (ghost mode), the clipped sum is also compared with the second backward pass (autograd of
+``Σᵢ cᵢ·ℓᵢ``) on these steps (:mod:`._backward`). A mismatch raises before the first optimizer step, in one sentence
+naming the parameter, the size of the mismatch and the fixes. :class:`ExactnessRecord` keeps what ran, for the
+report and the ``dp/exactness_error`` scalar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+__all__ = [
+    "ExactnessRecord",
+    "check_ghost_norms",
+    "check_per_example_gradients",
+    "check_summed_gradients",
+    "reference_gradients",
+]
+
+#: elements of per-example gradients one vmapped backward pass may hold (chunk size = this ÷ trainable elements)
+CHUNK_ELEMENTS = 2**25
+PER_EXAMPLE_REFERENCE = "per-example gradients by autograd through the whole forward pass"
+SUM_INVARIANT = "sum invariant: per-example gradients sum to autograd's batch gradient"
+
+BYPASS = (
+    "part of that parameter's gradient bypasses Opacus' per-example hooks (the parameter used outside its layer, as "
+    "`F.linear(x, layer.weight)` or an output head `h @ embed.weight.T`, or a layer whose per-example gradient Opacus "
+    "computes wrongly)"
+)
+FIXES = "move that use into the layer, or untie or freeze the parameter (`requires_grad_(False)`)"
+
+
+@dataclasses.dataclass
+class ExactnessRecord:
+    """What the exactness check compared over one fit.
+
+    Attributes:
+        reference: which computation ran: :data:`PER_EXAMPLE_REFERENCE` (with ``" (vmap)"`` or ``" (loop)"``),
+            :data:`SUM_INVARIANT`, or ``"not run"`` with the reason.
+        steps: self-checked steps compared.
+        examples: examples compared over those steps.
+        max_relative_error: the largest mismatch found, relative to the example's (or the sum's) gradient norm.
+    """
+
+    reference: str = "not run"
+    steps: int = 0
+    examples: int = 0
+    max_relative_error: float = 0.0
+
+    def add(self, reference: str, examples: int, error: float) -> None:
+        self.reference = reference
+        self.steps += 1
+        self.examples += examples
+        self.max_relative_error = max(self.max_relative_error, float(error))
+
+
+def _name(names: Dict[int, str], param: torch.Tensor) -> str:
+    return names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
+
+
+def reference_gradients(
+    losses: torch.Tensor, params: Sequence[torch.Tensor], *, chunk: Optional[int] = None
+) -> Iterator[Tuple[int, List[torch.Tensor], str]]:
+    """Per-example gradients ``∇ℓᵢ`` of ``params`` from the graph of the per-example ``losses`` (retained).
+
+    Yields ``(start, grads, how)`` per chunk of examples: ``grads[j]`` is ``[k, *params[j].shape]`` for examples
+    ``start … start + k − 1`` (zeros for a parameter the example does not reach), ``how`` is ``"vmap"`` or
+    ``"loop"`` (one backward pass per example, where vmap cannot run the model's backward).
+
+    Example::
+
+        >>> lin = torch.nn.Linear(3, 1)
+        >>> x = torch.randn(4, 3)
+        >>> losses = lin(x).squeeze(1) ** 2 / 2
+        >>> start, (w, b), how = next(reference_gradients(losses, [lin.weight, lin.bias]))
+        >>> torch.allclose(w[2], (lin(x[2]) * x[2]).detach())
+        True
+    """
+    n = int(losses.shape[0])
+    params = list(params)
+    elements = max(1, sum(p.numel() for p in params))
+    size = chunk if chunk is not None else max(1, min(n, CHUNK_ELEMENTS // elements))
+    vmap_ok = True
+    for start in range(0, n, size):
+        k = min(size, n - start)
+        grads: Optional[Tuple[Optional[torch.Tensor], ...]] = None
+        if vmap_ok:
+            outputs = torch.zeros(k, n, dtype=losses.dtype, device=losses.device)
+            outputs[torch.arange(k), torch.arange(start, start + k)] = 1
+            try:
+                grads = torch.autograd.grad(
+                    losses, params, grad_outputs=outputs, is_grads_batched=True, retain_graph=True, allow_unused=True
+                )
+            except (RuntimeError, NotImplementedError):  # an operation without a batching rule for its backward
+                vmap_ok = False
+        if grads is None:
+            rows = [
+                torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
+                for i in range(start, start + k)
+            ]
+            grads = tuple(
+                torch.stack([row[j] if row[j] is not None else torch.zeros_like(p) for row in rows])
+                for j, p in enumerate(params)
+            )
+        full = [
+            g if g is not None else torch.zeros(k, *p.shape, dtype=p.dtype, device=p.device)
+            for g, p in zip(grads, params)
+        ]
+        yield start, full, "vmap" if vmap_ok else "loop"
+
+
+def _raise(message: str) -> None:
+    raise MisconfigurationException(f"DP-SGD exactness check: {message}.")
+
+
+def _compare_rows(
+    params: Sequence[torch.Tensor],
+    names: Dict[int, str],
+    losses: torch.Tensor,
+    got: Callable[[int, torch.Tensor, slice], torch.Tensor],
+    describe: Callable[[str, int, float, float, float], str],
+    *,
+    rtol: float,
+    norms_only: bool,
+) -> Tuple[float, str]:
+    """Compare ``got(j, ref, rows)`` (what DP-SGD clips) with the reference for every example and parameter."""
+    worst, how, totals = 0.0, "vmap", []
+    for start, grads, method in reference_gradients(losses, params):
+        how, k = method, grads[0].shape[0] if grads else 0
+        rows = slice(start, start + k)
+        flat = [g.reshape(k, -1).to(torch.float64) for g in grads]
+        total = torch.stack([f.pow(2).sum(1) for f in flat], 1).sum(1).sqrt()  # ‖∇ℓᵢ‖ over all parameters
+        totals.append(total)
+        scale = total.max().item() if k else 0.0
+        for j, (param, ref) in enumerate(zip(params, flat)):
+            mine = got(j, ref, rows).reshape(k, -1).to(torch.float64)
+            if norms_only:
+                ref_n, mine_n = ref.norm(dim=1), mine.reshape(-1)
+                error = (ref_n - mine_n).abs()
+                bound = rtol * torch.maximum(ref_n, mine_n) + rtol * 1e-2 * scale + 1e-12
+            else:
+                error = (ref - mine).norm(dim=1)
+                bound = rtol * torch.maximum(ref.norm(dim=1), mine.norm(dim=1)) + rtol * 1e-2 * scale + 1e-12
+            relative = error / total.clamp_min(1e-30)
+            worst = max(worst, float(relative.max()) if k else 0.0)
+            bad = torch.nonzero(error > bound).flatten()
+            if bad.numel():
+                i = int(bad[relative[bad].argmax()])
+                _raise(
+                    describe(_name(names, param), start + i, float(error[i]), float(relative[i]), float(ref[i].norm()))
+                )
+    return worst, how
+
+
+def check_ghost_norms(
+    losses: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    norms: Dict[torch.Tensor, torch.Tensor],
+    names: Dict[int, str],
+    *,
+    rtol: float,
+    record: Optional[ExactnessRecord] = None,
+) -> None:
+    """Ghost mode: each parameter's per-example norm ghost clipping used equals ``‖∇ℓᵢ‖`` of that parameter.
+
+    ``norms[p]`` is ``p``'s per-example norms (``[batch]``, Opacus' ``_norm_sample``); ``losses`` the per-example
+    losses with their graph retained (Opacus' hooks off).
+    """
+    if losses.numel() == 0:
+        return
+
+    def describe(name: str, i: int, error: float, relative: float, ref: float) -> str:
+        return (
+            f"ghost clipping clipped example {i} with a norm of `{name}`'s gradient that is {error:.4g} away from its "
+            f"gradient by autograd through the whole forward pass ({ref:.4g}; {relative:.1%} of the example's "
+            f"gradient norm), so {BYPASS}: {FIXES}, or use grad_sample_mode='hooks', which also handles a layer "
+            "called several times"
+        )
+
+    worst, how = _compare_rows(
+        params, names, losses, lambda j, ref, rows: norms[params[j]].reshape(-1)[rows], describe,
+        rtol=rtol, norms_only=True,
+    )  # fmt: skip
+    if record is not None:
+        record.add(f"{PER_EXAMPLE_REFERENCE} ({how}), compared with ghost clipping's norms", losses.numel(), worst)
+
+
+def check_per_example_gradients(
+    losses: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    samples: Sequence[torch.Tensor],
+    names: Dict[int, str],
+    *,
+    rtol: float,
+    record: Optional[ExactnessRecord] = None,
+) -> None:
+    """Hooks mode with per-example losses: every per-example gradient (``samples[j]``, ``[batch, *shape]``) is
+    ``∇ℓᵢ`` of its parameter."""
+    if losses.numel() == 0:
+        return
+
+    def describe(name: str, i: int, error: float, relative: float, ref: float) -> str:
+        return (
+            f"the per-example gradient of `{name}` that DP-SGD clips for example {i} is {error:.4g} away from its "
+            f"gradient by autograd through the whole forward pass (norm {ref:.4g}; {relative:.1%} of the example's "
+            f"gradient norm), so {BYPASS}: {FIXES}"
+        )
+
+    worst, how = _compare_rows(
+        params, names, losses, lambda j, ref, rows: samples[j][rows], describe, rtol=rtol, norms_only=False
+    )
+    if record is not None:
+        record.add(f"{PER_EXAMPLE_REFERENCE} ({how}), compared with the per-example gradients", losses.numel(), worst)
+
+
+def check_summed_gradients(
+    params: Sequence[torch.Tensor],
+    samples: Sequence[torch.Tensor],
+    names: Dict[int, str],
+    *,
+    loss_reduction: str,
+    rtol: float,
+    record: Optional[ExactnessRecord] = None,
+) -> None:
+    """Hooks mode with a reduced loss: ``Σᵢ samples[j][i]`` (÷ the batch under ``"mean"``) equals ``params[j].grad``,
+    autograd's gradient of the batch's loss (the sum invariant)."""
+    worst, examples = 0.0, 0
+    pairs = [(p, s) for p, s in zip(params, samples) if p.grad is not None and s.shape[0] > 0]
+    scale = math.sqrt(sum(float(p.grad.to(torch.float64).pow(2).sum()) for p, _ in pairs))  # the batch gradient
+    for param, sample in pairs:
+        examples = int(sample.shape[0])
+        sample = sample.to(torch.float64)
+        divisor = examples if loss_reduction == "mean" else 1
+        total, grad = sample.sum(0) / divisor, param.grad.to(torch.float64)
+        error = float((total - grad).norm())
+        size = max(float(grad.norm()), float(total.norm()))
+        # float rounding of the sum grows with the per-example gradients summed, not with their (cancelling) sum
+        rounding = 1e-6 * float(sample.reshape(examples, -1).norm(dim=1).sum()) / divisor
+        relative = error / max(size, rtol * 1e-2 * scale, 1e-30)
+        worst = max(worst, relative)
+        if error > rtol * size + rtol * 1e-2 * scale + rounding + 1e-12:
+            _raise(
+                f"the per-example gradients of `{names.get(id(param), tuple(param.shape))}` that DP-SGD clips sum to a "
+                f"gradient {error:.4g} away from autograd's gradient of the batch's loss ({relative:.1%} of its norm "
+                f"{float(grad.norm()):.4g}), so {BYPASS}: {FIXES}"
+            )
+    if record is not None and examples:
+        record.add(SUM_INVARIANT, examples, worst)
