@@ -45,8 +45,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
-from opacus.data_loader import dtype_safe, shape_safe, wrap_collate_with_empty
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler, default_collate
 
 __all__ = ["PoissonBatchSampler", "PoissonDataLoader", "draw_seed", "global_mask", "global_rows", "secure_rows"]
 
@@ -206,20 +205,15 @@ class PoissonBatchSampler(Sampler[List[int]]):
 class PoissonDataLoader(DataLoader):
     """The user's loader with its batches drawn by :class:`PoissonBatchSampler` (dataset, collate, workers kept).
 
-    Empty batches keep the structure of the dataset's examples (Opacus' ``wrap_collate_with_empty``), so a step on
-    a rank without rows still runs its forward/backward and joins the collective calls.
+    Empty batches have the structure of a collated batch (tensors of zero rows in the same tuples, lists and dicts:
+    :func:`empty_batch_like`), whether or not a non-empty batch came first, for tuple and dict examples alike (Opacus'
+    ``wrap_collate_with_empty`` failed on an empty first batch of dict examples, as a tokenizer gives).
     """
 
     def __init__(self, loader: DataLoader, batch_sampler: PoissonBatchSampler) -> None:
         if isinstance(loader.dataset, IterableDataset):
             raise ValueError("Poisson sampling needs a map-style dataset, got an IterableDataset")
-        first = loader.dataset[0]
-        items = first if isinstance(first, (tuple, list)) else [first]
-        collate = wrap_collate_with_empty(
-            collate_fn=loader.collate_fn,
-            sample_empty_shapes=[(0, *shape_safe(x)) for x in items],
-            dtypes=[dtype_safe(x) for x in items],
-        )
+        collate = _CollateWithEmpty(loader.collate_fn or default_collate, loader.dataset[0])
         kwargs: Dict[str, Any] = dict(
             num_workers=loader.num_workers,
             pin_memory=loader.pin_memory,
@@ -236,6 +230,42 @@ class PoissonDataLoader(DataLoader):
         super().__init__(loader.dataset, batch_sampler=batch_sampler, collate_fn=collate, generator=generator, **kwargs)
         self.sample_rate = batch_sampler.sample_rate
         self.original = loader
+
+
+class _CollateWithEmpty:
+    """The loader's ``collate_fn``, and for an empty list of rows :func:`empty_batch_like` a collated example."""
+
+    def __init__(self, collate: Callable[[List[Any]], Any], example: Any) -> None:
+        self.collate = collate
+        self.empty = empty_batch_like(collate([example]))
+
+    def __call__(self, rows: List[Any]) -> Any:
+        return self.collate(rows) if rows else self.empty
+
+
+def empty_batch_like(batch: Any) -> Any:
+    """``batch`` with every tensor cut to zero rows (same dtype, device and trailing shape; tuples, lists, dicts kept).
+
+    Anything else in the batch (a string, a number) cannot be emptied without inventing a value, and raises
+    ``TypeError`` naming its type: a batch with no rows must carry nothing of any row.
+
+    Example::
+
+        >>> empty = empty_batch_like({"input_ids": torch.ones(1, 5, dtype=torch.long), "label": torch.ones(1)})
+        >>> {k: tuple(v.shape) for k, v in empty.items()}
+        {'input_ids': (0, 5), 'label': (0,)}
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch[:0].clone() if batch.ndim else batch.new_zeros(())
+    if isinstance(batch, dict):
+        return type(batch)((k, empty_batch_like(v)) for k, v in batch.items())
+    if isinstance(batch, (tuple, list)):
+        items = [empty_batch_like(v) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    raise TypeError(
+        f"Poisson sampling cannot form an empty batch holding a {type(batch).__name__}: a batch of no rows must carry "
+        "nothing of any row; let the loader's collate_fn return tensors (in tuples, lists or dicts) only."
+    )
 
 
 def replaced_sampler_name(loader: DataLoader) -> Optional[str]:

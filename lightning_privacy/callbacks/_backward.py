@@ -113,6 +113,7 @@ class PerExampleBackward:
 
     Attributes:
         last_norms: the per-example gradient norms of the last ghost step (``None`` in hooks mode).
+        last_rows: the examples of the last batch (0 for an empty one; ``None`` where the batch holds no tensor).
 
     Raises:
         MisconfigurationException: ghost mode on a module that overrides ``backward``.
@@ -159,7 +160,7 @@ class PerExampleBackward:
                 keeper.remove()
         self._skipping = False  # FSDP2: this batch is empty and runs through the module with the hooks off
         self._empty_step = False  # one process / DDP: this batch is empty and skipped the module
-        self._rows: Optional[int] = None  # this batch's examples, from the batch itself
+        self.last_rows: Optional[int] = None  # this batch's examples, from the batch itself
         self._original = pl_module.backward
         self._had_own = "backward" in vars(pl_module)
         pl_module.backward = self
@@ -172,7 +173,7 @@ class PerExampleBackward:
         """The module's ``training_step``, its ``"per_example_loss"`` put where Lightning takes the loss from; an
         empty batch does not reach it (see the module docstring)."""
         batch = args[0] if args else kwargs.get("batch")
-        self._rows = batch_rows(batch)
+        self.last_rows = batch_rows(batch)
         self._empty_step = not self.sharded and is_empty_batch(batch)
         if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
             return {"loss": torch.stack([p.sum() for p in self.trainable]).sum() * 0.0}
@@ -217,9 +218,9 @@ class PerExampleBackward:
                 )
 
     def _check_rows(self, losses: torch.Tensor) -> None:
-        if self._rows is not None and losses.ndim == 1 and losses.shape[0] != self._rows:
+        if self.last_rows is not None and losses.ndim == 1 and losses.shape[0] != self.last_rows:
             raise MisconfigurationException(
-                f"DPSGD: `training_step` returned {losses.shape[0]} per-example losses for a batch of {self._rows} "
+                f"DPSGD: `training_step` returned {losses.shape[0]} per-example losses for a batch of {self.last_rows} "
                 f"examples; DP-SGD clips each example's gradient through that example's own loss, so return one loss "
                 f"per example ({EXAMPLE}), not one per token."
             )

@@ -1,8 +1,9 @@
 """When and where DPSGD runs its self-checks (the checks are in ``_dp_checks`` and ``_noise_check``), on every strategy.
 
-- Clipping, on the first :data:`SELF_CHECK_STEPS` optimizer steps of a fit, on every rank: per-sample gradients for
-  every trainable parameter and their clipped sum (hooks mode), the clipped sum's bound (ghost mode; under FSDP2 the
-  reduce-scattered average, all-reduced).
+- Clipping, on the first :data:`SELF_CHECK_STEPS` optimizer steps of a fit that hold examples (an empty Poisson batch,
+  on every rank, does not count), on every rank: the exactness check (:mod:`._exactness`, in the backward pass),
+  per-sample gradients for every trainable parameter and their clipped sum (hooks mode), the clipped sum's bound
+  (ghost mode; under FSDP2 the reduce-scattered average, all-reduced).
 - Noise, over as many steps as the χ² test needs (:data:`~._noise_check.NOISE_MIN_COORDINATES` coordinates), where it
   is added: the one process, rank 0 under DDP (Opacus' distributed optimizers), every rank's shard under FSDP2. A fit
   shorter than that is tested at its end on what was recorded.
@@ -44,6 +45,7 @@ class SelfChecks:
         self.loss_reduction, self.param_names, self.backward = loss_reduction, param_names, backward
         self.distributed, self.fsdp = _strategies.is_distributed(trainer), _strategies.is_fsdp(trainer)
         self.clipping_steps_left = SELF_CHECK_STEPS
+        self._step_had_rows = True
         self.noise = _noise_check.NoiseCheck(
             max_grad_norm=max_grad_norm,
             noise_multiplier=float(noise_multiplier),
@@ -80,6 +82,10 @@ class SelfChecks:
         """Clipping on the first steps; True while the noise check needs this step (keep the clipped sum)."""
         if self.checking_clipping:
             self.collectively(lambda: self._clipping(optimizer))
+            rows = float(self.backward.last_rows or 0)
+            if self.distributed:  # (every rank checks the same steps: a collective call, as the check's)
+                rows = float(self.trainer.strategy.reduce(torch.tensor(rows), reduce_op="sum"))
+            self._step_had_rows = rows > 0
         noises_here = not self.distributed or self.fsdp or self.trainer.is_global_zero
         return self.noise_steps_left > 0 and noises_here
 
@@ -99,7 +105,8 @@ class SelfChecks:
 
     def after_step(self, optimizer: Any) -> None:
         """In the optimizer's step hook: count the step, record its noise, test it when enough is in."""
-        self.clipping_steps_left = max(0, self.clipping_steps_left - 1)
+        if self._step_had_rows:  # (a step of empty batches everywhere compared nothing)
+            self.clipping_steps_left = max(0, self.clipping_steps_left - 1)
         if self.noise_steps_left == 0:
             return
         self.noise_steps_left -= 1
