@@ -58,12 +58,16 @@ class Claim:
     tuple). A DP-SGD claim's curve and ε come from a pessimistic privacy-loss distribution of the Poisson subsampled
     Gaussian for the add/remove relation (:class:`~lightning_privacy.analysis.composition.ComposedPLD`: never below
     the true curve, ε never below the true ε — the safe side for a test that must not contradict a true claim); its
-    ε is that PLD's, which is at most the accountant's. An (ε, δ) claim's curve is Kairouz et al.'s.
+    ε is that PLD's, which is at most the accountant's — above the PLD's loss cap of 50 from the same history
+    recomposed with a wider cap (:meth:`~lightning_privacy.analysis.composition.ComposedPLD.epsilon_uncapped`: finite
+    up to about 700, e.g. 58.78 for σ = 0.3, q = 1, 5 steps, as dp_accounting). An (ε, δ) claim's curve is Kairouz
+    et al.'s.
 
     Attributes:
         kind: ``"dp_sgd"`` or ``"epsilon_delta"``.
         relation: ``"add_remove"``.
-        delta: the claim's δ; ``epsilon``: its ε at that δ (``inf`` if no finite ε reaches it).
+        delta: the claim's δ; ``epsilon``: its ε at that δ (``inf`` only where that is about 700 or more, or δ is
+            below the PLD's round-off allowance, such as 1e-300).
         parameters: what the claim was built from (plain values).
         label: a short description for summaries and figures.
     """
@@ -119,7 +123,8 @@ class Claim:
         if len(history) == 1:
             sigma, rate, steps = history[0]
             parameters.update(noise_multiplier=sigma, sample_rate=rate, steps=steps)
-        return cls(kind="dp_sgd", delta=delta, epsilon=pld.epsilon(delta), parameters=parameters, pld=pld)
+        epsilon = pld.epsilon_uncapped(delta)  # finite beyond the PLD's loss cap of 50 (up to about 700)
+        return cls(kind="dp_sgd", delta=delta, epsilon=epsilon, parameters=parameters, pld=pld)
 
     @classmethod
     def epsilon_delta(cls, epsilon: float, delta: float) -> Claim:
@@ -235,6 +240,10 @@ class Claim:
         curve; ``"fdp"``: all of α on the f-DP test (every parsed claim has a curve; an (ε, δ) claim Kairouz et al.'s).
         The curve implies the (ε, δ) pair, so the f-DP test alone is a valid test of the claim at level α; chosen before
         the scores are seen, it is the more powerful one for DP-SGD (``benchmarks/results/dp_violations.md``).
+
+        ``included`` must be a Bernoulli(1/2) draw made before training: a count no such draw plausibly gives (exact
+        two-sided binomial test at level 1e-6; all True, say) raises ``ValueError``, since it would make a true claim
+        look contradicted (:func:`~lightning_privacy.analysis.canary.check_inclusion`).
         """
         if tests not in ("both", "fdp"):
             raise ValueError(f"`tests` must be 'both' or 'fdp', got {tests!r}")

@@ -78,3 +78,30 @@ def test_to_dict_is_plain_json():
 def test_bad_claims_name_the_argument_and_value(value, error, match):
     with pytest.raises(error, match=match):
         Claim.parse(value)
+
+
+@pytest.mark.parametrize(("sigma", "rate", "steps"), [(0.3, 1.0, 4), (0.3, 1.0, 5), (0.4, 0.2, 50)])
+def test_epsilon_is_finite_above_the_pld_loss_cap_and_matches_dp_accounting(sigma, rate, steps):
+    """ε ≈ 50–62 (dp_accounting's add/remove PLD): the PLD's loss cap of 50 made it inf (issue 37, item 7)."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    claim = Claim.dp_sgd(noise_multiplier=sigma, sample_rate=rate, steps=steps)
+    accountant = pld_privacy_accountant.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
+    )
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+    reference = accountant.get_epsilon(1e-5)
+    assert 49 < reference - 1e-9 <= claim.epsilon <= reference + 1e-3  # never below: the safe side for a claim
+    assert accountant.get_delta(claim.epsilon) <= 1e-5 * (1 + 1e-9)
+    assert claim.to_dict()["epsilon"] == claim.epsilon  # a number, no longer null
+
+
+def test_check_canaries_refuses_an_inclusion_vector_that_is_no_fair_draw():
+    claim = Claim.dp_sgd(noise_multiplier=1.0, sample_rate=0.1, steps=100)
+    scores = np.random.default_rng(0).normal(size=500)  # no signal: the claim is true
+    with pytest.raises(ValueError, match=r"`included`.*500 of 500 canaries included.*p = .* < 1e-06"):
+        claim.check_canaries(scores, np.ones(500, bool))
+    with pytest.raises(ValueError, match=r"`included`.*0 of 500"):
+        claim.check_canaries(scores, np.zeros(500, bool), tests="fdp")
+    assert not claim.check_canaries(scores, np.random.default_rng(1).random(500) < 0.5).contradicted

@@ -305,3 +305,23 @@ def test_the_other_relation_follows_the_history_and_a_resume():
     with pytest.raises(ValueError, match="`relation`"):
         fresh.tpr_bounds(0.01, relation="swap")
     assert PrivacyLedger().tpr_bounds(0.2, relation="add_remove") == 0.2  # no step: chance
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.5, 3.0])
+def test_a_fit_records_the_noise_multiplier_whatever_the_clipping_norm(max_grad_norm, tmp_path):
+    """σ is the noise in units of C: ε and β* of a fit at C = 0.5 or 3 are those of σ, p, T at C = 1 (a ledger that
+    recorded the noise's standard deviation σ·C instead would be wrong whenever C ≠ 1)."""
+    import torch
+
+    from lightning_privacy import DPSGD
+    from tests.callbacks._tiny import BATCH, N, TinyWithLoader, trainer
+
+    torch.manual_seed(0)
+    dpsgd = DPSGD(noise_multiplier=1.3, max_grad_norm=max_grad_norm, sampling_seed=0)
+    trainer([dpsgd], tmp_path, max_epochs=1).fit(TinyWithLoader(8, hidden=(16,), lr=0.5))
+    steps = N // BATCH
+    assert dpsgd.ledger.history == [(1.3, BATCH / N, steps)]
+    reference = PrivacyLedger(delta=dpsgd.delta)  # the same σ, p and T, accounted at C = 1
+    reference.step(noise_multiplier=1.3, sample_rate=BATCH / N, steps=steps)
+    assert dpsgd.epsilon() == pytest.approx(reference.epsilon(), rel=1e-12)
+    assert dpsgd.ledger.bayes_security() == pytest.approx(reference.bayes_security(), rel=1e-12)

@@ -101,3 +101,25 @@ def test_a_hundred_million_rows_cost_memory_in_proportion_to_the_batch(draw):
     assert abs(rows.size - expected) < 6 * np.sqrt(expected)
     assert peak < 1_000_000  # bytes: an O(N) draw would need ≥ 100 MB
     assert rows.max() < n and (np.diff(rows) > 0).all()
+
+
+@pytest.mark.parametrize("draw", ["seeded", "secure"])
+def test_no_end_effect_at_small_n(draw):
+    """N = 7: every row, the last ones too, is drawn at rate p and the batch is empty with probability (1 − p)^N.
+
+    A gap that runs past the end must end the draw, not land on the last row; at N = 40 that slip adds (1 − p)^40 ≈ 6e-7
+    to row N − 1 and the tests above cannot see it, at N = 7 it adds 0.7⁷ = 0.082 (24 standard deviations here)."""
+    n, p, steps = 7, 0.3, 20_000
+    if draw == "seeded":
+        sampler = PoissonBatchSampler(num_samples=n, sample_rate=p, steps=steps, seed=5)
+        batches = list(sampler)
+    else:
+        batches = [secure_rows(0, 1, n, p) for _ in range(steps)]
+    counts = np.bincount(np.concatenate([np.asarray(b, dtype=np.int64) for b in batches]), minlength=n)
+    assert counts.size == n  # no row beyond the end
+    for row, count in enumerate(counts):  # each row on its own, Bonferroni over the 7 rows
+        assert stats.binomtest(int(count), steps, p).pvalue > 1e-4 / n, (row, counts)
+    chi2 = float(((counts - steps * p) ** 2 / (steps * p * (1 - p))).sum())
+    assert stats.chi2.sf(chi2, df=n) > 1e-4, counts
+    empty = sum(len(b) == 0 for b in batches)
+    assert stats.binomtest(empty, steps, (1 - p) ** n).pvalue > 1e-4

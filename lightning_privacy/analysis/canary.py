@@ -77,13 +77,14 @@ from numbers import Integral
 from typing import Any, Callable
 
 import numpy as np
-from scipy import optimize, special
+from scipy import optimize, special, stats
 
 from ._checks import expect_choice, expect_count, expect_real
 
 __all__ = [
     "CanaryAuditResult",
     "canary_audit_from_scores",
+    "check_inclusion",
     "epsilon_from_mu",
     "epsilon_one_run",
     "guess_grid",
@@ -97,6 +98,8 @@ CORRECTIONS = ("bonferroni", "split", "none")
 _XTOL = 1e-12
 _TIE = 1e-9  # bounds this close count as equal when choosing a (k₊, k₋) pair
 _MU_MAX = 1e3  # far beyond any μ a finite number of canaries can reject
+INCLUSION_LEVEL = 1e-6
+"""False-alarm level of :func:`check_inclusion`: an honest Bernoulli(1/2) draw is refused with probability ≤ 1e-6."""
 
 # ---------------------------------------------------------------------------------------------------
 # Validation
@@ -534,7 +537,54 @@ def _check_scores(scores: Any, included: Any) -> tuple[np.ndarray, np.ndarray]:
                 f"Expected argument `included` to hold booleans or 0/1, but got values {np.unique(inc)[:5]}."
             )
         inc = inc.astype(bool)
+    check_inclusion(inc)
     return s, inc
+
+
+def check_inclusion(included: Any, *, level: float = INCLUSION_LEVEL) -> np.ndarray:
+    """Refuse an ``included`` vector that is no plausible Bernoulli(1/2) draw (the game's one assumption).
+
+    The one-run bounds and verdicts hold because each canary is included independently with probability 1/2,
+    before training. A vector chosen by hand — all True, say — makes "in" guesses right by construction, so a true
+    claim looks contradicted and the ε lower bound means nothing. The number included, k of m, is tested with the
+    exact two-sided binomial test (:func:`scipy.stats.binomtest`, p = 1/2) at ``level``: an honest draw is refused
+    with probability at most ``level`` (1e-6 by default), and every m ≤ 20 passes (even all True has p ≥ 2·2⁻²⁰).
+
+    Args:
+        included: whether each canary was included (booleans or 0/1).
+        level: the false-alarm level, in (0, 1).
+
+    Returns:
+        ``included`` as a boolean array.
+
+    Raises:
+        ValueError: when the binomial test rejects at ``level`` (naming the count and how to draw the vector), or
+            a bad ``level``.
+
+    Example::
+
+        >>> int(check_inclusion(np.random.default_rng(0).random(1000) < 0.5).sum())
+        473
+        >>> check_inclusion(np.ones(100, bool))
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected argument `included` to be a Bernoulli(1/2) draw (each canary included independently with probability 1/2), but got 100 of 100 canaries included (exact two-sided binomial test: p = 1.6e-30 < 1e-06). Draw it with a generator, e.g. `np.random.default_rng(seed).random(m) < 0.5`, before training (or let CanaryAudit draw it): a vector chosen by hand makes the guesses right by construction, so a true claim looks contradicted.
+    """
+    level = expect_real("level", level, low=0.0, high=1.0, low_open=True, high_open=True)
+    inc = np.asarray(included).reshape(-1).astype(bool)
+    m, k = int(inc.size), int(inc.sum())
+    if m == 0:
+        return inc
+    pvalue = float(stats.binomtest(k, m, 0.5).pvalue)
+    if pvalue < level:
+        raise ValueError(
+            "Expected argument `included` to be a Bernoulli(1/2) draw (each canary included independently with "
+            f"probability 1/2), but got {k} of {m} canaries included (exact two-sided binomial test: p = "
+            f"{pvalue:.2g} < {level:g}). Draw it with a generator, e.g. `np.random.default_rng(seed).random(m) < "
+            "0.5`, before training (or let CanaryAudit draw it): a vector chosen by hand makes the guesses right by "
+            "construction, so a true claim looks contradicted."
+        )
+    return inc
 
 
 class _Game:
@@ -614,7 +664,8 @@ def canary_audit_from_scores(
 
     Args:
         scores: one score per canary, higher = more likely included (NaN not allowed; ±inf is).
-        included: whether each canary was included (booleans or 0/1), same length.
+        included: whether each canary was included (booleans or 0/1), same length: a Bernoulli(1/2) draw, refused
+            by :func:`check_inclusion` when its count is implausible at level 1e-6.
         delta: δ in [0, 1) (> 0 for ``"gdp"``).
         alpha: overall significance in (0, 1).
         method: ``"binomial"`` or ``"gdp"`` (see :func:`epsilon_one_run`).
@@ -625,8 +676,8 @@ def canary_audit_from_scores(
         A :class:`CanaryAuditResult`.
 
     Raises:
-        TypeError, ValueError: mismatched lengths, NaN scores, non-binary ``included``, or a bad
-            δ, α, method or correction.
+        TypeError, ValueError: mismatched lengths, NaN scores, non-binary ``included`` or one that is no
+            plausible Bernoulli(1/2) draw (:func:`check_inclusion`), or a bad δ, α, method or correction.
 
     Example::
 

@@ -427,7 +427,9 @@ def check_canaries(
 
     Args:
         scores: one score per canary (higher = looks included).
-        included: whether each canary was included (probability 1/2 each, independently).
+        included: whether each canary was included (probability 1/2 each, independently); a count no Bernoulli(1/2)
+            draw plausibly gives is refused (:func:`~lightning_privacy.analysis.canary.check_inclusion`, exact
+            two-sided binomial test at level 1e-6): all True would make a true claim look contradicted.
         epsilon: the claim's ε at ``delta``; ``None`` (or ``inf``): no binomial test.
         delta: the claim's δ, in [0, 1).
         tpr_bound: the claim's TPR bound (order: with, without the canary); ``None``: no f-DP test.

@@ -286,7 +286,10 @@ def audit_canaries(
 
     Args:
         scores: one score per canary (1-D, finite).
-        included: whether each canary was included (1-D bools, same length).
+        included: whether each canary was included (1-D bools, same length), drawn independently with probability
+            1/2 before training (e.g. ``np.random.default_rng(seed).random(m) < 0.5``); a vector whose count no such
+            draw plausibly gives (exact two-sided binomial test at level 1e-6, so an honest draw is essentially never
+            refused) raises ``ValueError`` (:func:`~lightning_privacy.analysis.canary.check_inclusion`).
         delta: δ of the (ε, δ) claim being audited, in [0, 1).
         alpha: significance of the bound, in (0, 1).
         correction: ``"bonferroni"`` over the (k₊, k₋) grid fixed by m, or ``"split"`` (choose on half, test on the

@@ -18,6 +18,7 @@ from lightning_privacy.analysis import canary as C
 from lightning_privacy.analysis.canary import (
     CanaryAuditResult,
     canary_audit_from_scores,
+    check_inclusion,
     epsilon_from_mu,
     epsilon_one_run,
     guess_grid,
@@ -513,3 +514,25 @@ def test_imports_without_torch():
         "assert 'torch' not in sys.modules and 'lightning' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------------- the inclusion draw checked
+
+
+def test_an_honest_inclusion_draw_is_never_refused_and_a_hand_picked_one_is():
+    """check_inclusion: exact two-sided binomial test of the count at 1e-6 (issue 37, item 7)."""
+    rng = np.random.default_rng(0)
+    for m in (1, 7, 20, 100, 1000, 100_000):
+        for _ in range(20):
+            check_inclusion(rng.random(m) < 0.5)  # an honest draw passes (refused with probability ≤ 1e-6)
+    check_inclusion(np.ones(20, bool))  # too few canaries to tell: p = 2·2⁻²⁰ ≥ 1e-6
+    check_inclusion(np.r_[np.ones(550, bool), np.zeros(450, bool)])  # p = 0.0017: plausible at 1e-6
+    for included in (np.ones(21, bool), np.zeros(1000, bool), np.r_[np.ones(600, bool), np.zeros(400, bool)]):
+        k, m = int(included.sum()), included.size
+        with pytest.raises(ValueError, match=rf"`included`.*Bernoulli\(1/2\).*{k} of {m} canaries.*default_rng"):
+            check_inclusion(included)
+    with pytest.raises(ValueError, match=r"`included`.*1000 of 1000"):  # the audit refuses it too
+        canary_audit_from_scores(scores=np.arange(1000.0), included=np.ones(1000, int), delta=1e-5)
+    with pytest.raises(ValueError, match="`level`"):
+        check_inclusion([True, False], level=0.0)
+    assert check_inclusion([]).size == 0

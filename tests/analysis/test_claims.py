@@ -221,3 +221,54 @@ def test_the_binomial_test_alone_uses_all_of_alpha():
     (test,) = verdict.tests
     assert test["kind"] == "binomial" and test["level"] == ALPHA and verdict.contradicted
     assert verdict.evidence["statistic"] > 1.0
+
+
+def test_a_hand_picked_inclusion_vector_is_refused_not_read_as_a_contradiction():
+    """All canaries 'included' (no Bernoulli(1/2) draw): every 'in' guess is right by construction, so a true claim
+    (scores that carry no signal at all) used to be contradicted. It is refused, naming the count (issue 37)."""
+    scores = np.random.default_rng(9).normal(size=1000)
+    with pytest.raises(ValueError, match=r"`included`.*1000 of 1000 canaries included.*default_rng"):
+        check_canaries(scores, np.ones(1000, bool), epsilon=1.0, delta=1e-5, tpr_bound=_gdp(0.5))
+    honest = np.random.default_rng(10).random(1000) < 0.5
+    assert not check_canaries(scores, honest, epsilon=1.0, delta=1e-5, tpr_bound=_gdp(0.5)).contradicted
+
+
+def test_a_tied_scores_fpr_limit_is_from_the_allowed_count_not_the_observed_one():
+    """Ties: at FPR 0.01 (k = 10 of 1000) the cut is the 11th largest non-member score, 0, shared by 995 of them, so
+    the rule flags only the 5 above it. Its FPR upper limit must be k's (10 of 1000), chosen before the scores, not
+    the observed count's (5 of 1000, smaller: it would contradict this claim)."""
+    from lightning_privacy.analysis.estimation import rate_interval
+
+    member = _members(1000)
+    scores = np.r_[np.full(60, 2.0), np.zeros(940), np.full(5, 2.0), np.zeros(995)]  # members, then non-members
+    claim = lambda f: np.minimum(1.0, 3.0 * np.asarray(f))
+    (test,) = tpr_point_tests(scores, member, claim, fprs=(0.01,), alpha=ALPHA)
+    assert (test["fp_allowed"], test["fp"], test["tp"]) == (10, 5, 60)
+    assert test["fpr_high"] == rate_interval(10, 1000, alpha=ALPHA, method="clopper_pearson")[1]
+    observed = rate_interval(5, 1000, alpha=ALPHA, method="clopper_pearson")[1]
+    assert test["tpr_low"] > claim(observed)  # what the observed count would have concluded
+    assert not test["contradicts"] and test["bound"] == pytest.approx(3.0 * test["fpr_high"])
+
+
+def test_the_canary_fdp_test_is_bonferroni_corrected_over_the_guess_grid():
+    """1000 canaries of a 3-GDP mechanism against a 1.5-GDP claim: some grid pair rejects the claim at the kind's
+    level α, none at α/|grid| (27 pairs). The test may only use the corrected level: it chose the pair after seeing
+    the scores. (At α uncorrected the verdict would be 'contradicted'.)"""
+    from lightning_privacy.analysis.canary import _Game, fdp_excess, guess_grid
+
+    rng = np.random.default_rng(0)
+    included = rng.random(1000) < 0.5
+    scores = rng.normal(size=1000) + 3.0 * included
+    inverse = symmetric_concave_inverse(_gdp(1.5))
+    game = _Game(scores, included, np.random.default_rng(0).permutation(1000))
+    counts = [game.counts(k_plus, k_minus) for k_plus, k_minus in game.pairs]
+
+    def rejects(level):
+        return any(v > 0 and fdp_excess(1000, r, v, level, inverse) > 0.0 for r, v in counts)
+
+    grid = len(guess_grid(1000))
+    assert grid == 27 and rejects(ALPHA) and not rejects(ALPHA / grid)
+    verdict = check_canaries(scores, included, epsilon=None, delta=1e-5, tpr_bound=_gdp(1.5), alpha=ALPHA, seed=0)
+    (fdp,) = verdict.tests
+    assert fdp["level"] == ALPHA and fdp["level_per_pair"] == pytest.approx(ALPHA / grid)
+    assert verdict.verdict == "consistent" and not fdp["contradicts"]

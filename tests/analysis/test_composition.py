@@ -317,6 +317,41 @@ def test_delta_and_epsilon_match_dp_accounting(relation):
         assert pld.delta(eps) <= delta  # rounded to the safe side
 
 
+@pytest.mark.parametrize(
+    ("segments", "relation"),
+    [
+        ([(1.0, 0.3, 4)], "add_remove"),  # dp_accounting: 49.88 (mass above the cap of 50 still counts)
+        ([(0.1, 0.3, 100)], "add_remove"),  # 106.18
+        ([(1.0, 0.5, 10), (0.5, 0.4, 5)], "replace"),  # 146.92, two segments
+    ],
+)
+def test_epsilon_beyond_the_loss_cap_is_finite_and_matches_dp_accounting(segments, relation):
+    p, sigma, steps = (list(column) for column in zip(*segments))
+    pld = ComposedPLD(relation=relation).compose(sample_rate=p, noise_multiplier=sigma, steps=steps)
+    assert pld.epsilon(1e-5) == math.inf  # the stored PLD moved the losses above 50 to +∞
+    eps = pld.epsilon_uncapped(1e-5)
+    theirs = _dp_accounting_pld(segments, relation=relation, grid=1e-3)
+    reference = theirs.get_epsilon_for_delta(1e-5)
+    assert reference - 1e-9 <= eps <= reference + 1e-3  # an upper bound, as close as at small ε
+    assert theirs.get_delta_for_epsilon(eps) <= 1e-5 * (1 + 1e-9)
+    assert pld.epsilon(1e-5) == math.inf and pld.loss_cap == comp.LOSS_CAP  # the stored PLD is untouched
+
+
+def test_epsilon_beyond_the_first_wider_cap_and_below_the_cap():
+    from lightning_privacy.analysis.canary import epsilon_from_mu
+
+    # one unsampled step at σ = 0.05 is 20-GDP: ε = 284.39 (Balle & Wang's exact root), beyond the cap of 200
+    pld = ComposedPLD(relation="add_remove").compose(sample_rate=1.0, noise_multiplier=0.05, steps=1)
+    exact = epsilon_from_mu(mu=20.0, delta=1e-5)
+    assert pld.epsilon(1e-5) == math.inf and exact - 1e-9 <= pld.epsilon_uncapped(1e-5) <= exact + 1e-3
+    below = ComposedPLD(relation="add_remove").compose(sample_rate=1.0, noise_multiplier=0.3, steps=3)  # ε = 40.54
+    assert below.epsilon_uncapped(1e-5) == below.epsilon(1e-5) < 50
+    assert ComposedPLD().epsilon_uncapped(1e-5) == 0.0  # no step
+    # beyond the last cap, 700 (e^ε would overflow a double): inf, as before (40-GDP: ε = 969.6)
+    huge = ComposedPLD(relation="add_remove").compose(sample_rate=1.0, noise_multiplier=0.025, steps=1)
+    assert huge.epsilon_uncapped(1e-5) == math.inf
+
+
 @settings(max_examples=30, deadline=None)
 @given(delta=st.floats(1e-9, 0.9), p=st.floats(1e-3, 0.3), sigma=st.floats(0.5, 5.0), steps=st.integers(1, 2000))
 def test_epsilon_delta_round_trip(delta, p, sigma, steps):
@@ -527,6 +562,8 @@ def test_other_bad_arguments():
         ComposedPLD(value_discretization_interval=0)
     with pytest.raises(TypeError, match=r"`value_discretization_interval`.*'x'"):
         ComposedPLD(value_discretization_interval="x")
+    with pytest.raises(ValueError, match=r"`loss_cap`.*0"):
+        ComposedPLD(loss_cap=0.0)
     pld = ComposedPLD().compose(**GOOD)
     with pytest.raises(ValueError, match=r"`epsilon`.*-1"):
         pld.delta(-1.0)

@@ -61,3 +61,14 @@ def test_values_match_the_analysis_and_the_views():
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         audit_canaries(np.zeros(10), np.ones(10, dtype=bool), **kwargs)
+
+
+def test_an_inclusion_vector_that_is_no_fair_draw_is_refused():
+    """All True used to make a true claim look contradicted (issue 37): scores with no signal, a claim of σ = 1."""
+    scores = np.random.default_rng(3).normal(size=1000)
+    for included in (np.ones(1000, bool), np.r_[np.ones(620, bool), np.zeros(380, bool)]):
+        expected = rf"`included`.*{int(included.sum())} of 1000 canaries.*Draw it with a generator"
+        with pytest.raises(ValueError, match=expected):
+            audit_canaries(scores, included, delta=1e-5, claim=(1.0, 0.1, 100))
+    fair = np.random.default_rng(4).random(1000) < 0.5
+    assert audit_canaries(scores, fair, delta=1e-5, claim=(1.0, 0.1, 100)).verdict == "consistent"
