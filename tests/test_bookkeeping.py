@@ -34,7 +34,7 @@ def _image():
     return nn.Sequential(
         nn.Conv2d(1, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(),
         nn.Conv2d(4, 4, 3, stride=2, padding=1, dilation=1, groups=2), nn.ReLU(),  # torch's weight gradient
-        nn.Conv2d(4, 2, 2, padding=1, padding_mode="reflect", bias=False),  # padded as the layer pads
+        nn.Conv2d(4, 2, 2, padding=(1, 2), padding_mode="reflect", bias=False),  # padded as the layer pads (H, W apart)
         nn.Flatten(), nn.LazyLinear(3),
     )  # fmt: skip
 

@@ -183,6 +183,15 @@ class PerExampleBackward:
             if self.mode == "ghost" and "Parameter tying is not supported" in str(err):
                 raise MisconfigurationException(self._called_twice_message()) from err
             raise
+        except Exception as err:
+            if self.sharded and is_empty_batch(batch):
+                raise MisconfigurationException(
+                    f"DPSGD under FSDP2: {type(self.pl_module).__name__} failed on an empty Poisson batch ({err}), "
+                    "which runs through the module because every rank must join FSDP's reduce-scatters, so make the "
+                    "forward pass accept a batch of zero rows or raise the expected batch per rank (the loader's "
+                    "batch_size) until empty batches are rare enough."
+                ) from err
+            raise
         self._check_train_mode()
         if isinstance(out, dict) and PER_EXAMPLE_LOSS in out:
             losses = out[PER_EXAMPLE_LOSS]

@@ -237,3 +237,59 @@ def test_a_reduced_loss_in_hooks_mode_is_checked_by_the_sum_invariant():
     ok = DPSGD(noise_multiplier=1.0, grad_sample_mode="hooks", sampling_seed=0)
     _trainer([ok]).fit(Plain(), DataLoader(_data(), batch_size=16))
     assert ok.exactness.reference == _exactness.SUM_INVARIANT and ok.exactness.max_relative_error < 1e-5
+
+
+def test_a_book_keeping_disagreement_stops_the_fit_instead_of_training_on_the_second_pass(monkeypatch):
+    """The self-check of book-keeping runs on the checked steps, and a disagreement is never trained through."""
+    from lightning_privacy.bookkeeping import BookKeeping
+
+    real = BookKeeping._layer_sums
+
+    def off(layer, inputs, weighted):
+        sums = real(layer, inputs, weighted)
+        return {p: s * 1.01 if p.dim() == 2 and p.shape[0] == 2 else s for p, s in sums.items()}  # the head's weight
+
+    monkeypatch.setattr(BookKeeping, "_layer_sums", staticmethod(off))
+    torch.manual_seed(0)
+    model = Padded()
+    before = model.head.weight.detach().clone()
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost", sampling_seed=0)
+    with pytest.raises(MisconfigurationException, match=r"book-keeping's clipped sum for `head\.weight`") as err:
+        _trainer([dpsgd]).fit(model, DataLoader(_data(), batch_size=16))
+    assert _one_sentence(str(err.value)) and "1.0% of its norm" in str(err.value)
+    assert dpsgd.steps == 0 and torch.equal(model.head.weight, before)
+
+
+class EvalInside(Padded):
+    def on_train_epoch_start(self):
+        self.embed.eval()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_trainable_layer_put_in_eval_mode_inside_the_fit_is_named(mode):
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode=mode)
+    with pytest.raises(MisconfigurationException, match=r"trainable layer `embed` \(Embedding\) is in eval mode") as err:
+        _trainer([dpsgd]).fit(EvalInside(), DataLoader(_data(), batch_size=16))
+    assert _one_sentence(str(err.value)) and "on_train_epoch_start" in str(err.value)
+    assert "No activations" not in str(err.value)
+
+
+class TokenLosses(Padded):
+    """Per-token losses ([B·T]) where DP-SGD needs one loss per sequence."""
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.embed(ids)).flatten(1))[:, None, :].expand(-1, T, -1)
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        logits = self(ids)
+        return {"loss": F.cross_entropy(logits.reshape(-1, 2), y.repeat_interleave(T), reduction="none")}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_token_level_losses_are_refused_in_both_modes_pointing_at_causal_lm_losses(mode):
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode=mode)
+    with pytest.raises(MisconfigurationException, match=r"returned \d+ per-example losses for a batch of \d+") as err:
+        _trainer([dpsgd]).fit(TokenLosses(), DataLoader(_data(), batch_size=16))
+    assert "causal_lm_losses" in str(err.value) and "not one per token" in str(err.value)
+    assert _one_sentence(str(err.value))
