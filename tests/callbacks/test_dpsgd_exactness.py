@@ -268,7 +268,9 @@ class EvalInside(Padded):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_trainable_layer_put_in_eval_mode_inside_the_fit_is_named(mode):
     dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode=mode)
-    with pytest.raises(MisconfigurationException, match=r"trainable layer `embed` \(Embedding\) is in eval mode") as err:
+    with pytest.raises(
+        MisconfigurationException, match=r"trainable layer `embed` \(Embedding\) is in eval mode"
+    ) as err:
         _trainer([dpsgd]).fit(EvalInside(), DataLoader(_data(), batch_size=16))
     assert _one_sentence(str(err.value)) and "on_train_epoch_start" in str(err.value)
     assert "No activations" not in str(err.value)
