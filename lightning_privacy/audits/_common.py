@@ -18,6 +18,7 @@ __all__ = [
     "ClaimChecked",
     "jsonable",
     "progress_stages",
+    "refuse_mapping_batches",
     "sequential_loader",
     "unshard",
     "warnings_markdown",
@@ -156,6 +157,35 @@ def sequential_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -
         num_workers=0,
         generator=torch.Generator(),  # iterating draws a base seed: from here, not from the caller's global stream
     )
+
+
+def refuse_mapping_batches(
+    loader: Iterable, *, forward_fn: Any = None, signal_fn: Any = None, fix: Optional[str] = None
+) -> None:
+    """Refuse, from its first batch, a loader of mappings (a language model's) that the default ``forward_fn`` would
+    read as ``(x, y)``: the audit's own first pass fails the same way, but only after any reference training.
+
+    Nothing is read when a ``forward_fn`` or ``signal_fn`` is given.
+
+    Raises:
+        ValueError: :func:`~lightning_privacy.functional.membership_loss.mapping_batch_refusal`'s sentence
+            (``fix``: the fix it names).
+
+    Example::
+
+        >>> import torch
+        >>> refuse_mapping_batches([{"input_ids": torch.zeros(2, 3, dtype=torch.long)}])
+        Traceback (most recent call last):
+        ...
+        ValueError: the batches are mappings with keys ['input_ids'], ... pass `signal_fn=causal_lm_signal` ...
+    """
+    if forward_fn is not None or signal_fn is not None:
+        return
+    from lightning_privacy.functional.membership_loss import mapping_batch_refusal
+
+    refusal = mapping_batch_refusal(next(iter(sequential_loader(loader)), None), fix)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def unshard(values: np.ndarray, world_size: int) -> np.ndarray:

@@ -396,6 +396,7 @@ def audit_epsilon_star(
     device: Any = None,
     warn: bool = True,
     ledger: Any = None,
+    signal_fn: Optional[Callable[[Any, Any], Any]] = None,
 ) -> EpsilonStarResult:
     """Epsilon* of ``model``: its membership losses on ``members`` (training data) and ``nonmembers``.
 
@@ -414,9 +415,16 @@ def audit_epsilon_star(
         device: where to run the model (default: where its parameters are).
         warn: see :func:`audit_epsilon_star_from_losses`.
         ledger: the run's privacy ledger, see :func:`audit_epsilon_star_from_losses`.
+        signal_fn: ``signal_fn(model, batch) -> losses`` (one per example, low = member-like) instead of
+            ``forward_fn``, e.g. :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a causal
+            language model's sequences (each one's mean next-token loss).
 
     Returns:
         An :class:`EpsilonStarResult`: ``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``.
+
+    Raises:
+        ValueError: batches that are mappings (a language model's ``{"input_ids": ..., "attention_mask": ...}``)
+            without ``signal_fn`` or ``forward_fn``, naming ``signal_fn=causal_lm_signal``.
 
     Example::
 
@@ -436,10 +444,10 @@ def audit_epsilon_star(
     from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 
     member_losses = membership_losses_from_loader(
-        model, sequential_loader(members), forward_fn=forward_fn, device=device
+        model, sequential_loader(members), forward_fn=forward_fn, device=device, signal_fn=signal_fn
     )
     nonmember_losses = membership_losses_from_loader(
-        model, sequential_loader(nonmembers), forward_fn=forward_fn, device=device
+        model, sequential_loader(nonmembers), forward_fn=forward_fn, device=device, signal_fn=signal_fn
     )
     return audit_epsilon_star_from_losses(
         member_losses.double(), nonmember_losses.double(), delta=delta, mia_alpha=mia_alpha, warn=warn, ledger=ledger

@@ -410,7 +410,9 @@ def audit_membership(
 
     Raises:
         ValueError: for an unknown attack, missing references or population, or references trained with other
-            audited examples, or a claim out of range.
+            audited examples, a claim out of range, or batches that are mappings (a language model's
+            ``{"input_ids": ..., "attention_mask": ...}``) without ``signal_fn`` or ``forward_fn``: the sentence names
+            ``signal_fn=causal_lm_signal``.
         TypeError: a ``claim`` of another type.
 
     Example:

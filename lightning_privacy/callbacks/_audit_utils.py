@@ -25,7 +25,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import names
-from lightning_privacy.audits._common import sequential_loader
+from lightning_privacy.audits._common import refuse_mapping_batches, sequential_loader
 from lightning_privacy.reporting import ReportSection
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "member_loader",
     "misconfiguration",
     "population_loader",
+    "refuse_member_mappings",
     "section",
     "sharded_loader",
     "show_progress",
@@ -186,6 +187,28 @@ def population_loader(trainer: pl.Trainer, given: Optional[Iterable] = None) -> 
             "No non-member data to audit: pass `population_dataloader` or give the Trainer validation data"
         )
     return sharded_loader(source, rank=trainer.global_rank, world_size=trainer.world_size)
+
+
+def refuse_member_mappings(
+    trainer: pl.Trainer, given: Optional[Iterable], *, forward_fn: Any, signal_fn: Any, who: str
+) -> None:
+    """Refuse member batches that are mappings (a language model's) without ``signal_fn`` or ``forward_fn``, from
+    their first batch: called in ``on_train_start``, so the sentence comes before training, not after it (and after
+    any reference training) at the audit. Nothing is read with a ``forward_fn`` or ``signal_fn``.
+
+    Raises:
+        MisconfigurationException: ``"<who>: the batches are mappings ..."``, naming ``signal_fn=causal_lm_signal``.
+    """
+    if forward_fn is not None or signal_fn is not None or skip_audit(trainer):
+        return
+    try:
+        members = member_loader(trainer, given)
+    except MisconfigurationException:
+        return  # no training data found: the audit names what is missing
+    try:
+        refuse_mapping_batches(members)
+    except ValueError as err:
+        raise MisconfigurationException(f"{who}: {err}") from None
 
 
 # --- running ----------------------------------------------------------------------------------

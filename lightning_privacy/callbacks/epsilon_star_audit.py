@@ -70,6 +70,10 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         every_n_epochs: also audit after every ``n``-th training epoch; ``None`` = only at fit end.
         forward_fn: ``forward_fn(pl_module, batch) -> (logits, target)``; default ``pl_module(batch[0]),
             batch[1]``.
+        signal_fn: ``signal_fn(pl_module, batch) -> losses`` (one per example, low = member-like) instead of
+            ``forward_fn``, e.g. :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language
+            model. Member batches that are mappings (``{"input_ids": ..., "attention_mask": ...}``) without either are
+            refused at ``on_train_start``, naming ``signal_fn=causal_lm_signal``.
         log_histograms, log_figure: write the loss histograms / the figure to TensorBoard loggers.
         mia_alpha: significance of the ``MembershipEpsilon`` interval.
 
@@ -81,7 +85,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
 
     Raises:
         MisconfigurationException: for ``delta`` outside ``(0, 0.5)``, ``every_n_epochs`` not a positive
-            int, or no member / non-member data.
+            int, no member / non-member data, or mapping batches without ``signal_fn`` or ``forward_fn``.
 
     Example::
 
@@ -108,6 +112,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         log_histograms: bool = True,
         log_figure: bool = True,
         mia_alpha: float = 0.05,
+        signal_fn: Optional[Callable[[Any, Any], Any]] = None,
     ) -> None:
         if delta is not None and (
             isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 0.5
@@ -119,7 +124,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         self.member_dataloader = member_dataloader
         self.population_dataloader = population_dataloader
         self.every_n_epochs = audit.check_every_n_epochs(every_n_epochs)
-        self.forward_fn = forward_fn
+        self.forward_fn, self.signal_fn = forward_fn, signal_fn
         self.log_histograms = log_histograms
         self.log_figure = log_figure
         self.mia_alpha = mia_alpha
@@ -133,12 +138,23 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         if stage == "fit":
             audit.announce_skip(trainer, type(self).__name__)
 
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        audit.refuse_member_mappings(
+            trainer,
+            self.member_dataloader,
+            forward_fn=self.forward_fn,
+            signal_fn=self.signal_fn,
+            who="EpsilonStarAudit",
+        )
+
     def audit(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[str, float]:
         """Score both sets, compute Epsilon* (collective: call on every rank), write from rank 0."""
         members_in = audit.member_loader(trainer, self.member_dataloader)
         population_in = audit.population_loader(trainer, self.population_dataloader)
-        member_losses = membership_losses_from_loader(pl_module, members_in, forward_fn=self.forward_fn)
-        nonmember_losses = membership_losses_from_loader(pl_module, population_in, forward_fn=self.forward_fn)
+        fns = {"forward_fn": self.forward_fn, "signal_fn": self.signal_fn}
+        member_losses = membership_losses_from_loader(pl_module, members_in, **fns)
+        nonmember_losses = membership_losses_from_loader(pl_module, population_in, **fns)
         members, nonmembers = _gather(trainer, member_losses, nonmember_losses)
         try:
             dpsgd = find_dpsgd(trainer)

@@ -56,7 +56,9 @@ class MembershipAudit(audit.ScheduledAudit):
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
         signal_fn: one membership loss per example from ``signal_fn(model, batch)`` instead of ``forward_fn`` (e.g.
             :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language model: RMIA and LiRA
-            then read each sequence's likelihood; a score such as Min-K% only with ``attack="loss"``).
+            then read each sequence's likelihood; a score such as Min-K% only with ``attack="loss"``). Member batches
+            that are mappings (``{"input_ids": ..., "attention_mask": ...}``) without ``signal_fn`` or
+            ``forward_fn`` are refused at ``on_train_start``, naming ``signal_fn=causal_lm_signal``.
         claim: the guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
             when DPSGD trains the model, else no verdict.
@@ -151,6 +153,12 @@ class MembershipAudit(audit.ScheduledAudit):
                 "checkpoint and run `lightning-privacy audit membership --checkpoint last.ckpt` after training."
             )
         audit.announce_skip(trainer, type(self).__name__)
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        audit.refuse_member_mappings(
+            trainer, self.member_dataloader, forward_fn=self.forward_fn, signal_fn=self.signal_fn, who="MembershipAudit"
+        )
 
     def _factory(self, pl_module: pl.LightningModule) -> Callable[[], pl.LightningModule]:
         if self.model_factory is not None:

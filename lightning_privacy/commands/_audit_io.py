@@ -283,6 +283,31 @@ def nonmember_batches(dm: Any, which: str) -> Any:
     return loader
 
 
+SIGNAL_EXAMPLE = "lightning_privacy.functional.sequence_loss:causal_lm_signal"
+
+
+def load_signal(spec: Optional[str]) -> Any:
+    """The function of ``--signal MODULE:FUNCTION`` (``None`` without the flag); ``ValueError`` naming the flag."""
+    if spec is None:
+        return None
+    signal_fn = load_class(spec, "--signal")
+    if not callable(signal_fn):
+        raise ValueError(f"`--signal` {spec!r} is not a function signal(model, batch) -> losses")
+    return signal_fn
+
+
+def refuse_mapping_members(members: Any, signal_fn: Any) -> None:
+    """Without ``--signal``, refuse members whose batches are mappings (a language model's ``{"input_ids": ...}``),
+    from their first batch: one line naming ``--signal``, before anything is trained or scored."""
+    from lightning_privacy.audits._common import refuse_mapping_batches
+
+    fix = (
+        f"for a causal language model pass `--signal {SIGNAL_EXAMPLE}`, one loss per sequence, or "
+        "`--signal MODULE:FUNCTION` of your own returning one loss per example"
+    )
+    refuse_mapping_batches(members, signal_fn=signal_fn, fix=fix)
+
+
 def read_values(path: str, option: str) -> Any:
     """A 1-D float array from ``.npy`` (no pickles) or text (``.csv``/``.txt``: one value a line; ``#`` comments)."""
     import numpy as np

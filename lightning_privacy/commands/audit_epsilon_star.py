@@ -15,6 +15,10 @@ before the weights are loaded (``--fix-modules`` for a checkpoint that does not 
 From files: ``--member-losses F --nonmember-losses F`` (``.npy``, or ``.csv``/``.txt`` with one value a
 line; low loss = looks like a member), e.g. losses computed by another framework.
 
+``--signal MODULE:FUNCTION`` scores a checkpoint's examples with ``FUNCTION(model, batch)`` (one loss per example)
+instead of its logits, e.g. ``lightning_privacy.functional.sequence_loss:causal_lm_signal`` for a causal language
+model; a datamodule whose batches are mappings (``{"input_ids": ...}``) needs it.
+
 The audit is :func:`lightning_privacy.audits.audit_epsilon_star`; ``--json`` prints exactly one JSON
 object on stdout. The result's warnings (Normal fits rejected by their KS test, losses that look
 reversed, ...) are printed on stderr as ``warning:`` lines and are the JSON's ``"warnings"`` list.
@@ -47,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="delta of Epsilon* in (0, 0.5) (default: 1/(n ln n), n = member examples)",
     )
+    parser.add_argument(
+        "--signal",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="one membership loss per example from FUNCTION(model, batch) instead of the model's logits (with "
+        "--checkpoint), e.g. lightning_privacy.functional.sequence_loss:causal_lm_signal for a causal language model",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -66,6 +77,8 @@ def audit(args: argparse.Namespace) -> dict:
         raise ValueError("give `--checkpoint`, or both `--member-losses` and `--nonmember-losses`")
     if args.checkpoint is not None and files != (None, None):
         raise ValueError("give either `--checkpoint` or loss files, not both")
+    if args.checkpoint is None and args.signal is not None:
+        raise ValueError("`--signal` scores a checkpoint's examples: give `--checkpoint`, not loss files")
     if args.checkpoint is None:
         members = io.read_values(args.member_losses, "--member-losses")
         nonmembers = io.read_values(args.nonmember_losses, "--nonmember-losses")
@@ -73,6 +86,7 @@ def audit(args: argparse.Namespace) -> dict:
         source = {"member_losses": args.member_losses, "nonmember_losses": args.nonmember_losses}
     else:
         model_class = io.load_class(args.model, "--model")
+        signal_fn = io.load_signal(args.signal)
         dm_args = io.datamodule_args(args)
         model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
         dm = io.datamodule(
@@ -80,11 +94,14 @@ def audit(args: argparse.Namespace) -> dict:
         )
         io.check_member_count(dm, contents)
         members, nonmembers = io.member_batches(dm), io.nonmember_batches(dm, args.nonmembers)
+        io.refuse_mapping_members(members, signal_fn)  # a language model's batches need --signal
         from lightning_privacy.checkpoints import dpsgd_state, privacy_ledger
 
         saved = dpsgd_state(contents) or {}
         ledger = privacy_ledger(contents, delta=saved.get("delta", 1e-5))
-        result = audit_epsilon_star(model, members, nonmembers, delta=args.delta, warn=False, ledger=ledger)
+        result = audit_epsilon_star(
+            model, members, nonmembers, delta=args.delta, warn=False, ledger=ledger, signal_fn=signal_fn
+        )
         source = {"checkpoint": args.checkpoint, "datamodule": type(dm).__name__, "nonmembers": args.nonmembers}
     if "parametric" not in result.details:
         raise ValueError("; ".join(result.notes))

@@ -30,6 +30,10 @@ A claim, checked: ``--claim-epsilon E --claim-delta D`` ((ε, δ)-DP), or ``--cl
 default), or, without these, the checkpoint's own ledger is the guarantee tested. The JSON's ``"verdict"`` is
 ``"consistent"`` or ``"contradicted"`` at confidence 1 − ``--alpha``, with the ``"evidence"`` that decided it and the
 ``"claim"``; the text ends with the verdict and the figure draws the claim's curve.
+
+``--signal MODULE:FUNCTION`` scores examples that are not classification rows (a language model's sequences). It is
+checked against ``--attack`` (a score such as Min-K% only with ``--attack loss``), and a datamodule whose batches are
+mappings (``{"input_ids": ..., "attention_mask": ...}``) needs it: both refused in one line before any reference trains.
 """
 
 from __future__ import annotations
@@ -491,14 +495,22 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     from lightning_privacy.commands import _audit_io as io
 
     model_class = io.load_class(args.model, "--model")
-    signal_fn = None if args.signal is None else io.load_class(args.signal, "--signal")
-    if signal_fn is not None and not callable(signal_fn):
-        raise ValueError(f"`--signal` {args.signal!r} is not a function signal(model, batch) -> losses")
+    signal_fn = io.load_signal(args.signal)
+    if signal_fn is not None and args.attack != "loss":  # refused here, not after the references trained
+        from lightning_privacy.functional.sequence_loss import signal_kind
+
+        if signal_kind(signal_fn) == "score":
+            raise ValueError(
+                f"`--attack {args.attack}` needs a likelihood Pr(x | θ) from every model, but `--signal` "
+                f"{args.signal!r} gives a score (kind 'score', e.g. Min-K%): use it with `--attack loss`, or give RMIA "
+                f"and LiRA a likelihood signal such as `--signal {io.SIGNAL_EXAMPLE}`"
+            )
     dm_args = io.datamodule_args(args)
     model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
     dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
     io.check_member_count(dm, contents)
     members, nonmembers, population, population_record = _data(args, dm, contents)
+    io.refuse_mapping_members(members, signal_fn)  # a language model's batches without --signal: before any training
     delta = args.delta
     if delta is None:  # the run's δ where DPSGD saved it, else 1e-5
         from lightning_privacy.checkpoints import dpsgd_state

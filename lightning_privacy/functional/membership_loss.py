@@ -106,7 +106,34 @@ def membership_loss(logits: Tensor, target: Tensor) -> Tensor:
     return torch.logsumexp(others, dim=1) - true_logit
 
 
+def mapping_batch_refusal(batch: Any, fix: Optional[str] = None) -> Optional[str]:
+    """The sentence refusing ``batch`` to the default ``forward_fn`` (``model(batch[0]), batch[1]``), or ``None``.
+
+    A mapping (``{"input_ids": ..., "attention_mask": ...}``, as a tokenizer's collator gives) has no ``batch[0]``:
+    a language model's sequences are scored by a ``signal_fn``, one loss per sequence. ``fix`` replaces what the
+    sentence says to do (the CLI names its ``--signal``).
+
+    Example::
+
+        >>> mapping_batch_refusal((torch.zeros(2, 3), torch.zeros(2))) is None
+        True
+        >>> print(mapping_batch_refusal({"input_ids": torch.zeros(2, 3), "attention_mask": torch.ones(2, 3)}))
+        the batches are mappings with keys ['attention_mask', 'input_ids'], not the (x, y) pairs ...: for a causal language model pass `signal_fn=causal_lm_signal` (...), one loss per sequence, ...
+    """
+    if not isinstance(batch, Mapping) or (0 in batch and 1 in batch):
+        return None
+    fix = fix or (
+        "for a causal language model pass `signal_fn=causal_lm_signal` (lightning_privacy.functional.sequence_loss), "
+        "one loss per sequence, or a `forward_fn(model, batch) -> (logits, target)` for this layout"
+    )
+    keys = sorted(map(str, batch))
+    return f"the batches are mappings with keys {keys}, not the (x, y) pairs the default `forward_fn` reads: {fix}"
+
+
 def _default_forward(module: torch.nn.Module, batch) -> tuple:
+    refusal = mapping_batch_refusal(batch)
+    if refusal is not None:
+        raise ValueError(refusal)
     x, y = batch[0], batch[1]
     return module(x), y
 
@@ -170,8 +197,9 @@ def membership_losses_from_loader(
             attacks what the numbers are.
 
     Raises:
-        ValueError: both ``forward_fn`` and ``signal_fn``, or a batch whose losses are not one per example (e.g.
-            token logits ``[B·T, V]`` for ``B`` sequences), naming the fix.
+        ValueError: both ``forward_fn`` and ``signal_fn``, a batch whose losses are not one per example (e.g.
+            token logits ``[B·T, V]`` for ``B`` sequences), or mapping batches (a language model's) without either
+            (:func:`mapping_batch_refusal`), naming the fix.
 
     Returns:
         A float32/float64 CPU tensor of shape ``(num_examples,)``, in loader order.

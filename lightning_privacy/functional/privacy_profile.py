@@ -6,7 +6,7 @@ trained model and a data loader into the arrays it needs, in one vectorised pass
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import torch
 from torch import nn
@@ -78,6 +78,9 @@ def linear_head_inputs(
     Returns:
         ``(features (n, d) float64, labels (n,) int64)`` on the CPU.
 
+    Raises:
+        ValueError: no batches, or batches that are mappings (a language model's ``{"input_ids": ...}``).
+
     Example::
 
         >>> model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1, bias=False))
@@ -93,6 +96,11 @@ def linear_head_inputs(
     model.eval()
     try:
         for batch in batches:
+            if isinstance(batch, Mapping):  # e.g. a language model's {"input_ids": ..., "attention_mask": ...}
+                raise ValueError(
+                    f"the privacy profile reads batches of (x, y) rows of a logistic-regression head, but got a mapping "
+                    f"with keys {sorted(map(str, batch))}: it does not apply to a language model's sequences"
+                )
             x, y = batch[0], batch[1]
             model(x.to(device))
             labels.append(torch.as_tensor(y).reshape(-1).cpu())

@@ -20,11 +20,15 @@ counts every token of a sequence as another member, padding included, and is ref
 
 The callables take a batch that is a mapping with ``input_ids``, optionally ``attention_mask`` and ``labels``
 (default: ``input_ids``; ``-100`` marks tokens to leave out, as in Hugging Face), and call the model as Hugging Face
-causal LMs are called, ``model(input_ids=..., attention_mask=...)`` (``.logits``, a tuple or a tensor back).
+causal LMs are called, ``model(input_ids=..., attention_mask=...)`` (``.logits``, a tuple or a tensor back). Without
+``attention_mask`` nothing is padding: a batch that holds the pad token id (the signal's ``pad_token_id``, else the
+model's ``config.pad_token_id``) then warns once, since the same sequence scores differently with more padding.
 """
 
 from __future__ import annotations
 
+import numbers
+import warnings
 from typing import Any, Mapping, Optional, Tuple
 
 import torch
@@ -164,6 +168,14 @@ def causal_lm_losses(
     return total if reduction == "sum" else total / counted.sum(dim=1)
 
 
+def _check_pad_token_id(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"Expected argument `pad_token_id` to be an int token id or None, but got {value!r}")
+    return int(value)
+
+
 def _batch_parts(batch: Any, who: str) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     if not isinstance(batch, Mapping) or "input_ids" not in batch:
         raise TypeError(
@@ -172,6 +184,38 @@ def _batch_parts(batch: Any, who: str) -> Tuple[Tensor, Optional[Tensor], Tensor
         )
     input_ids, attention_mask = batch["input_ids"], batch.get("attention_mask")
     return input_ids, attention_mask, batch.get("labels", input_ids)
+
+
+def _pad_token_id(model: Any, given: Optional[int]) -> Tuple[Optional[int], str]:
+    """The pad token id and where it came from: ``given``, else the first ``config.pad_token_id`` of ``model`` or one
+    of its submodules (a Hugging Face model, or a LightningModule holding one); ``(None, "")`` when unknown."""
+    if given is not None:
+        return int(given), "`pad_token_id`"
+    modules = model.modules() if isinstance(model, torch.nn.Module) else [model]
+    for module in modules:
+        pad = getattr(getattr(module, "config", None), "pad_token_id", None)
+        if isinstance(pad, int) and not isinstance(pad, bool):
+            return pad, "the model's `config.pad_token_id`"
+    return None, ""
+
+
+def _warn_unmasked_padding(signal: Any, model: Any, batch: Mapping[str, Any], who: str) -> None:
+    """Warn once per signal when ``batch`` holds the pad token id but no ``attention_mask``: padding then counts as
+    tokens (and the model attends to it), so a sequence's score depends on how much padding its batch added."""
+    if signal._warned_padding or batch.get("attention_mask") is not None:
+        return
+    pad, source = _pad_token_id(model, signal.pad_token_id)
+    input_ids = batch.get("input_ids")
+    if pad is None or not isinstance(input_ids, Tensor) or not bool((input_ids == pad).any()):
+        return
+    signal._warned_padding = True
+    warnings.warn(
+        f"{who}: the batch holds the pad token id {pad} (from {source}) but no `attention_mask`, so padding counts as "
+        "tokens and each sequence's score depends on how much padding its batch added (the batch size, its longest "
+        "sequence): put the tokenizer's `attention_mask` in the batch",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
@@ -194,12 +238,19 @@ class CausalLMSignal:
     which RMIA and LiRA form the sequence's likelihood ``Pr(x | θ) = exp(−mean × num_tokens)``; with
     ``reduction="sum"`` the summed loss ``−log Pr(x | θ)`` (kind ``"nll"``), which every attack reads as it is.
 
+    Padding is known from the batch's ``attention_mask``. A batch without one that holds the pad token id
+    (``pad_token_id``, else the model's ``config.pad_token_id`` as Hugging Face models have) warns once: its padding
+    then counts as tokens, and the same sequence scores differently in batches padded to different lengths.
+
     Args:
         reduction: ``"mean"`` (kind ``"mean_token_nll"``) or ``"sum"`` (kind ``"nll"``).
         ignore_index: the label of tokens left out (Hugging Face's ``-100``).
+        pad_token_id: the tokenizer's pad token id, for the warning above (default: the model's
+            ``config.pad_token_id``, if it has one).
 
     Raises:
         ValueError: an unknown ``reduction``.
+        TypeError: a ``pad_token_id`` that is not an int.
 
     Example::
 
@@ -219,10 +270,13 @@ class CausalLMSignal:
         'nll'
     """
 
-    def __init__(self, reduction: str = "mean", *, ignore_index: int = -100) -> None:
+    def __init__(
+        self, reduction: str = "mean", *, ignore_index: int = -100, pad_token_id: Optional[int] = None
+    ) -> None:
         if reduction not in ("mean", "sum"):
             raise ValueError(f"Expected argument `reduction` to be 'mean' or 'sum', but got {reduction!r}")
         self.reduction, self.ignore_index = reduction, int(ignore_index)
+        self.pad_token_id, self._warned_padding = _check_pad_token_id(pad_token_id), False
 
     @property
     def kind(self) -> str:
@@ -236,6 +290,7 @@ class CausalLMSignal:
 
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> Tensor:
         input_ids, attention_mask, labels = _batch_parts(batch, "causal_lm_signal")
+        _warn_unmasked_padding(self, model, batch, "causal_lm_signal")
         return causal_lm_losses(
             _logits(model, input_ids, attention_mask),
             labels,
@@ -262,9 +317,12 @@ class MinKPercentSignal:
     Args:
         k: the fraction of tokens, in (0, 1]; the paper's default is 0.2 (20%).
         ignore_index: the label of tokens left out.
+        pad_token_id: the tokenizer's pad token id: a batch holding it without ``attention_mask`` warns once, as
+            :class:`CausalLMSignal` does (default: the model's ``config.pad_token_id``, if it has one).
 
     Raises:
         ValueError: ``k`` outside (0, 1].
+        TypeError: a ``pad_token_id`` that is not an int.
 
     Example::
 
@@ -276,10 +334,11 @@ class MinKPercentSignal:
 
     kind = "score"
 
-    def __init__(self, k: float = 0.2, *, ignore_index: int = -100) -> None:
+    def __init__(self, k: float = 0.2, *, ignore_index: int = -100, pad_token_id: Optional[int] = None) -> None:
         if isinstance(k, bool) or not isinstance(k, (int, float)) or not 0.0 < float(k) <= 1.0:
             raise ValueError(f"Expected argument `k` to be a fraction in (0, 1], but got {k!r}")
         self.k, self.ignore_index = float(k), int(ignore_index)
+        self.pad_token_id, self._warned_padding = _check_pad_token_id(pad_token_id), False
 
     def losses(self, logits: Tensor, labels: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
         """``[B]``: −Min-K% of each sequence from its ``[B, T, V]`` logits."""
@@ -292,6 +351,7 @@ class MinKPercentSignal:
 
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> Tensor:
         input_ids, attention_mask, labels = _batch_parts(batch, "min_k_percent_signal")
+        _warn_unmasked_padding(self, model, batch, "min_k_percent_signal")
         return self.losses(_logits(model, input_ids, attention_mask), labels, attention_mask)
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_privacy.analysis import membership_attacks as attacks
@@ -167,3 +168,56 @@ def test_membership_audit_callback_audits_a_language_model_per_sequence(tmp_path
     assert audit.results["audit/rmia_auc"] == result.auc
     with pytest.raises(Exception, match=r"min_k_percent_signal|kind 'score'"):
         MembershipAudit(attack="lira", signal_fn=min_k_percent_signal)
+
+
+LM_FIX = r"mappings with keys \['attention_mask', 'input_ids'\].*pass `signal_fn=causal_lm_signal`"
+
+
+def test_every_audit_reading_a_language_models_batches_names_causal_lm_signal():
+    """The issue: `audit_membership` on mapping batches without `signal_fn` failed with `KeyError: 0`; Epsilon* and
+    the privacy profile read batches the same way."""
+    from lightning_privacy.audits import audit_epsilon_star, audit_privacy_profile
+    from lightning_privacy.models import LogisticRegressionModule
+
+    members, nonmembers = (
+        DataLoader(Sequences(32, seed=21), batch_size=16),
+        DataLoader(Sequences(32, 22), batch_size=16),
+    )
+    model = TinyLM()
+    with pytest.raises(ValueError, match=LM_FIX):
+        audit_membership(model, members, nonmembers, attack="loss")
+    with pytest.raises(ValueError, match=LM_FIX):
+        audit_epsilon_star(model, members, nonmembers)
+    result = audit_epsilon_star(model, members, nonmembers, signal_fn=causal_lm_signal, warn=False)
+    assert result.to_dict()["num_members"] == 32  # one loss per sequence
+    with pytest.raises(ValueError, match=r"privacy profile reads batches of \(x, y\) rows.*not apply to a language"):
+        audit_privacy_profile(LogisticRegressionModule(T), members, warn=False)
+
+
+def test_audit_callbacks_refuse_a_language_models_batches_without_a_signal_before_training():
+    """MembershipAudit found the missing `signal_fn` only at fit end, after training the model and its references."""
+    from lightning_privacy.callbacks.epsilon_star_audit import EpsilonStarAudit
+
+    members, nonmembers, population = Sequences(32, seed=31), Sequences(32, seed=32), Sequences(64, seed=33)
+    loaders = dict(member_dataloader=DataLoader(members, batch_size=16))
+    membership = MembershipAudit(
+        attack="rmia",
+        num_references=1,
+        population=DataLoader(population, batch_size=16),
+        nonmember_dataloader=DataLoader(nonmembers, batch_size=16),
+        model_factory=TinyLM,
+        log_figure=False,
+        **loaders,
+    )
+    epsilon_star = EpsilonStarAudit(population_dataloader=DataLoader(nonmembers, batch_size=16), **loaders)
+    for callback, who in ((membership, "MembershipAudit"), (epsilon_star, "EpsilonStarAudit")):
+        trainer = pl.Trainer(max_epochs=1, callbacks=[callback], **QUIET)
+        with pytest.raises(MisconfigurationException, match=rf"^{who}: the batches are {LM_FIX}"):
+            trainer.fit(TinyLM(), DataLoader(members, batch_size=16))
+        assert trainer.global_step == 0  # refused before the first step
+    assert membership.references is None  # and before any reference model trained
+    epsilon_star = EpsilonStarAudit(
+        population_dataloader=DataLoader(nonmembers, batch_size=16), signal_fn=causal_lm_signal, **loaders
+    )
+    pl.Trainer(max_epochs=1, callbacks=[epsilon_star], **QUIET).fit(TinyLM(), DataLoader(members, batch_size=16))
+    assert epsilon_star.result.to_dict()["num_members"] == 32
