@@ -90,6 +90,13 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def _zero_missing_grads(params: List[torch.Tensor]) -> None:
+    """A zero gradient for every parameter the backward pass left without one (an empty batch's step)."""
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+
+
 def _reduce(loss: torch.Tensor, loss_reduction: str) -> torch.Tensor:
     return loss.mean() if loss_reduction == "mean" else loss.sum()
 
@@ -409,11 +416,9 @@ class PerExampleBackward:
         self._empty_step = False
         if loss.requires_grad:
             self._original(loss, *args, **kwargs)
-        for param in self.trainable:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            if self.mode == "hooks":
-                param.grad_sample = param.new_zeros((0, *param.shape))
+        _zero_missing_grads(self.trainable)
+        for param in self.trainable if self.mode == "hooks" else ():
+            param.grad_sample = param.new_zeros((0, *param.shape))
         self.last_norms = loss.detach().new_zeros(0) if self.mode == "ghost" else None
 
     def _empty_sharded(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
@@ -425,7 +430,5 @@ class PerExampleBackward:
         if losses.requires_grad:  # as many backward passes (FSDP reduce-scatters) as a non-empty step on another rank
             self._original(losses.sum(), *args, retain_graph=True, **kwargs)
             self._original(losses.sum(), *args, **kwargs)
-        for param in params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
+        _zero_missing_grads(params)
         self.last_norms = losses.detach().new_zeros(0)

@@ -163,6 +163,8 @@ def remove_dp_hooks(dp: Any) -> None:
 
 def log_exactness(dp: Any, pl_module: pl.LightningModule) -> None:
     """Log ``dp/exactness_error``: the largest relative mismatch the exactness check found (the largest over ranks)."""
+    if not dp.exactness.steps:  # (nothing compared yet: FSDP2, or no step with examples)
+        return
     pl_module.log(
         names.DP_EXACTNESS_ERROR, dp.exactness.max_relative_error, on_step=False, on_epoch=True, sync_dist=True,
         reduce_fx="max",

@@ -95,9 +95,7 @@ class DPSGD(Callback):
             ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
             audit commands read them to load the weights into the user's class and to check the member set.
         accountant: the Opacus accountant of this run.
-        exactness: what the exactness check of the last fit compared (:class:`~._exactness.ExactnessRecord`: the
-            reference computation, steps and examples compared, the largest relative mismatch), also logged as
-            ``dp/exactness_error``.
+        exactness: what the last fit's exactness check compared (:class:`~._exactness.ExactnessRecord`), logged.
 
     Raises:
         MisconfigurationException: for inconsistent arguments, gradient accumulation, several
@@ -257,8 +255,7 @@ class DPSGD(Callback):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         _dpsgd_setup.check_steps_accounted(self, trainer)
-        if self.exactness.steps:
-            _dpsgd_setup.log_exactness(self, pl_module)
+        _dpsgd_setup.log_exactness(self, pl_module)
         if self.log_clipping:
             _dpsgd_setup.log_clipping(self, trainer, pl_module)
 
