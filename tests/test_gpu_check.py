@@ -1,0 +1,131 @@
+"""benchmarks/gpu_check.py cannot rot: its CPU smoke runs the same code on a tiny GPT-2 (under 2 minutes), and the
+report's GPU-only parts (peak memory, a run out of memory, missed goals) are rendered from made-up GPU numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+SECTIONS = (
+    "## CUDA-marked tests",
+    "## One optimizer step: plain vs DPSGD ghost (book-keeping) vs hooks",
+    "## Ratios against the issue's goals",
+    "## Noise generation",
+    "## Profiles",
+)
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cpu_smoke_runs_every_part_and_writes_the_report(tmp_path):
+    out, numbers = tmp_path / "gpu.md", tmp_path / "gpu.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--json", str(numbers)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    text, info = out.read_text(), json.loads(numbers.read_text())
+    assert text.startswith("# GPU check") and "CPU smoke" in text and "it measures nothing about a GPU" in text
+    assert all(section in text for section in SECTIONS)
+    assert info["smoke"] and info["device"] == "cpu" and info["seconds"] < 120
+    tests = info["tests"]  # the CUDA tests skip on the CPU, and nothing broke on the way
+    assert tests["skipped"] > 10 and tests["passed"] == tests["failed"] == tests["errors"] == 0 and not tests["notes"]
+    assert [(r["setting"], r["mode"]) for r in info["runs"]] == [
+        (s, m) for s in ("lora", "full") for m in ("plain", "ghost", "hooks")
+    ]
+    for run in info["runs"]:
+        assert run["batch"] == 4 and len(run["steps_ms"]) == info["scale"]["steps"] and min(run["steps_ms"]) > 0
+        assert all(len(v) == len(run["steps_ms"]) and min(v) > 0 for v in run["phases_ms"].values())
+        assert run["trainable"] > 0 and run["note"] == ""
+        assert (run["mode"] == "plain") != bool(run["profile"])  # one profiled step per DP run
+    assert [(q["setting"], q["mode"]) for q in info["ratios"]] == [
+        ("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "hooks"),
+    ]  # fmt: skip
+    for q in info["ratios"]:
+        assert math.isfinite(q["time"]) and q["time"] > 0 and not q["per_row"] and q["memory"] is None
+        assert (q["time_goal"] is None) == ((q["setting"], q["mode"]) == ("full", "hooks"))
+        assert f"| {q['mode']} ÷ plain, {q['setting']} | {q['time']:.2f}× |" in text
+    assert [n["ms"] > 0 for n in info["noise"]] == [True] * 4
+    assert "takes" in text and "of the plain step" in text  # the noise of one full step against the step
+    assert not info["failures"] and not info["skipped"]
+
+
+def test_a_cpu_run_never_writes_the_committed_results():
+    results = ROOT / "benchmarks" / "results" / "gpu.md"
+    before = results.read_bytes() if results.exists() else None
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out", str(results)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "never writes benchmarks/results/gpu.md" in done.stderr
+    assert (results.read_bytes() if results.exists() else None) == before
+
+
+def _run(setting, mode, batch, step, peak, note=""):
+    return {
+        "setting": setting, "mode": mode, "batch": batch, "steps_ms": [step, step * 1.1, step * 0.9] if step else [],
+        "phases_ms": {"forward": [step / 3] * 3, "backward": [step / 2] * 3, "optimizer": [step / 6] * 3} if step else {},
+        "peak_memory": peak, "trainable": 1000, "note": note,
+        "profile": [{"op": "aten::mm", "ms": 1.0, "share": 0.5, "calls": 3}] if mode != "plain" and step else [],
+    }  # fmt: skip
+
+
+def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal():
+    gpu_check = _script()
+    runs = [
+        _run("lora", "plain", 64, 100.0, 1000 * 2**20),
+        _run("lora", "ghost", 64, 105.0, 1100 * 2**20),  # 1.05×, +10 %: both goals met
+        _run("lora", "hooks", 64, 140.0, 1500 * 2**20),  # 1.4×: missed
+        _run("full", "plain", 64, 200.0, 4000 * 2**20),
+        _run("full", "ghost", 32, 118.0, 3000 * 2**20, note="out of memory at batch 64"),  # per row: 1.18×
+        _run("full", "hooks", 8, 0.0, None, note="out of memory at batch 64; …; out of memory at batch 16"),
+    ]
+    ratios = gpu_check.ratios([gpu_check.Run(**r) for r in runs])
+    by = {(q["setting"], q["mode"]): q for q in ratios}
+    assert set(by) == {("lora", "ghost"), ("lora", "hooks"), ("full", "ghost")}  # the failed run has no ratio
+    assert by["lora", "ghost"]["time"] == pytest.approx(1.05) and by["lora", "ghost"]["memory"] == pytest.approx(1.1)
+    assert by["lora", "ghost"]["time_met"] and by["lora", "ghost"]["memory_met"]
+    assert by["lora", "hooks"]["time_met"] is False and by["lora", "hooks"]["memory_met"] is None  # no memory goal
+    full = by["full", "ghost"]
+    assert full["per_row"] and full["time"] == pytest.approx(1.18) and full["memory"] is None
+    info = {
+        "smoke": False, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3 (79 GiB, 132 SMs)",
+        "date": "2026-11-27", "seconds": 300.0, "runs": runs, "ratios": ratios, "batches": {"lora": 64, "full": 64},
+        "skipped": [], "failures": ["noise rates failed: RuntimeError: x"],
+        "versions": {"torch": "2.11.0+cu130", "CUDA": "13.0", "python": "3.12.3", "lightning": "2.6.6",
+                     "opacus": "1.6.0", "transformers": "5.17.0", "peft": "0.18.0", "lightning_privacy": "0.2.0",
+                     "commit": "abc1234"},
+        "scale": vars(gpu_check.GPU) | {"model": {}},
+        "noise": [{"what": "draw", "numbers": 2**27, "ms": 1.0}],
+        "tests": {"commands": ["pytest -m cuda tests"], "passed": 19, "failed": 1, "errors": 0, "skipped": 0,
+                  "failures": ["tests.test_cuda::test_x"], "collection_errors": [], "notes": [], "tail": "E boom",
+                  "seconds": 60.0},
+    }  # fmt: skip
+    text = gpu_check.report(info)
+    assert "CPU smoke" not in text and "NVIDIA H100 80GB HBM3" in text and "torch 2.11.0+cu130, CUDA 13.0" in text
+    assert "19 passed, 1 failed" in text and "- failed: `tests.test_cuda::test_x`" in text and "E boom" in text
+    assert "| peak memory ghost ÷ plain, lora | 1.10× (+10 %) | ≤ 1.15× (+15%) | yes |" in text
+    assert "| hooks ÷ plain, lora | 1.40× | ≤ 1.3× | **no** |" in text
+    assert "| ghost ÷ plain, full (per row: another batch) | 1.18× | ≤ 1.2× | yes |" in text
+    assert "| peak memory ghost ÷ plain, full | n/a |" in text
+    assert "Missed: hooks lora." in text
+    assert "| full | hooks | 1,000 | 8 | — |" in text and "out of memory at batch 16" in text
+    assert "| 1,000 | 64 | 100.000 | 1.5625 |" in text and "| 1,100 |" in text  # MiB
+    assert "## Failures" in text and "noise rates failed" in text
+    assert "one step's noise for full fine-tuning (1,000 coordinates)" in text
