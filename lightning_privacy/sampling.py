@@ -208,6 +208,9 @@ class PoissonDataLoader(DataLoader):
     Empty batches have the structure of a collated batch (tensors of zero rows in the same tuples, lists and dicts:
     :func:`empty_batch_like`), whether or not a non-empty batch came first, for tuple and dict examples alike (Opacus'
     ``wrap_collate_with_empty`` failed on an empty first batch of dict examples, as a tokenizer gives).
+    ``placeholder`` is the dataset's first example collated alone (one row): what a sharded module (FSDP2) runs
+    with its loss multiplied by zero when this rank's batch is empty, since every rank must join the module's
+    collectives (see :class:`~lightning_privacy.DPSGD`).
     """
 
     def __init__(self, loader: DataLoader, batch_sampler: PoissonBatchSampler) -> None:
@@ -230,6 +233,7 @@ class PoissonDataLoader(DataLoader):
         super().__init__(loader.dataset, batch_sampler=batch_sampler, collate_fn=collate, generator=generator, **kwargs)
         self.sample_rate = batch_sampler.sample_rate
         self.original = loader
+        self.placeholder = collate.placeholder
 
 
 class _CollateWithEmpty:
@@ -237,7 +241,8 @@ class _CollateWithEmpty:
 
     def __init__(self, collate: Callable[[List[Any]], Any], example: Any) -> None:
         self.collate = collate
-        self.empty = empty_batch_like(collate([example]))
+        self.placeholder = collate([example])
+        self.empty = empty_batch_like(self.placeholder)
 
     def __call__(self, rows: List[Any]) -> Any:
         return self.collate(rows) if rows else self.empty

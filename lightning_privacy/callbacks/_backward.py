@@ -28,8 +28,11 @@ optimizer step, naming the parameter (nothing is trained through a disagreement)
 Empty Poisson batches never reach the module (on one process and under DDP): ``training_step`` is not called, the
 step's gradient is zero for every parameter (a backward pass of ``0 · Σ p`` so that DDP's reducer sees every
 parameter), and the DP optimizer adds the noise: the noise-only update the accountant counts as one step. Under FSDP2
-every rank must join the reduce-scatters of the module's backward, so an empty batch runs through the module with
-Opacus' hooks off (a module must accept a batch of zero rows there).
+every rank must join the all-gathers and reduce-scatters of the module's forward and backward, so a rank whose batch
+is empty runs the module, with Opacus' hooks off, on a placeholder row (the dataset's first example,
+:attr:`~lightning_privacy.sampling.PoissonDataLoader.placeholder`) whose loss is multiplied by zero: its gradient is
+exactly zero (a non-finite placeholder loss stops the fit), so the rank adds no example and the step is as noisy as
+any other. A ``training_step`` that logs its loss logs the placeholder's on such a step.
 ``LightningModule.backward`` is the documented hook for "perform backward on the loss returned in training_step";
 DPSGD replaces it (and wraps ``training_step``) on the instance for one fit.
 """
@@ -165,7 +168,7 @@ class PerExampleBackward:
             self.bookkeeping = keeper if keeper.supported else None
             if not keeper.supported:
                 keeper.remove()
-        self._skipping = False  # FSDP2: this batch is empty and runs through the module with the hooks off
+        self._skipping = False  # FSDP2: this batch is empty; the placeholder row runs with the hooks off
         self._empty_step = False  # one process / DDP: this batch is empty and skipped the module
         self.last_rows: Optional[int] = None  # this batch's examples, from the batch itself
         self._original = pl_module.backward
@@ -180,24 +183,20 @@ class PerExampleBackward:
         """The module's ``training_step``, its ``"per_example_loss"`` put where Lightning takes the loss from; an
         empty batch does not reach it (see the module docstring)."""
         batch = args[0] if args else kwargs.get("batch")
-        self.last_rows = batch_rows(batch)
-        self._empty_step = not self.sharded and is_empty_batch(batch)
+        empty = is_empty_batch(batch)
+        self._empty_step = empty and not self.sharded
         if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
+            self.last_rows = 0
             return {"loss": torch.stack([p.sum() for p in self.trainable]).sum() * 0.0}
+        if empty:  # FSDP2: the placeholder row, whose loss _empty_sharded multiplies by zero
+            batch = self._placeholder()
+            args, kwargs = ((batch, *args[1:]), kwargs) if args else (args, {**kwargs, "batch": batch})
+        self.last_rows = batch_rows(batch)
         try:
             out = self._original_step(*args, **kwargs)
         except NotImplementedError as err:
             if self.mode == "ghost" and "Parameter tying is not supported" in str(err):
                 raise MisconfigurationException(self._called_twice_message()) from err
-            raise
-        except Exception as err:
-            if self.sharded and is_empty_batch(batch):
-                raise MisconfigurationException(
-                    f"DPSGD under FSDP2: {type(self.pl_module).__name__} failed on an empty Poisson batch ({err}), "
-                    "which runs through the module because every rank must join FSDP's reduce-scatters, so make the "
-                    "forward pass accept a batch of zero rows or raise the expected batch per rank (the loader's "
-                    "batch_size) until empty batches are rare enough."
-                ) from err
             raise
         self._check_train_mode()
         if isinstance(out, dict) and PER_EXAMPLE_LOSS in out:
@@ -209,6 +208,18 @@ class PerExampleBackward:
                 )
             out = {**out, "loss": losses}
         return out
+
+    def _placeholder(self) -> Any:
+        """FSDP2: the train loader's placeholder (its dataset's first example, one row), on the module's device."""
+        trainer = self.pl_module.trainer
+        placeholder = getattr(trainer.train_dataloader, "placeholder", None)
+        if placeholder is None:
+            raise MisconfigurationException(
+                "DPSGD under FSDP2: this rank's Poisson batch is empty and the train loader has no placeholder row "
+                f"to run the sharded module on (got a {type(trainer.train_dataloader).__name__}, not DPSGD's "
+                "PoissonDataLoader)."
+            )
+        return trainer.strategy.batch_to_device(placeholder)
 
     def _called_twice_message(self) -> str:
         """Ghost mode: the layer Opacus found called twice (its recorded inputs), named."""
@@ -422,13 +433,21 @@ class PerExampleBackward:
         self.last_norms = loss.detach().new_zeros(0) if self.mode == "ghost" else None
 
     def _empty_sharded(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
-        if losses.numel():
+        """FSDP2, an empty batch: the placeholder row's loss times zero, backward as often as a non-empty step on
+        another rank (its FSDP reduce-scatters), so this rank adds an exactly zero gradient and no example."""
+        if losses.numel() != 1 or not bool(torch.isfinite(losses.detach()).all()):
             raise MisconfigurationException(
-                f"DPSGD(grad_sample_mode='ghost'): the batch looked empty but `training_step` returned "
-                f"{losses.numel()} per-example losses."
+                "DPSGD under FSDP2: this rank's Poisson batch was empty, and the placeholder row it runs the sharded "
+                f"module on (the dataset's first example, loss multiplied by zero) gave the loss(es) "
+                f"{losses.detach().flatten().tolist()[:4]}; one finite loss is needed for its gradient to be exactly "
+                "zero."
             )
-        if losses.requires_grad:  # as many backward passes (FSDP reduce-scatters) as a non-empty step on another rank
-            self._original(losses.sum(), *args, retain_graph=True, **kwargs)
-            self._original(losses.sum(), *args, **kwargs)
+        zero = losses.sum() * 0.0
+        if zero.requires_grad:
+            self._original(zero, *args, retain_graph=True, **kwargs)
+            for param in params:  # the first pass's reduce-scatter left the other ranks' unclipped sum in this shard
+                param.grad = None
+            self._original(zero, *args, **kwargs)
         _zero_missing_grads(params)
         self.last_norms = losses.detach().new_zeros(0)
+        self.last_rows = 0  # no example of this step's batch

@@ -75,21 +75,38 @@ def test_the_padding_row_of_llamas_embedding_gets_no_gradient_in_a_full_fine_tun
     assert len(rows) == 4 and all(torch.count_nonzero(r) == 0 for r in rows)  # Opacus alone: nonzero (padded rows)
 
 
-def _ddp_worker(kind, lora, mode):
+class _ShardedCausalLM(TinyCausalLM):
+    """Lightning's FSDP2 convention: ``configure_model`` shards each transformer block, then the whole model."""
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for module in self.model.modules():
+            if type(module).__name__ in ("GPT2Block", "LlamaDecoderLayer"):
+                fully_shard(module, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+def _ddp_worker(kind, lora, mode, fsdp=False, sigma=1.0, batch=2):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
     torch.set_num_threads(1)
     pl.seed_everything(0)
-    model = TinyCausalLM(kind, lora)
-    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=5)
+    model = (_ShardedCausalLM if fsdp else TinyCausalLM)(kind, lora)
+    dpsgd = DPSGD(noise_multiplier=sigma, grad_sample_mode=mode, sampling_seed=5, noise_seed=5)
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t = _trainer(dpsgd, strategy="ddp", devices=2, use_distributed_sampler=False)
-        t.fit(model, DataLoader(PaddedSequences(64), batch_size=2))  # ~1 row per rank per step
+        t = _trainer(dpsgd, strategy=strategy, devices=2, use_distributed_sampler=False)
+        t.fit(model, DataLoader(PaddedSequences(64), batch_size=batch))  # batch 2: ~1 row per rank per step
+    trained = [(n, p.detach()) for n, p in model.named_parameters() if p.requires_grad]
     return {
         "steps": dpsgd.steps,
         "global_step": t.global_step,
         "rows": model.rows_seen,
         "checked": dpsgd.exactness.steps,
-        "weights": torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad]),
+        "weights": torch.cat([(p.full_tensor() if fsdp else p).flatten() for _, p in trained]),
     }
 
 
@@ -103,3 +120,23 @@ def test_under_ddp_empty_local_batches_never_reach_the_model(tmp_path, kind, lor
     assert all(len(r["rows"]) < 32 and min(r["rows"]) > 0 for r in ranks)  # each rank skipped its empty batches
     assert all(r["checked"] == 2 for r in ranks)
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # the ranks stayed in step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "lora"), [("gpt2", True), ("llama", False)])
+def test_under_fsdp2_an_empty_rank_adds_nothing_and_empty_batches_never_reach_the_model(tmp_path, kind, lora):
+    """FSDP2: a rank whose batch is empty runs the placeholder row with its loss times zero (every rank joins the
+    module's collectives); the fit takes the same steps on the same batches as DDP, which skips the model, and ends
+    at DDP's weights (σ tiny: the noise, drawn on sharded parameters, differs between the two strategies)."""
+    kwargs = dict(kind=kind, lora=lora, mode="ghost", sigma=1e-6)
+    fsdp = run_ddp("tests.callbacks.test_dpsgd_language_models:_ddp_worker", tmp_path / "fsdp", fsdp=True, **kwargs)
+    ddp = run_ddp("tests.callbacks.test_dpsgd_language_models:_ddp_worker", tmp_path / "ddp", **kwargs)
+    assert [r["steps"] for r in fsdp] == [r["global_step"] for r in fsdp] == [32, 32]
+    for f, d in zip(fsdp, ddp):
+        assert min(f["rows"]) > 0  # no batch of zero rows reached the model
+        real = d["rows"]  # DDP's training_step calls: the rank's non-empty batches (DDP skips the model otherwise)
+        assert len(real) < 32 and len(f["rows"]) == 32  # FSDP2 ran every step, the empty ones on one placeholder row
+        assert f["rows"].count(1) >= 32 - len(real)
+        # an empty rank's shard once kept the other ranks' unclipped first-pass sum (6e-4 away from DDP after 32 steps)
+        torch.testing.assert_close(f["weights"], d["weights"], atol=1e-5, rtol=0)
+    assert torch.equal(fsdp[0]["weights"], fsdp[1]["weights"])
