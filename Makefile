@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint format docs browser benchmarks clean
+.PHONY: install demo test test-fast lint format docs browser benchmarks gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not slow"
+
+# The GPU check (issue 40, benchmarks/gpu_check.py): the CUDA tests, then plain vs DP-SGD steps of GPT-2, into
+# benchmarks/results/gpu.md. Without CUDA it is the CPU smoke, into a temporary file. A GPU machine needs no venv here
+# (python3 with torch, transformers, peft and Opacus; the script's docstring says what to carry).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 # Debian's Chromium for the browser tests (TensorBoard page, HTML report); they are skipped where it is missing.
 browser:
