@@ -113,7 +113,7 @@ GPU = Scale(model={}, seq=256, first_batch=16, max_batch=256, warmup=3, steps=5,
             tests=[["-m", "cuda", "tests"], ARCHITECTURES_ON_CUDA], test_timeout=240.0, budget=400.0)  # fmt: skip
 SMOKE = Scale(model=dict(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=63,
                          eos_token_id=63), seq=16, first_batch=2, max_batch=4, warmup=3, steps=3, noise_numbers=2**18,
-              tests=[["-m", "cuda", "tests/test_cuda.py"]], test_timeout=60.0, budget=100.0, lora_rank=4)  # fmt: skip
+              tests=[["-m", "cuda", "tests/test_cuda.py"]], test_timeout=60.0, budget=240.0, lora_rank=4)  # fmt: skip
 
 
 @dataclass
