@@ -1,7 +1,7 @@
 """lightning_privacy: measurable privacy risk inside PyTorch Lightning training.
 
-The callbacks are re-exported here lazily, so ``import lightning_privacy.analysis`` stays free of
-torch and lightning.
+The callbacks and :func:`~lightning_privacy.statement.privacy_statement` are re-exported here lazily, so
+``import lightning_privacy.analysis`` stays free of torch and lightning.
 """
 
 from importlib import import_module
@@ -22,12 +22,18 @@ _CALLBACKS = {
     "MembershipAudit": "lightning_privacy.callbacks.membership_audit",
 }
 
-__all__ = ["__version__", *_CALLBACKS]
+_FUNCTIONS = {
+    "privacy_statement": "lightning_privacy.statement",
+}
+
+__all__ = ["__version__", *_CALLBACKS, *_FUNCTIONS]
 
 
 def __getattr__(name: str) -> Any:
     if name in _CALLBACKS:
         return getattr(import_module(_CALLBACKS[name]), name)
+    if name in _FUNCTIONS:
+        return getattr(import_module(_FUNCTIONS[name]), name)
     raise AttributeError(f"module 'lightning_privacy' has no attribute {name!r}")
 
 

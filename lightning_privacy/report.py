@@ -3,9 +3,10 @@
 :func:`privacy_report` returns Markdown, one section per callback in ``trainer.callbacks`` that provides one (its
 ``report_section(trainer)``, :mod:`lightning_privacy.reporting`: this module knows no callback or audit class), each
 value with a one-line plain-language meaning; approximate values (closed
-forms, estimates) are marked as such. :func:`privacy_report_html` returns the same sections as one
-self-contained HTML page with the figures embedded (base64 PNG): β* per epoch with the budget and the
-TPR–FPR region, the Epsilon* histograms and fits, the PANORAMIA curves, the privacy profile with its most
+forms, estimates) are marked as such. The last section is the run's privacy statement for release
+(:mod:`lightning_privacy.statement`: the same one ``lightning-privacy statement`` gives for a checkpoint).
+:func:`privacy_report_html` returns the same sections as one self-contained HTML page with the figures embedded
+(base64 PNG): β* per epoch with the budget and the TPR–FPR region, the Epsilon* histograms and fits, the PANORAMIA curves, the privacy profile with its most
 exposed rows, the canary audit's theory-vs-practice chart, the membership attack's log–log ROC inside the
 accountant's region, β*_AI per epoch and, on log–log axes, the region DP-SGD's accountant allows any membership
 attack. :func:`log_privacy_report` writes the Markdown
@@ -94,7 +95,10 @@ def _contributors() -> List[str]:
 
 
 def _sections(trainer: pl.Trainer) -> List[ReportSection]:
-    """Every callback's section (those with a ``report_section``), by ``report_order`` then in the Trainer's order."""
+    """Every callback's section (those with a ``report_section``), by ``report_order`` then in the Trainer's order,
+    and last the run's privacy statement (:func:`lightning_privacy.statement.privacy_statement`)."""
+    from lightning_privacy.statement import privacy_statement
+
     found = []
     for cb in trainer.callbacks:
         make = getattr(cb, "report_section", None)
@@ -105,7 +109,10 @@ def _sections(trainer: pl.Trainer) -> List[ReportSection]:
         raise ValueError(
             f"No privacy callback in trainer.callbacks: add one of {', '.join(_contributors())} to get a report."
         )
-    return [section for _, section in sorted(found, key=lambda pair: pair[0])]
+    return [
+        *(section for _, section in sorted(found, key=lambda pair: pair[0])),
+        privacy_statement(trainer).report_section(),
+    ]
 
 
 def _header(trainer: pl.Trainer) -> str:

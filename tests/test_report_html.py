@@ -164,6 +164,7 @@ def test_html_has_every_markdown_number_and_meaning(fitted):
         "Budget stopping",
         "Epsilon* audit",
         "One-run canary audit",
+        "Privacy statement",  # lightning_privacy.statement: the same statement as `lightning-privacy statement`
     ]
     monitor, canary = t.callbacks[1], t.callbacks[4]
     assert (
@@ -236,7 +237,7 @@ def test_chromium_dom_has_the_images(fitted, tmp_path):
     _, _, html_path, _ = fitted
     dom = _chromium("--dump-dom", html_path.as_uri()).stdout
     page = _parse(dom)
-    assert "Privacy report" in dom and len(page.h2) == 5
+    assert "Privacy report" in dom and len(page.h2) == 6
     assert len(page.images) == 4
     for img in page.images:
         _png(img["src"])

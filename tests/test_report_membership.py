@@ -152,11 +152,11 @@ def test_figures_draw_what_they_say(fitted):
 
 
 def test_a_run_without_these_callbacks_is_unchanged(tmp_path):
-    """Only DPSGD: the Markdown has the DP-SGD section only; the HTML adds just the log-log region."""
+    """Only DPSGD: the Markdown has the DP-SGD section and the statement only; the HTML adds just the log-log region."""
     t = trainer([DPSGD(noise_multiplier=1.5)], tmp_path, max_epochs=1)
     t.fit(tiny_module(), datamodule=TinyDataModule())
     report = privacy_report(t)
-    assert report.count("\n## ") == 1 and TITLE not in report and "β*_AI" not in report
+    assert report.count("\n## ") == 2 and TITLE not in report and "β*_AI" not in report
     page = _parse(privacy_report_html(t))
-    assert page.h2 == ["DP-SGD"]
+    assert page.h2 == ["DP-SGD", "Privacy statement"]
     assert [img["alt"][:40] for img in page.images] == ["The region DP-SGD's accountant allows ev"]
