@@ -7,7 +7,8 @@ that would break the budget (the trainer is allowed one epoch more than planned 
 about a minute on a 2-core CPU; TensorBoard logs go to ``--logdir``, the privacy report
 (:mod:`lightning_privacy.report`) to ``privacy_report.md`` in the run's log folder, and beside it
 ``privacy_report.html``: one self-contained page with the figures (β* per epoch with the budget, the
-TPR–FPR region), to open in a browser or attach to a review.
+TPR–FPR region), to open in a browser or attach to a review. The trained model is saved as ``final.ckpt`` in the same
+folder, with DPSGD's ledger: ``lightning-privacy statement`` prints its privacy statement for release.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     )
     start = time.perf_counter()
     trainer.fit(model, datamodule=datamodule)
+    checkpoint = Path(logger.log_dir) / "final.ckpt"  # the trained model with DPSGD's ledger: its privacy statement
+    trainer.save_checkpoint(checkpoint)
     test_acc = float(trainer.test(model, datamodule=datamodule, verbose=False)[0]["test_acc"])
     elapsed = time.perf_counter() - start
 
@@ -109,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     page_path.write_text(privacy_report_html(trainer), encoding="utf-8")
     print(f"Privacy report:   {report_path}")
     print(f"... as one page:  {page_path}  (figures embedded; open it in a browser)")
+    print(f"Checkpoint:       {checkpoint}")
+    print(f"Its statement:    lightning-privacy statement {checkpoint}")
     print(f"TensorBoard logs: {logger.log_dir}")
     print(f"Open them with:   tensorboard --logdir {args.logdir}")
     return 0

@@ -1,0 +1,59 @@
+"""``lightning-privacy statement CHECKPOINT``: a model's privacy statement for release, from its checkpoint alone.
+
+Reads the checkpoint with ``torch.load(weights_only=True)`` (no model class, nothing in the file runs) and prints
+:func:`lightning_privacy.statement.privacy_statement`: the DP-SGD mechanism (σ, q, steps, C, δ, accountant and
+relation, whether the sampling and the noise were secret, gradient mode, training set size), ε, β*_MIA and the TPR
+bounds at FPR 0.001 / 0.01 / 0.1, the audits the checkpoint holds with their verdicts, the versions, and what the
+numbers do not cover. ``--json`` prints it as one JSON object (stable keys, ``format_version``), ``--markdown`` as a
+model card's section with its YAML metadata block (Hugging Face's README.md); the default is text for a terminal.
+
+Exit status: 0 with the statement, also for a checkpoint without DP-SGD (the statement then says there is no
+guarantee and states no ε); 3 for that checkpoint under ``--require-dp`` (for release pipelines); 2 for a missing or
+unreadable file, named in one ``error:`` line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+NAME = "statement"
+HELP = "A checkpoint's privacy statement for release: mechanism, ε, β*_MIA, TPR bounds, audits, versions."
+NO_DP_STATUS = 3  # --require-dp and the checkpoint holds no DP-SGD step
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="a Lightning checkpoint (.ckpt) of the model")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="print the statement as one JSON object")
+    form.add_argument(
+        "--markdown", action="store_true", help="print a model card's Markdown section with its YAML metadata block"
+    )
+    parser.add_argument(
+        "--require-dp",
+        action="store_true",
+        help=f"exit with status {NO_DP_STATUS} (after printing the statement) when the checkpoint has no DP-SGD step",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from lightning_privacy.statement import privacy_statement
+
+    try:
+        statement = privacy_statement(args.checkpoint)
+    except (OSError, ValueError) as err:
+        print(f"lightning-privacy statement: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(statement.to_json())
+    elif args.markdown:
+        print(statement.to_markdown(), end="")
+    else:
+        print(statement.to_text())
+    if args.require_dp and not statement.differentially_private:
+        print(
+            f"lightning-privacy statement: error: --require-dp: {args.checkpoint} holds no DP-SGD step",
+            file=sys.stderr,
+        )
+        return NO_DP_STATUS
+    return 0
