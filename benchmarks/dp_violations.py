@@ -262,8 +262,8 @@ def trained_all(case, seed: int, claim: Claim, audit: str, refs: Any = None) -> 
 
     from lightning_privacy import DPSGD, CanaryAudit
     from lightning_privacy.audits import audit_membership
+    from lightning_privacy.dpsgd.sampling import PoissonBatchSampler
     from lightning_privacy.models import TabularMLP
-    from lightning_privacy.sampling import PoissonBatchSampler
 
     key, _, sigma, value, repeat, _ = case
 

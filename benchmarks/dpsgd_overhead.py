@@ -63,9 +63,9 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_privacy import DPSGD
-    from lightning_privacy.callbacks import _optimizers
-    from lightning_privacy.callbacks._backward import PerExampleBackward
-    from lightning_privacy.callbacks._self_checks import SelfChecks
+    from lightning_privacy.dpsgd import optimizers as _optimizers
+    from lightning_privacy.dpsgd.backward import PerExampleBackward
+    from lightning_privacy.dpsgd.self_checks import SelfChecks
     from lightning_privacy.ledger import PrivacyLedger
 
     warnings.filterwarnings("ignore")

@@ -20,7 +20,7 @@ On a CUDA machine, in about 5–8 minutes, it
    exactly one batch, so DPSGD's Poisson sampling has rate q = 1 and every step has the same rows as the plain one.
    One extra step of each DP run is profiled (``torch.profiler``: the operations that cost most device time). The
    noise generation rate is the Gaussian numbers per second drawn with the generator of
-   :class:`lightning_privacy.noise.NoiseSource` (the generator's creation timed apart), and Opacus' secure-mode draw;
+   :class:`lightning_privacy.dpsgd.noise.NoiseSource` (the generator's creation timed apart), and Opacus' secure-mode draw;
 3. writes ``benchmarks/results/gpu.md``: the device, torch, CUDA and package versions, the tests' counts, the table,
    the ratios ghost ÷ plain, hooks ÷ plain and the peak-memory ratios beside the issue's goals (ghost ÷ plain ≤ 1.2×
    full, ≤ 1.1× LoRA; hooks ÷ plain ≤ 1.3× LoRA; ghost's extra peak memory ≤ 15 % of plain's), the noise rates and
@@ -460,7 +460,7 @@ def noise_rates(device: str, numbers: int, repeats: int = 5) -> List[Dict[str, A
     """Gaussian numbers per second from NoiseSource's generator, its creation time, and Opacus' secure draw."""
     import torch
 
-    from lightning_privacy.noise import NoiseSource
+    from lightning_privacy.dpsgd.noise import NoiseSource
 
     out = torch.empty(numbers, device=device)
     rows = []

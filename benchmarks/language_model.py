@@ -40,8 +40,9 @@ sys.path.insert(0, str(ROOT / "examples"))
 import dp_lora_language_model as lm  # noqa: E402
 
 from lightning_privacy import DPSGD  # noqa: E402
-from lightning_privacy.audits import audit_membership, train_references  # noqa: E402
+from lightning_privacy.audits import audit_membership  # noqa: E402
 from lightning_privacy.functional.sequence_loss import causal_lm_signal, min_k_percent_signal  # noqa: E402
+from lightning_privacy.references import train_references  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)

@@ -32,8 +32,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD
-from lightning_privacy.audits import audit_membership, train_references
+from lightning_privacy.audits import audit_membership
 from lightning_privacy.models import TabularMLP
+from lightning_privacy.references import train_references
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)

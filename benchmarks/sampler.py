@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_privacy.sampling import PoissonBatchSampler
+from lightning_privacy.dpsgd.sampling import PoissonBatchSampler
 
 CASES = [(10**6, 1024 / 10**6), (10**7, 1024 / 10**7), (5 * 10**7, 1024 / (5 * 10**7)), (10**8, 1e-5)]
 RANK, WORLD = 1, 4

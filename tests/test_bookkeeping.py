@@ -10,8 +10,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_privacy import DPSGD, bookkeeping
-from lightning_privacy.bookkeeping import BookKeeping
+from lightning_privacy import DPSGD
+from lightning_privacy.dpsgd import bookkeeping
+from lightning_privacy.dpsgd.bookkeeping import BookKeeping
 
 
 class _Text(nn.Module):

@@ -20,11 +20,11 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from lightning_privacy import DPSGD, AttributeInferenceMonitor, CanaryAudit
-from lightning_privacy.bookkeeping import BookKeeping
+from lightning_privacy.dpsgd.bookkeeping import BookKeeping
+from lightning_privacy.dpsgd.noise import NoiseSource
 from lightning_privacy.functional.attribute_sensitivity import attribute_sensitivity, sensitivity_rounding_allowance
 from lightning_privacy.functional.attributes import SensitiveAttribute
 from lightning_privacy.models import TabularMLP
-from lightning_privacy.noise import NoiseSource
 from tests.callbacks._architectures import PerExampleLoss
 from tests.callbacks._tiny import D, tiny_dataset, tiny_loader
 from tests.callbacks._tiny import trainer as cpu_trainer

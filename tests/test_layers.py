@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "lightning_privacy"
 
 # Lower layers first; a module may import its own layer and any layer before it (see docs/architecture.md).
-LAYERS = ["analysis", "functional", "metrics", "audits", "callbacks", "commands"]
+LAYERS = ["analysis", "functional", "metrics", "dpsgd", "audits", "callbacks", "commands"]
 
 # The modules at the package's top level, each in the lowest layer its imports allow: "analysis" imports neither
 # torch nor Lightning nor Opacus, "functional" may (torch, Opacus, a LightningModule), and a module that imports a
@@ -23,14 +23,16 @@ TOP_LEVEL = {
     "attribute_ledger": "analysis",  # β*_AI's composition (analysis.composition)
     "_compat": "functional",  # private Lightning / Opacus / torch APIs
     "attributes": "functional",  # SensitiveAttribute (torch)
-    "bookkeeping": "functional",  # ghost clipping's one-pass clipped sum (torch, Opacus)
-    "sampling": "functional",  # Poisson masks (torch)
-    "noise": "functional",  # NoiseSource (torch)
+    "bookkeeping": "dpsgd",  # re-exports dpsgd.bookkeeping
+    "sampling": "dpsgd",  # re-exports dpsgd.sampling
+    "noise": "dpsgd",  # re-exports dpsgd.noise
+    "figures": "audits",  # the callbacks' matplotlib figures (the audits' region and ROC axes)
+    "statement": "callbacks",  # the privacy statement of a run or checkpoint
     "ledger": "functional",  # PrivacyLedger (Opacus accountants)
     "claims": "functional",  # Claim (the ledger)
     "checkpoints": "functional",  # load_checkpoint (Opacus fixers, the ledger)
     "models": "functional",  # TabularMLP (a LightningModule)
-    "references": "callbacks",  # re-exports callbacks.references (Lightning and DP-SGD)
+    "references": "callbacks",  # reference models trained by a Trainer, with DPSGD where asked
     "report": "callbacks",  # the privacy report (reads callbacks._audit_utils)
     "cli": "commands",  # the console script
 }
@@ -122,19 +124,130 @@ def test_top_level_modules_import_only_downwards():
     assert not wrong, "\n".join(wrong)
 
 
-def test_commands_import_only_the_references_of_callbacks():
-    """Commands call the package's functions, not its callbacks, with one exception: ``audit membership`` trains DP
-    reference models for the CLI, which needs DP-SGD, so commands may import ``lightning_privacy.callbacks.references``
-    (and nothing else from callbacks)."""
-    allowed = {"lightning_privacy.callbacks.references"}
+def test_commands_import_no_callback_module():
+    """Commands call the package's functions, not its callbacks: DP reference models for ``audit membership`` come
+    from :mod:`lightning_privacy.references`."""
     wrong = [
         f"{path.relative_to(PACKAGE)} imports {name}"
         for path, tree in _modules()
         if _layer(path) == "commands"
         for name in _imports(tree)
-        if name.startswith("lightning_privacy.callbacks") and name not in allowed
+        if name.startswith("lightning_privacy.callbacks")
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph():
+    """Module → the package's modules it imports, at the top or inside a function, and the modules a package's
+    ``__getattr__`` names as strings (its lazy exports). Importing a module runs its parent packages first, so an
+    edge to an ancestor package (``from lightning_privacy.data import adult`` inside ``data/``) is not a choice the
+    module made and is left out."""
+    modules = {_module_name(path): tree for path, tree in _modules()}
+    graph = {}
+    for name, tree in modules.items():
+        targets = {t for t in _imports(tree) if t in modules}
+        targets |= {
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in modules
+        }
+        ancestors = {name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)}
+        graph[name] = targets - {name} - ancestors
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    """No circle in the import graph (Tarjan's strongly connected components of more than one module)."""
+    graph, index, low, stack, on_stack, circles = _import_graph(), {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, circles
+    assert "lightning_privacy.dpsgd.backward" in graph  # (the graph is the package's)
+
+
+def test_lower_layers_neither_import_nor_lazily_export_the_callbacks():
+    """analysis/, functional/, metrics/, dpsgd/ and audits/ name no module of callbacks/ or commands/ (imports and
+    lazy-export strings alike), nor a top-level module above them."""
+    graph = _import_graph()
+    wrong = [
+        f"{source} → {target}"
+        for source, targets in graph.items()
+        if _imported_layer(source) in ("analysis", "functional", "metrics", "dpsgd", "audits")
+        for target in targets
+        if _above(target, _imported_layer(source))
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert graph["lightning_privacy.audits"] == set(graph["lightning_privacy.audits"]) - {
+        "lightning_privacy.references"
+    }
+
+
+# The engine's modules that meet the Trainer (its strategies, loaders, hooks and callbacks list); the others import
+# from Lightning at most the MisconfigurationException that users catch, and the pure ones not even that.
+ENGINE_TRAINER = {"backward", "install", "loaders", "run", "self_checks", "settings", "state", "strategies"}
+ENGINE_EXCEPTION_ONLY = {"checks", "exactness", "noise_check"}
+
+
+def test_the_engine_meets_lightning_only_where_it_meets_the_trainer():
+    engine = sorted(p.stem for p in (PACKAGE / "dpsgd").glob("*.py") if p.stem != "__init__")
+    assert set(engine) >= ENGINE_TRAINER | ENGINE_EXCEPTION_ONLY
+    wrong = []
+    for stem in engine:
+        lightning = {
+            name
+            for name in _imports(ast.parse((PACKAGE / "dpsgd" / f"{stem}.py").read_text(encoding="utf-8")))
+            if name.split(".")[0] in ("lightning", "pytorch_lightning")
+        }
+        allowed = (
+            lightning
+            if stem in ENGINE_TRAINER
+            else {
+                "lightning.pytorch.utilities.exceptions",
+                "lightning.pytorch.utilities.exceptions.MisconfigurationException",
+            }
+            if stem in ENGINE_EXCEPTION_ONLY
+            else set()
+        )
+        wrong += [f"dpsgd/{stem}.py imports {name}" for name in sorted(lightning - allowed)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_callbacks_hold_callbacks_and_the_little_they_share():
+    """callbacks/: one callback a file plus what they share (report sections, logging, HPARAMS): at most 16 files
+    and 3,500 lines; the DP-SGD engine lives in dpsgd/."""
+    files = sorted((PACKAGE / "callbacks").glob("*.py"))
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in files)
+    assert len(files) <= 16 and lines <= 3500, (len(files), lines)
+    private = {p.stem for p in files if p.stem.startswith("_") and p.stem != "__init__"}
+    assert private <= {"_audit_utils", "_sections", "_hparams", "_attribute_checks"}, private
 
 
 def test_analysis_stands_alone():
@@ -156,3 +269,24 @@ def test_analysis_stands_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_old_module_paths_keep_re_exporting():
+    """The engine moved to dpsgd/ and reference training above the callbacks: the old public paths give the same
+    objects; ``lightning_privacy.audits.train_references`` names its new home."""
+    import lightning_privacy
+    from lightning_privacy import bookkeeping, noise, references, sampling
+    from lightning_privacy.callbacks import references as callback_references
+    from lightning_privacy.dpsgd import bookkeeping as new_bookkeeping
+    from lightning_privacy.dpsgd import noise as new_noise
+    from lightning_privacy.dpsgd import sampling as new_sampling
+
+    for old, new in ((sampling, new_sampling), (noise, new_noise), (bookkeeping, new_bookkeeping)):
+        assert old.__all__ and all(getattr(old, name) is getattr(new, name) for name in old.__all__)
+    assert set(new_sampling.__all__) - set(sampling.__all__) == {"batch_rows", "is_empty_batch"}
+    assert callback_references.train_references is references.train_references
+    assert lightning_privacy.DPSGD.__module__ == "lightning_privacy.callbacks.dpsgd"
+    import lightning_privacy.audits as audits
+
+    with pytest.raises(AttributeError, match=r"moved to lightning_privacy\.references\.train_references"):
+        audits.train_references  # noqa: B018

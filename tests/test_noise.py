@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lightning_privacy import _compat
-from lightning_privacy.noise import NoiseSource
+from lightning_privacy.dpsgd.noise import NoiseSource
 
 
 def test_cpu_generator_state_layout_fails_loudly_if_torch_changes_it():

@@ -8,8 +8,8 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_privacy.audits import train_references
 from lightning_privacy.models import TabularMLP
+from lightning_privacy.references import train_references
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 D = 8

@@ -138,7 +138,7 @@ def test_html_has_the_three_figures(fitted):
 
 def test_figures_draw_what_they_say(fitted):
     t, _, monitor = fitted
-    from lightning_privacy.callbacks._plots import attribute_inference_figure, membership_region_figure
+    from lightning_privacy.figures import attribute_inference_figure, membership_region_figure
 
     ledger = t.callbacks[0].ledger
     ax = membership_region_figure(ledger).axes[0]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lightning_privacy.sampling import PoissonBatchSampler, global_rows, secure_rows
+from lightning_privacy.dpsgd.sampling import PoissonBatchSampler, global_rows, secure_rows
 
 N, P, STEPS = 40, 0.3, 6000
 

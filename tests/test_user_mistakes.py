@@ -18,9 +18,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, PrivacyBudgetStopping, names
-from lightning_privacy.audits import audit_epsilon_star_from_losses, train_references
+from lightning_privacy.audits import audit_epsilon_star_from_losses
 from lightning_privacy.ledger import PrivacyLedger, epsilon_floor
 from lightning_privacy.models import TabularMLP
+from lightning_privacy.references import train_references
 from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
 
 

@@ -29,6 +29,7 @@ API_INDEX = "reference/api/index.md"
 SKIPPED_PACKAGES = ("commands",)
 GROUPS = {
     "callbacks": "Callbacks",
+    "dpsgd": "DP-SGD engine",
     "audits": "Audits",
     "analysis": "Analysis (numpy/scipy)",
     "functional": "Functional (torch)",

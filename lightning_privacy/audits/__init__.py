@@ -14,8 +14,9 @@ One module per audit; each function returns a result with the same four views �
 - :func:`audit_panoramia` — PANORAMIA with generated non-members (:mod:`lightning_privacy.audits.panoramia`);
 - :func:`audit_privacy_profile` — the privacy profile of a logistic-regression head
   (:mod:`lightning_privacy.audits.privacy_profile`);
-- :func:`audit_membership` — RMIA, LiRA (online/offline) and the LOSS attack, with reference models from
-  :func:`train_references` (:mod:`lightning_privacy.audits.membership`, :mod:`lightning_privacy.callbacks.references`);
+- :func:`audit_membership` — RMIA, LiRA (online/offline) and the LOSS attack (:mod:`lightning_privacy.audits.membership`),
+  with reference models from :func:`lightning_privacy.references.train_references` (which trains them with Lightning
+  and DP-SGD, above this layer);
 - :func:`audit_canaries` — the one-run canary audit's ε lower bounds from canary scores
   (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
 
@@ -47,9 +48,8 @@ _EXPORTS = {
     "load_checkpoint": "lightning_privacy.checkpoints",
     "MembershipAuditResult": "lightning_privacy.audits.membership",
     "audit_membership": "lightning_privacy.audits.membership",
-    "ReferenceModels": "lightning_privacy.references",
-    "train_references": "lightning_privacy.references",
 }
+_MOVED = {"ReferenceModels", "train_references"}  # (here until 0.2.0; they train models, which this layer does not)
 
 __all__ = sorted(_EXPORTS)
 
@@ -57,6 +57,12 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
+    if name in _MOVED:
+        raise AttributeError(
+            f"lightning_privacy.audits.{name} moved to lightning_privacy.references.{name} in 0.3.0 (training "
+            f"reference models needs Lightning and DP-SGD, above the audits layer): "
+            f"`from lightning_privacy.references import {name}`."
+        )
     raise AttributeError(f"module 'lightning_privacy.audits' has no attribute {name!r}")
 
 

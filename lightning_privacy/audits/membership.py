@@ -1,6 +1,6 @@
 """Reference-model membership attacks on a trained model: RMIA, LiRA and the LOSS baseline.
 
-:func:`~lightning_privacy.callbacks.references.train_references` (``lightning_privacy.audits.train_references``) trains reference models with a Lightning Trainer on random halves of a population
+:func:`~lightning_privacy.references.train_references` trains reference models with a Lightning Trainer on random halves of a population
 (rows that are neither the audited members nor the audited non-members) and caches them;
 :func:`audit_membership` scores the audited examples with the model and the references and returns a
 :class:`MembershipAuditResult` (``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``, ``.scores``,
@@ -11,7 +11,7 @@ the model trained with or without the example), and a point outside it is flagge
 ``"consistent"`` or ``"contradicted"`` at confidence 1 − α (:mod:`lightning_privacy.analysis.claims`). The attacks
 themselves are :mod:`lightning_privacy.analysis.membership_attacks` (numpy only).
 
-No Lightning here: the reference models are trained in :mod:`lightning_privacy.callbacks.references`.
+No Lightning here: the reference models are trained in :mod:`lightning_privacy.references`.
 """
 
 from __future__ import annotations
@@ -369,7 +369,7 @@ def audit_membership(
 
     The signal of every model is the membership loss (softmax probability of the true label, logit-scaled for
     LiRA; :mod:`lightning_privacy.analysis.membership_attacks`). RMIA compares each audited example with the
-    ``population_loader``'s points; it and LiRA need ``references`` from :func:`~lightning_privacy.callbacks.references.train_references` — online when
+    ``population_loader``'s points; it and LiRA need ``references`` from :func:`~lightning_privacy.references.train_references` — online when
     the references were trained with these members and non-members as ``targets``, offline otherwise.
 
     Args:
@@ -443,76 +443,22 @@ def audit_membership(
     nll = signal == "nll" and signal_fn is not None and signal_kind(signal_fn) == "mean_token_nll"
     if note:
         notes.append(note)
-    member_target = _losses(model, [member_loader], forward_fn, device, signal_fn, likelihood=nll)
-    nonmember_target = _losses(model, [nonmember_loader], forward_fn, device, signal_fn, likelihood=nll)
+
+    def read(m: Any, loaders: List[Any]) -> np.ndarray:
+        return _losses(m, loaders, forward_fn, device, signal_fn, likelihood=nll)
+
+    member_target, nonmember_target = read(model, [member_loader]), read(model, [nonmember_loader])
     target = np.r_[member_target, nonmember_target]
     is_member = np.r_[np.ones(member_target.size, bool), np.zeros(nonmember_target.size, bool)]
     k, used_gamma, used_a, variant = 0, None, None, "reference-free"
     if attack == "loss":
         scores = attacks.loss_scores(target)
     else:
-        if references is None or len(references) == 0:
-            raise ValueError(
-                f"Expected `references` for attack={attack!r}: train them with "
-                "`train_references(model_factory, population_loader, num_references=..., trainer_kwargs=...)`."
-            )
-        k = len(references)
-        inside = None
-        if references.online:
-            fp = _fingerprint(member_loader, nonmember_loader)
-            if fp != references.targets_fingerprint:
-                raise ValueError(
-                    "The references were trained with other audited examples (`targets`) than these members and "
-                    "non-members: pass the same loaders, or references trained without `targets` (offline)."
-                )
-            inside = references.inside_targets
-        variant = "online" if inside is not None else "offline"
-        ref = np.stack(
-            [
-                _losses(m, [member_loader, nonmember_loader], forward_fn, device, signal_fn, likelihood=nll)
-                for m in references.models
-            ]
-        )
-        if attack == "lira":
-            scores = attacks.lira_scores(target, ref, inside=inside, signal=signal)
-        else:
-            if population_loader is None:
-                raise ValueError("Expected `population_loader` for attack='rmia' (its points are RMIA's z).")
-            pop_target = _losses(model, [population_loader], forward_fn, device, signal_fn, likelihood=nll)
-            pop_ref = np.stack(
-                [
-                    _losses(m, [population_loader], forward_fn, device, signal_fn, likelihood=nll)
-                    for m in references.models
-                ]
-            )
-            same = _fingerprint(population_loader) == references.population_fingerprint
-            pop_inside = references.inside_population if same else None
-            if not same:
-                notes.append("the population is not the references' training population: every z counted as OUT")
-            if offline_a is None:
-                used_a = attacks.fit_offline_a(pop_ref, pop_inside, signal=signal) if same else 1.0
-                notes.append(
-                    f"offline a = {used_a:.3f} "
-                    + (
-                        "fitted on the references' own rows"
-                        if same
-                        else "(no correction: the references' rows are unknown)"
-                    )
-                )
-            else:
-                used_a = expect_real("offline_a", offline_a, low=0.0, high=1.0)
-            used_gamma = float(gamma)
-            scores = attacks.rmia_scores(
-                target,
-                ref,
-                pop_target,
-                pop_ref,
-                inside=inside,
-                population_inside=pop_inside,
-                gamma=gamma,
-                offline_a=used_a,
-                signal=signal,
-            )
+        k = len(references) if references is not None else 0
+        scores, variant, used_gamma, used_a = _reference_scores(
+            attack, model, target, references, read, (member_loader, nonmember_loader), population_loader,
+            gamma=gamma, offline_a=offline_a, signal=signal, notes=notes,
+        )  # fmt: skip
     points = attacks.tpr_at_fpr(scores, is_member, REPORTED_FPRS, alpha=alpha)
     epsilon = epsilon_lower_bound(scores, is_member, delta=delta, alpha=alpha, selection="holdout", seed=0).as_dict()
     found: List[str] = []
@@ -525,12 +471,7 @@ def audit_membership(
         bounds, region, outside = _region_check(points, ledger)
     verdict = None if claim is None else claim.check_attack_scores(scores, is_member, alpha=alpha)
     if warn:
-        for message in (*outside, *found):
-            warnings.warn(f"audit_membership: {message}", UserWarning, stacklevel=2)
-        if verdict is not None and verdict.contradicted:
-            warnings.warn(
-                f"audit_membership: the claim {claim.label} is {verdict.sentence()}", UserWarning, stacklevel=2
-            )
+        _warn(outside, found, claim, verdict)
     return MembershipAuditResult(
         attack=attack,
         variant=variant,
@@ -552,3 +493,67 @@ def audit_membership(
         claim=claim,
         claim_verdict=verdict,
     )
+
+
+def _reference_scores(
+    attack: str,
+    model: Any,
+    target: np.ndarray,
+    references: Any,
+    read: Callable[[Any, List[Any]], np.ndarray],
+    audited: Tuple[Any, Any],
+    population_loader: Any,
+    *,
+    gamma: float,
+    offline_a: Optional[float],
+    signal: str,
+    notes: List[str],
+) -> Tuple[np.ndarray, str, Optional[float], Optional[float]]:
+    """LiRA's or RMIA's scores of the audited examples from the reference models: ``(scores, "online" | "offline",
+    RMIA's γ, RMIA's a)``; ``read(model, loaders)`` is each model's signal over the loaders, in order."""
+    from lightning_privacy.analysis._checks import expect_real
+
+    if references is None or len(references) == 0:
+        raise ValueError(
+            f"Expected `references` for attack={attack!r}: train them with "
+            "`train_references(model_factory, population_loader, num_references=..., trainer_kwargs=...)`."
+        )
+    inside = None
+    if references.online:
+        if _fingerprint(*audited) != references.targets_fingerprint:
+            raise ValueError(
+                "The references were trained with other audited examples (`targets`) than these members and "
+                "non-members: pass the same loaders, or references trained without `targets` (offline)."
+            )
+        inside = references.inside_targets
+    variant = "online" if inside is not None else "offline"
+    ref = np.stack([read(m, list(audited)) for m in references.models])
+    if attack == "lira":
+        return attacks.lira_scores(target, ref, inside=inside, signal=signal), variant, None, None
+    if population_loader is None:
+        raise ValueError("Expected `population_loader` for attack='rmia' (its points are RMIA's z).")
+    pop_target = read(model, [population_loader])
+    pop_ref = np.stack([read(m, [population_loader]) for m in references.models])
+    same = _fingerprint(population_loader) == references.population_fingerprint
+    pop_inside = references.inside_population if same else None
+    if not same:
+        notes.append("the population is not the references' training population: every z counted as OUT")
+    if offline_a is None:
+        used_a = attacks.fit_offline_a(pop_ref, pop_inside, signal=signal) if same else 1.0
+        how = "fitted on the references' own rows" if same else "(no correction: the references' rows are unknown)"
+        notes.append(f"offline a = {used_a:.3f} {how}")
+    else:
+        used_a = expect_real("offline_a", offline_a, low=0.0, high=1.0)
+    scores = attacks.rmia_scores(
+        target, ref, pop_target, pop_ref, inside=inside, population_inside=pop_inside, gamma=gamma,
+        offline_a=used_a, signal=signal,
+    )  # fmt: skip
+    return scores, variant, float(gamma), used_a
+
+
+def _warn(outside: Tuple[str, ...], found: List[str], claim: Any, verdict: Any) -> None:
+    """The result's warnings, the points outside the ledger's region and a contradicted claim, as UserWarnings."""
+    for message in (*outside, *found):
+        warnings.warn(f"audit_membership: {message}", UserWarning, stacklevel=3)
+    if verdict is not None and verdict.contradicted:
+        warnings.warn(f"audit_membership: the claim {claim.label} is {verdict.sentence()}", UserWarning, stacklevel=3)

@@ -16,7 +16,7 @@ from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import names
 from lightning_privacy.attributes import SensitiveAttribute, check_candidates, observed_values
-from lightning_privacy.callbacks._opacus import accountant_history, dp_optimizers, history_steps
+from lightning_privacy.dpsgd.run import accountant_history, dp_optimizers, history_steps
 from lightning_privacy.functional.attribute_sensitivity import BACKENDS, METHODS
 
 __all__ = ["CandidateCheck", "check_monitor_arguments", "look_up_attribute"]

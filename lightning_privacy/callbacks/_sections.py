@@ -34,7 +34,7 @@ def budget(trainer: Any, threat: str) -> Optional[float]:
 
 
 def _region(ledger: Any) -> tuple:
-    from lightning_privacy.callbacks._plots import membership_region_figure
+    from lightning_privacy.figures import membership_region_figure
 
     return (lambda: membership_region_figure(ledger), REGION_CAPTION)
 
@@ -43,8 +43,6 @@ def _region(ledger: Any) -> tuple:
 def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
     """σ, C, p, the steps, the accountant's ε and which randomness was secret; the region figure when no
     :class:`~lightning_privacy.BayesSecurityMonitor` draws it."""
-    from lightning_privacy.callbacks.bayes_security_monitor import BayesSecurityMonitor
-
     sigma = "—" if cb.noise_multiplier is None else f"{cb.noise_multiplier:.4f}"
     rate = getattr(cb, "sample_rate", None)
     rows = [
@@ -64,7 +62,7 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
         *_seed_rows(cb.privacy_settings() if hasattr(cb, "privacy_settings") else {}),
     ]
     section = ReportSection("DP-SGD", rows)
-    if cb.ledger.steps and not any(isinstance(c, BayesSecurityMonitor) for c in trainer.callbacks):
+    if cb.ledger.steps and not any(getattr(c, "draws_mia_region", False) for c in trainer.callbacks):
         section.figures.append(_region(cb.ledger))
     return section
 
@@ -94,7 +92,7 @@ def bayes_section(cb: Any, trainer: Any) -> ReportSection:
     if not final:
         return ReportSection(title, [("β*_MIA", "—", "no DP-SGD step was recorded, nothing to bound")])
     section = ReportSection(title, _bayes_rows(final))
-    from lightning_privacy.callbacks._plots import bayes_security_figure
+    from lightning_privacy.figures import bayes_security_figure
 
     limit = budget(trainer, "mia")
     section.figures.append(
@@ -156,7 +154,7 @@ def ai_section(cb: Any, trainer: Any) -> ReportSection:
     """β*_AI (safe and closed form), the steps and the largest sensitivity; the per-epoch figure."""
     section = ReportSection("Bayes security against attribute inference", _ai_rows(cb))
     if getattr(cb, "epochs", None):
-        from lightning_privacy.callbacks._plots import attribute_inference_figure
+        from lightning_privacy.figures import attribute_inference_figure
 
         limit = budget(trainer, "ai")
         section.figures.append(

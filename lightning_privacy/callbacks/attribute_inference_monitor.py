@@ -25,9 +25,9 @@ from lightning_privacy.callbacks._attribute_checks import (
     set_flat_max_grad_norm,
     warn_unpublished,
 )
-from lightning_privacy.callbacks._opacus import find_dpsgd, next_step_mechanism
-from lightning_privacy.callbacks._strategies import full_tensors, is_fsdp
 from lightning_privacy.callbacks.bayes_security_monitor import _float32_toward_safety
+from lightning_privacy.dpsgd.run import find_dpsgd, next_step_mechanism
+from lightning_privacy.dpsgd.strategies import full_tensors, is_fsdp
 from lightning_privacy.functional.attribute_sensitivity import hook_free_twin, step_sensitivity
 
 

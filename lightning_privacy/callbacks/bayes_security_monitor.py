@@ -17,8 +17,8 @@ from lightning_privacy._validation import check_choice, check_open_unit
 from lightning_privacy.analysis import bayes_security as bs
 from lightning_privacy.callbacks._audit_utils import log_figure
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
-from lightning_privacy.callbacks._opacus import dp_optimizers, find_dpsgd, run_ledger
-from lightning_privacy.callbacks._plots import bayes_security_figure
+from lightning_privacy.dpsgd.run import dp_optimizers, find_dpsgd, run_ledger
+from lightning_privacy.figures import bayes_security_figure
 from lightning_privacy.ledger import PrivacyLedger
 
 #: False-positive rates at which the tight TPR bounds are logged, with their keys.
@@ -92,6 +92,8 @@ class BayesSecurityMonitor(Callback):
     """
 
     report_order = 20  # the report's sections: DP-SGD first, then monitors, then audits
+
+    draws_mia_region = True  # the report's DP-SGD section leaves the TPR–FPR region to this monitor's section
 
     def report_section(self, trainer: Any = None) -> Any:
         """This callback's section of the privacy report (:mod:`lightning_privacy.reporting`)."""

@@ -23,7 +23,7 @@ from lightning_privacy import _compat, names
 from lightning_privacy.audits import canary_run as run
 from lightning_privacy.audits.canary import CanaryResult
 from lightning_privacy.callbacks import _audit_utils as audit
-from lightning_privacy.callbacks import _strategies
+from lightning_privacy.dpsgd import strategies
 
 __all__ = ["CanaryAudit", "theory_vs_practice_figure"]
 
@@ -195,7 +195,7 @@ class CanaryAudit(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.kind != "gradient":
             return
-        self._sample_rate, sharded = float(self._dpsgd.sample_rate), _strategies.is_fsdp(trainer)
+        self._sample_rate, sharded = float(self._dpsgd.sample_rate), strategies.is_fsdp(trainer)
         with audit.misconfiguration():
             # DDP: rank 0 adds each canary once to its clipped sum. FSDP2: the clipped sum is the ranks'
             # reduce-scattered average, sharded, so every rank adds C/W at the canaries its shard holds (once in all).

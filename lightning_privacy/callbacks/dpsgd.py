@@ -6,16 +6,25 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 from typing_extensions import override
 
+from lightning_privacy import names
 from lightning_privacy._validation import check_bool, check_int
-from lightning_privacy.callbacks import _dp_checks, _dpsgd_setup, _dpsgd_state, _strategies
-from lightning_privacy.callbacks._backward import PerExampleBackward
-from lightning_privacy.callbacks._dpsgd_settings import (
+from lightning_privacy.callbacks._audit_utils import log_histogram
+from lightning_privacy.callbacks._hparams import write_privacy_hparams
+from lightning_privacy.dpsgd import checks, install, state, strategies
+from lightning_privacy.dpsgd.backward import PerExampleBackward
+from lightning_privacy.dpsgd.exactness import ExactnessRecord
+from lightning_privacy.dpsgd.loaders import install_poisson_sampling
+from lightning_privacy.dpsgd.run import DPSGDRun
+from lightning_privacy.dpsgd.sampling import is_empty_batch
+from lightning_privacy.dpsgd.self_checks import SelfChecks
+from lightning_privacy.dpsgd.settings import (
     check_arguments,
     check_choices,
     positive,
@@ -23,20 +32,17 @@ from lightning_privacy.callbacks._dpsgd_settings import (
     privacy_settings,
     seed,
 )
-from lightning_privacy.callbacks._exactness import ExactnessRecord
-from lightning_privacy.callbacks._poisson import install_poisson_sampling, is_empty_batch
-from lightning_privacy.callbacks._self_checks import SelfChecks
 from lightning_privacy.ledger import PrivacyLedger
 
 DEFAULT_DELTA = 1e-5  # (here, not imported: the API page shows a default defined in the module by its value)
 
 
-class DPSGD(Callback):
+class DPSGD(Callback, DPSGDRun):
     r"""Train any LightningModule with DP-SGD (Abadi et al., 2016) through Opacus.
 
     Added to ``Trainer(callbacks=[...])``, it makes the run differentially private without changing the module: the
     train loader (from a datamodule, the module's hook or ``fit(train_dataloaders=...)``) becomes a Poisson-sampling
-    loader of sample rate ``p = 1 / len(loader)`` as Opacus' ``make_private`` (:mod:`lightning_privacy.sampling`);
+    loader of sample rate ``p = 1 / len(loader)`` as Opacus' ``make_private`` (:mod:`lightning_privacy.dpsgd.sampling`);
     Opacus computes per-sample gradients, and a ``DPOptimizer`` clips each to ``max_grad_norm`` and adds Gaussian
     noise of standard deviation ``noise_multiplier · max_grad_norm``. σ is given, or planned by
     :meth:`~lightning_privacy.ledger.PrivacyLedger.calibrate`: the smallest σ (to 1e-4, rounded up) whose safe β*_MIA
@@ -74,11 +80,11 @@ class DPSGD(Callback):
         sampling_seed: ``None`` (default): the Poisson masks come from a 128-bit seed drawn from the OS's entropy at
             every fit, independent of the loader's generator and of ``seed_everything``, never saved. An int makes
             them reproducible (under one process, DDP and after a resume) and known to whoever knows the seed, who
-            then loses nothing to subsampling: tests and debugging only (:mod:`lightning_privacy.sampling`).
+            then loses nothing to subsampling: tests and debugging only (:mod:`lightning_privacy.dpsgd.sampling`).
         noise_seed: ``None`` (default): the noise comes from a private generator seeded from the OS's entropy at every
             fit (each rank its own; nothing drawn from torch's global stream), never saved (a resumed run gets fresh
             noise). An int makes the noise of step t a function of (seed, rank, t), known to whoever knows the seed,
-            who can then subtract it from the released model: tests and debugging only (:mod:`lightning_privacy.noise`).
+            who can then subtract it from the released model: tests and debugging only (:mod:`lightning_privacy.dpsgd.noise`).
         log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C),
             ``dp/grad_norm_median`` and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and see that
             clipping is active. They are computed from the private data and NOT covered by the DP guarantee.
@@ -95,7 +101,7 @@ class DPSGD(Callback):
             ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
             audit commands read them to load the weights into the user's class and to check the member set.
         accountant: the Opacus accountant of this run.
-        exactness: what the last fit's exactness check compared (:class:`~._exactness.ExactnessRecord`), logged.
+        exactness: what the last fit's exactness check compared (:class:`~lightning_privacy.dpsgd.exactness.ExactnessRecord`), logged.
 
     Raises:
         MisconfigurationException: for inconsistent arguments, gradient accumulation, several
@@ -158,15 +164,15 @@ class DPSGD(Callback):
         self.secure_mode = check_bool("secure_mode", secure_mode, exc=MisconfigurationException)
         self.sampling_seed = seed("sampling_seed", sampling_seed, secure_mode, "the batches", "masks")
         self.noise_seed = seed("noise_seed", noise_seed, secure_mode, "the noise", "noise")
-        self.sampling = _strategies.Sampling()
+        self.sampling = strategies.Sampling()
         self.log_clipping = check_bool("log_clipping", log_clipping, exc=MisconfigurationException)
         self.clipping_every_n_steps = check_int(
             "clipping_every_n_steps", clipping_every_n_steps, minimum=1, exc=MisconfigurationException
         )
-        self._clipping = _dp_checks.ClippingStats()
+        self._clipping = checks.ClippingStats()
         self._before_noise_hooks: List[Callable[[DPOptimizer], None]] = []
         self._param_names: Dict[int, str] = {}  # (this fit's parameter names, hooks, backward and self-checks:
-        self._checks: Optional[SelfChecks] = None  # set in on_fit_start by _dpsgd_setup, removed at teardown)
+        self._checks: Optional[SelfChecks] = None  # set in on_fit_start by dpsgd.install, removed at teardown)
         self._module: Optional[weakref.ref] = None  # the module of the last fit
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
         self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
@@ -175,7 +181,7 @@ class DPSGD(Callback):
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit
         self.steps_per_epoch: Optional[int] = None
-        self._hooks: Any = None  # Opacus' per-example hooks (see _strategies.grad_sample_hooks)
+        self._hooks: Any = None  # Opacus' per-example hooks (see strategies.grad_sample_hooks)
         self._view_hooks: List[Any] = []  # FSDP2: forward hooks that keep Opacus' hook views from FSDP's checks
         self._backward: Optional[PerExampleBackward] = None
         self._batch_statistics: List[tuple] = []  # BatchNorms, checked before every step
@@ -183,7 +189,7 @@ class DPSGD(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(**_dpsgd_state.state_key_fields(self))
+        return self._generate_state_key(**state.state_key_fields(self))
 
     # ----------------------------------------------------------------------------------- checks
     @override
@@ -196,28 +202,29 @@ class DPSGD(Callback):
         if trained is not None and trained is not pl_module and self.ledger.steps:
             self.ledger = PrivacyLedger(accountant=self.accountant_mechanism, delta=self.delta)
         self._module = weakref.ref(pl_module)
-        _dpsgd_setup.check_trainer(trainer)
+        install.check_trainer(trainer)
         record = prepare_module(pl_module, fix_modules=self.fix_modules)
         if record is not None:
             self.fixed_modules = record
-        _strategies.check_strategy(trainer)
-        if _strategies.is_fsdp(trainer):
-            _strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
+        strategies.check_strategy(trainer)
+        if strategies.is_fsdp(trainer):
+            strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
         if self.grad_sample_mode == "ghost":
-            _dp_checks.check_no_tied_parameters_for_ghost(pl_module)
+            checks.check_no_tied_parameters_for_ghost(pl_module)
             if "16" in str(trainer.precision):
                 rank_zero_warn(
                     f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
                     "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
                     "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
                 )
-        self.sampling = _strategies.resolve_sampling(trainer, self.sampling_seed, secure=self.secure_mode)
+        self.sampling = strategies.resolve_sampling(trainer, self.sampling_seed, secure=self.secure_mode)
         install_poisson_sampling(trainer, self)
 
     # ----------------------------------------------------------------------------------- wiring
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _dpsgd_setup.install_dp_optimizer(self, trainer, pl_module)
+        install.install_dp_optimizer(self, trainer, pl_module)
+        write_privacy_hparams(trainer, pl_module, self.privacy_settings())
 
     def privacy_settings(self) -> Dict[str, Any]:
         """The run's privacy settings, as logged in TensorBoard's HPARAMS tab."""
@@ -233,7 +240,7 @@ class DPSGD(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         if self._batch_statistics:  # every step: a module may switch modes at any time (Lightning does, per epoch)
-            _dp_checks.check_no_batch_statistics(self._batch_statistics)
+            checks.check_no_batch_statistics(self._batch_statistics)
         if self._backward is not None:
             self._backward.start_batch(empty=self.grad_sample_mode == "ghost" and is_empty_batch(batch))
 
@@ -254,10 +261,26 @@ class DPSGD(Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        _dpsgd_setup.check_steps_accounted(self, trainer)
-        _dpsgd_setup.log_exactness(self, pl_module)
+        install.check_steps_accounted(self, trainer)
+        if self.exactness.steps:  # dp/exactness_error: the largest relative mismatch found, over the ranks
+            pl_module.log(
+                names.DP_EXACTNESS_ERROR, self.exactness.max_relative_error, on_step=False, on_epoch=True,
+                sync_dist=True, reduce_fx="max",
+            )  # fmt: skip
         if self.log_clipping:
-            _dpsgd_setup.log_clipping(self, trainer, pl_module)
+            self._log_clipping(trainer, pl_module)
+
+    def _log_clipping(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The epoch's ``dp/clip_fraction``, ``dp/grad_norm_median`` and ``dp/grad_norms`` histogram (every rank's
+        norms; a collective call); the next epoch's record starts."""
+        norms = self._clipping.gathered(trainer, pl_module.device)
+        self._clipping.reset()
+        if norms.numel() == 0:
+            return
+        fraction = float((norms > self.max_grad_norm).to(torch.float64).mean())
+        for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, float(norms.median()))):
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
+        log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -267,7 +290,7 @@ class DPSGD(Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
-            _dpsgd_setup.remove_dp_hooks(self)
+            install.remove_dp_hooks(self)
 
     # ----------------------------------------------------------------------------------- results
     @property
@@ -287,14 +310,14 @@ class DPSGD(Callback):
     # ----------------------------------------------------------------------------------- state
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return _dpsgd_state.dpsgd_state(self)
+        return state.dpsgd_state(self)
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        _dpsgd_state.load_dpsgd_state(self, state_dict)
+        state.load_dpsgd_state(self, state_dict)
 
     @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Dict[str, Any]
     ) -> None:
-        _dpsgd_state.check_checkpoint_has_state(self.state_key, checkpoint)
+        state.check_checkpoint_has_state(self.state_key, checkpoint)

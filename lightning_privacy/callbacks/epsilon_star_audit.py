@@ -23,7 +23,7 @@ from lightning_privacy.audits.epsilon_star import (
     transformed_fit_figure,
 )
 from lightning_privacy.callbacks import _audit_utils as audit
-from lightning_privacy.callbacks._opacus import find_dpsgd
+from lightning_privacy.dpsgd.run import find_dpsgd
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 from lightning_privacy.metrics.epsilon_star import EpsilonStar
 

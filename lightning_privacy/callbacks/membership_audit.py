@@ -51,7 +51,7 @@ class MembershipAudit(audit.ScheduledAudit):
         model_factory: returns a fresh untrained module of the audited architecture.
         reference_trainer_kwargs: ``Trainer`` arguments for the references (default: this run's
             ``max_epochs`` / ``max_steps`` on CPU, with DP-SGD as above).
-        cache_dir: where :func:`~lightning_privacy.audits.train_references` stores the references.
+        cache_dir: where :func:`~lightning_privacy.references.train_references` stores the references.
         every_n_epochs: also audit after every ``n``-th epoch; ``None`` = only at fit end.
         seed, gamma, offline_a, alpha, delta, forward_fn: passed on to the reference training and the audit.
         signal_fn: one membership loss per example from ``signal_fn(model, batch)`` instead of ``forward_fn`` (e.g.
@@ -226,7 +226,7 @@ class MembershipAudit(audit.ScheduledAudit):
             ) from err
         population = self._population(trainer)
         if self.attack != "loss" and self.references is None:
-            from lightning_privacy.callbacks.references import train_references
+            from lightning_privacy.references import train_references
 
             try:
                 self.references = train_references(

@@ -12,7 +12,7 @@ from opacus.accountants import IAccountant
 from typing_extensions import override
 
 from lightning_privacy._validation import check_choice, check_open_unit, check_positive
-from lightning_privacy.callbacks._opacus import find_dpsgd, next_step_mechanism, run_ledger
+from lightning_privacy.dpsgd.run import find_dpsgd, next_step_mechanism, run_ledger
 from lightning_privacy.ledger import PrivacyLedger, epsilon_floor
 
 THREATS = ("mia", "ai")

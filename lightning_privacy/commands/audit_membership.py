@@ -13,7 +13,7 @@ RMIA and LiRA need a *population* (rows neither member nor non-member) and refer
   split in two by a permutation seeded with ``--seed``: the first half is the population, the second the audited
   non-members (the LOSS attack gets the same non-members, so the three attacks' numbers compare);
 - the references are ``--model`` built untrained with the checkpoint's saved hyperparameters (and
-  ``--model-args``), trained by :func:`~lightning_privacy.audits.train_references` for ``--reference-epochs``
+  ``--model-args``), trained by :func:`~lightning_privacy.references.train_references` for ``--reference-epochs``
   (default: the epochs the checkpoint completed) and cached in ``--references DIR`` (a folder of an earlier run:
   nothing is trained again) or ``--cache-dir`` (default: ``<checkpoint>.references/`` next to the checkpoint).
 
@@ -396,7 +396,7 @@ def _cache_folder(args: argparse.Namespace) -> Path:
 
 def _references(args, model_class, contents, population, delta: float) -> Tuple[Any, Dict[str, Any]]:
     """The reference models (trained or loaded) and what the JSON records of them."""
-    from lightning_privacy.callbacks.references import train_references
+    from lightning_privacy.references import train_references
 
     folder = _cache_folder(args)
     option = "--references" if args.references is not None else "--cache-dir"

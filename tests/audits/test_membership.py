@@ -26,10 +26,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
 from lightning_privacy.analysis import membership_attacks as ma
-from lightning_privacy.audits import audit_membership, train_references
+from lightning_privacy.audits import audit_membership
 from lightning_privacy.data.adult import AdultEncoder, load_adult
 from lightning_privacy.ledger import PrivacyLedger
 from lightning_privacy.models import TabularMLP
+from lightning_privacy.references import train_references
 
 QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 

@@ -13,10 +13,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_privacy.analysis import membership_attacks as attacks
-from lightning_privacy.audits import audit_membership, train_references
+from lightning_privacy.audits import audit_membership
 from lightning_privacy.callbacks.membership_audit import MembershipAudit
 from lightning_privacy.functional.membership_loss import membership_losses_from_loader
 from lightning_privacy.functional.sequence_loss import CausalLMSignal, causal_lm_signal, min_k_percent_signal
+from lightning_privacy.references import train_references
 
 V, T = 24, 10
 

@@ -213,7 +213,7 @@ def test_several_train_loaders_are_rejected(tmp_path):
 
 
 def test_poisson_swap_fails_loudly_if_lightning_changes_its_data_source(tmp_path):
-    from lightning_privacy.callbacks._poisson import install_poisson_sampling
+    from lightning_privacy.dpsgd.loaders import install_poisson_sampling
 
     t = trainer([], tmp_path)
     t.fit_loop._data_source = object()  # what a Lightning refactor would look like to us

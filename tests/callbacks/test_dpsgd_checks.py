@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
-from lightning_privacy.callbacks._noise_check import NOISE_FALSE_ALARM, NOISE_MIN_COORDINATES, NoiseCheck
+from lightning_privacy.dpsgd.noise_check import NOISE_FALSE_ALARM, NOISE_MIN_COORDINATES, NoiseCheck
 from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
 
 
@@ -116,7 +116,7 @@ def test_importing_the_package_leaves_the_matplotlib_backend_alone():
         "import importlib, pkgutil, lightning_privacy\n"
         "for m in pkgutil.walk_packages(lightning_privacy.__path__, 'lightning_privacy.'):\n"
         "    if 'sdv' not in m.name: importlib.import_module(m.name)\n"
-        "from lightning_privacy.callbacks._plots import bayes_security_figure\n"
+        "from lightning_privacy.figures import bayes_security_figure\n"
         "bayes_security_figure([{'epoch': 0, 'safe': 0.89, 'closed': 0.9}], {'privacy/mia_bayes_security': 0.89})\n"
         "print(matplotlib.get_backend())\n"
     )
@@ -346,7 +346,7 @@ def test_a_clipping_norm_one_and_a_half_times_c_is_caught_on_a_single_example():
 def test_the_clipped_sum_bound_of_an_average_over_ranks_is_divided_by_their_number():
     """Pins FSDP2's bound: the ranks' average of clipped sums of B examples (over W ranks) is within B·C / W; a sum
     of norm 0.75·B·C averaged over two ranks is refused, one of 0.45·B·C passes."""
-    from lightning_privacy.callbacks._dp_checks import check_clipped_sum_bound
+    from lightning_privacy.dpsgd.checks import check_clipped_sum_bound
 
     c, batch = 0.5, 10
 

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
-from lightning_privacy.callbacks import _exactness
+from lightning_privacy.dpsgd import exactness
 
 V, T, D = 11, 6, 8
 MODES = ["hooks", "ghost"]
@@ -215,7 +215,7 @@ def test_the_check_records_what_it_compared_and_logs_it(mode):
     trainer.fit(Padded(), DataLoader(_data(), batch_size=16))
     record = dpsgd.exactness
     assert record.steps == 2 and 16 <= record.examples <= 64
-    assert record.reference.startswith(_exactness.PER_EXAMPLE_REFERENCE) and "(vmap)" in record.reference
+    assert record.reference.startswith(exactness.PER_EXAMPLE_REFERENCE) and "(vmap)" in record.reference
     assert trainer.callback_metrics[names.DP_EXACTNESS_ERROR].item() == pytest.approx(record.max_relative_error)
 
 
@@ -236,12 +236,12 @@ def test_a_reduced_loss_in_hooks_mode_is_checked_by_the_sum_invariant():
 
     ok = DPSGD(noise_multiplier=1.0, grad_sample_mode="hooks", sampling_seed=0)
     _trainer([ok]).fit(Plain(), DataLoader(_data(), batch_size=16))
-    assert ok.exactness.reference == _exactness.SUM_INVARIANT and ok.exactness.max_relative_error < 1e-5
+    assert ok.exactness.reference == exactness.SUM_INVARIANT and ok.exactness.max_relative_error < 1e-5
 
 
 def test_a_book_keeping_disagreement_stops_the_fit_instead_of_training_on_the_second_pass(monkeypatch):
     """The self-check of book-keeping runs on the checked steps, and a disagreement is never trained through."""
-    from lightning_privacy.bookkeeping import BookKeeping
+    from lightning_privacy.dpsgd.bookkeeping import BookKeeping
 
     real = BookKeeping._layer_sums
 

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader
 
 from lightning_privacy import DPSGD
-from lightning_privacy.callbacks._fix_modules import (
+from lightning_privacy.dpsgd.modules import (
     attention_fix_changes_outputs,
     fix_modules_in_place,
     replacements_warning,

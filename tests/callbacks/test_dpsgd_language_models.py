@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader
 
 from lightning_privacy import DPSGD
-from lightning_privacy.callbacks import _exactness
+from lightning_privacy.dpsgd import exactness
 from tests._launch import run_ddp
 from tests.callbacks._language_models import PaddedSequences, TinyCausalLM
 
@@ -54,7 +54,7 @@ def test_a_tiny_language_model_trains_at_one_row_per_step_or_is_refused_before_i
     assert len(model.rows_seen) < 32 and min(model.rows_seen) > 0  # empty batches skipped the model
     record = dpsgd.exactness
     assert record.steps == 2 and record.examples >= 2
-    assert record.reference.startswith(_exactness.PER_EXAMPLE_REFERENCE)
+    assert record.reference.startswith(exactness.PER_EXAMPLE_REFERENCE)
     assert record.max_relative_error < 1e-5
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if n in before)  # frozen stay
 

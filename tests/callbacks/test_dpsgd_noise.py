@@ -131,8 +131,8 @@ def test_a_state_initialising_step_is_not_taken_counted_or_noised():
     """torch.distributed.checkpoint's ``_init_optim_state`` on a DP optimizer: the wrapped optimizer steps, DP-SGD not."""
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
-    from lightning_privacy.callbacks._optimizers import _DPOptimizer
-    from lightning_privacy.noise import NoiseSource
+    from lightning_privacy.dpsgd.noise import NoiseSource
+    from lightning_privacy.dpsgd.optimizers import _DPOptimizer
 
     param = torch.nn.Parameter(torch.ones(5))
     counted = []

@@ -18,8 +18,8 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, BayesSecurityMonitor, CanaryAudit, EpsilonStarAudit, names
+from lightning_privacy.dpsgd.sampling import PoissonBatchSampler, global_mask
 from lightning_privacy.report import privacy_report
-from lightning_privacy.sampling import PoissonBatchSampler, global_mask
 from tests._launch import run_ddp
 from tests.callbacks._architectures import PerExampleLoss
 from tests.callbacks._tiny import trainer
@@ -586,8 +586,8 @@ def test_fsdp2_self_checks_catch_a_part_broken_on_one_rank_on_that_rank(tmp_path
 
 @pytest.mark.parametrize("secure", [False, True])
 def test_the_noise_does_not_follow_torchs_global_seed_in_either_mode(secure):
-    from lightning_privacy.callbacks._optimizers import _DPOptimizer
-    from lightning_privacy.noise import NoiseSource
+    from lightning_privacy.dpsgd.noise import NoiseSource
+    from lightning_privacy.dpsgd.optimizers import _DPOptimizer
 
     param = torch.nn.Parameter(torch.zeros(1000))
     optimizer = _DPOptimizer(

@@ -14,9 +14,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, MembershipAudit, names
-from lightning_privacy.audits import audit_membership, train_references
+from lightning_privacy.audits import audit_membership
 from lightning_privacy.data.adult import AdultEncoder, load_adult
 from lightning_privacy.models import TabularMLP
+from lightning_privacy.references import train_references
 from tests._tensorboard import TensorBoardView
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -6,8 +6,8 @@ import pytest
 import torch
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 
-from lightning_privacy.callbacks import _optimizers
-from lightning_privacy.callbacks._optimizers import _NoiseIntoGradient
+from lightning_privacy.dpsgd import optimizers
+from lightning_privacy.dpsgd.optimizers import _NoiseIntoGradient
 
 
 class _Ours(_NoiseIntoGradient, DPOptimizer):
@@ -46,7 +46,7 @@ def _noised(cls, grad: str, layout: str, sigma: float, seed: int = 5):
 @pytest.mark.parametrize("sigma", [1.3, 0.0])
 @pytest.mark.parametrize(("opacus", "ours"), [(DPOptimizer, _Ours), (DPOptimizerFastGradientClipping, _OursGhost)])
 def test_same_bits_as_opacus(opacus, ours, sigma, grad, layout, chunk, monkeypatch):
-    monkeypatch.setattr(_optimizers, "NOISE_CHUNK", chunk)  # 32: many chunks, tails of 4 to 40 elements
+    monkeypatch.setattr(optimizers, "NOISE_CHUNK", chunk)  # 32: many chunks, tails of 4 to 40 elements
     expected, _ = _noised(opacus, grad, layout, sigma)
     got, params = _noised(ours, grad, layout, sigma)
     for e, g in zip(expected, got):
@@ -63,8 +63,8 @@ def test_the_noise_is_gaussian_with_the_claimed_scale():
     optimizer.generator = torch.Generator().manual_seed(1)
     optimizer.add_noise()
     assert abs(float(p.grad.std()) - 3.0) < 0.02 and abs(float(p.grad.mean())) < 0.02
-    assert optimizer._noise_buffer.numel() == _optimizers.NOISE_CHUNK + 16  # one small buffer, reused
-    chunks = p.grad.view(-1)[: 3 * _optimizers.NOISE_CHUNK].view(3, -1)
+    assert optimizer._noise_buffer.numel() == optimizers.NOISE_CHUNK + 16  # one small buffer, reused
+    chunks = p.grad.view(-1)[: 3 * optimizers.NOISE_CHUNK].view(3, -1)
     assert not torch.equal(chunks[0], chunks[1])  # each chunk its own draws
 
 

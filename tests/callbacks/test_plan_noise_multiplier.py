@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from lightning_privacy.callbacks._dpsgd_settings import plan_noise_multiplier
+from lightning_privacy.dpsgd.settings import plan_noise_multiplier
 from lightning_privacy.ledger import PrivacyLedger
 
 PLAN = dict(

@@ -1,4 +1,4 @@
-"""Finding Opacus' pieces inside a running Trainer (shared by the privacy callbacks).
+"""Reading a DP-SGD run inside a Trainer: the DP optimizers, DPSGD itself, the accountant and its history.
 
 Our :class:`~lightning_privacy.DPSGD` owns its accountant. A user's own ``PrivacyEngine.make_private``
 leaves the accountant reachable only through the step hook it attaches to the ``DPOptimizer``
@@ -26,11 +26,18 @@ def dp_optimizers(trainer: pl.Trainer) -> List[DPOptimizer]:
     return [opt for opt in trainer.optimizers if isinstance(opt, DPOptimizer)]
 
 
+class DPSGDRun:
+    """The base of :class:`~lightning_privacy.DPSGD`: how the engine and the privacy callbacks recognise the run's
+    DP-SGD among the Trainer's callbacks, without importing the callbacks layer.
+
+    A subclass has ``ledger`` (:class:`~lightning_privacy.ledger.PrivacyLedger`), ``accountant``, ``delta``,
+    ``noise_multiplier`` and ``sample_rate`` (``None`` until the fit starts).
+    """
+
+
 def find_dpsgd(trainer: pl.Trainer) -> Optional[Any]:
     """Our DPSGD callback, if the trainer has one."""
-    from lightning_privacy.callbacks.dpsgd import DPSGD
-
-    found = [cb for cb in trainer.callbacks if isinstance(cb, DPSGD)]
+    found = [cb for cb in trainer.callbacks if isinstance(cb, DPSGDRun)]
     return found[0] if found else None
 
 

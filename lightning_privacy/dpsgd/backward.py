@@ -20,8 +20,8 @@ other layers materialise their own per-example gradients one layer at a time); t
 ``cᵢ = min(1, C / (‖∇ℓᵢ‖ + 1e-6))`` then weight a second pass, with the hooks off, of ``Σᵢ cᵢ·ℓᵢ`` whose gradient is
 the clipped sum that the ``DPOptimizerFastGradientClipping`` noises. Where every trainable layer ran once and has a
 known per-example gradient form, the second pass is replaced by book-keeping (Bu et al. 2023,
-:mod:`lightning_privacy.bookkeeping`): the clipped sum formed from the first pass's layer inputs and output gradients.
-In the steps DPSGD self-checks, the exactness check (:mod:`._exactness`) compares what is clipped with every example's
+:mod:`lightning_privacy.dpsgd.bookkeeping`): the clipped sum formed from the first pass's layer inputs and output gradients.
+In the steps DPSGD self-checks, the exactness check (:mod:`lightning_privacy.dpsgd.exactness`) compares what is clipped with every example's
 whole gradient by autograd, and book-keeping's sum with the second pass's; a mismatch stops the fit before its first
 optimizer step, naming the parameter (nothing is trained through a disagreement).
 
@@ -30,7 +30,7 @@ step's gradient is zero for every parameter (a backward pass of ``0 · Σ p`` so
 parameter), and the DP optimizer adds the noise: the noise-only update the accountant counts as one step. Under FSDP2
 every rank must join the all-gathers and reduce-scatters of the module's forward and backward, so a rank whose batch
 is empty runs the module, with Opacus' hooks off, on a placeholder row (the dataset's first example,
-:attr:`~lightning_privacy.sampling.PoissonDataLoader.placeholder`) whose loss is multiplied by zero: its gradient is
+:attr:`~lightning_privacy.dpsgd.sampling.PoissonDataLoader.placeholder`) whose loss is multiplied by zero: its gradient is
 exactly zero (a non-finite placeholder loss stops the fit), so the rank adds no example and the step is as noisy as
 any other. A ``training_step`` that logs its loss logs the placeholder's on such a step.
 ``LightningModule.backward`` is the documented hook for "perform backward on the loss returned in training_step";
@@ -49,10 +49,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
-from lightning_privacy.bookkeeping import BookKeeping, sums_or_none
-from lightning_privacy.callbacks import _exactness
-from lightning_privacy.callbacks._dp_checks import _grad_sample, odd_batch_message
-from lightning_privacy.callbacks._poisson import batch_rows, is_empty_batch
+from lightning_privacy.dpsgd import exactness
+from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
+from lightning_privacy.dpsgd.checks import _grad_sample, odd_batch_message
+from lightning_privacy.dpsgd.sampling import batch_rows, is_empty_batch
 
 __all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward"]
 
@@ -113,7 +113,7 @@ class PerExampleBackward:
         loss_reduction: ``"mean"`` or ``"sum"``, how per-example losses are reduced.
         hooks: Opacus' per-example hooks (``GradSampleHooks`` or ``GradSampleHooksFastGradientClipping``).
         param_names: parameter names by ``id``, for messages.
-        should_check: true on the steps DPSGD self-checks: the exactness check (:mod:`._exactness`) runs, and in
+        should_check: true on the steps DPSGD self-checks: the exactness check (:mod:`lightning_privacy.dpsgd.exactness`) runs, and in
             ghost mode book-keeping's sum is compared with the second pass's.
         rtol: the exactness check's relative tolerance (16-bit precision needs more than 32-bit).
         record: where the exactness check records what it compared.
@@ -139,7 +139,7 @@ class PerExampleBackward:
         param_names: Optional[Dict[int, str]] = None,
         should_check: Callable[[], bool] = lambda: False,
         rtol: float = 1e-3,
-        record: Optional[_exactness.ExactnessRecord] = None,
+        record: Optional[exactness.ExactnessRecord] = None,
         sharded: bool = False,
         one_pass: bool = True,
     ) -> None:
@@ -155,7 +155,7 @@ class PerExampleBackward:
         self.param_names = param_names or {}
         self.should_check = should_check
         self.rtol = rtol
-        self.record = record if record is not None else _exactness.ExactnessRecord()
+        self.record = record if record is not None else exactness.ExactnessRecord()
         self.last_norms: Optional[torch.Tensor] = None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
@@ -320,11 +320,11 @@ class PerExampleBackward:
         self.hooks.disable_hooks()
         try:
             if per_example:
-                _exactness.check_per_example_gradients(
+                exactness.check_per_example_gradients(
                     loss, params, samples, self.param_names, rtol=self.rtol, record=self.record
                 )
             else:
-                _exactness.check_summed_gradients(
+                exactness.check_summed_gradients(
                     params,
                     samples,
                     self.param_names,
@@ -393,9 +393,7 @@ class PerExampleBackward:
         try:
             checking = not self.sharded and self.should_check()
             if checking:
-                _exactness.check_ghost_norms(
-                    losses, params, norms, self.param_names, rtol=self.rtol, record=self.record
-                )
+                exactness.check_ghost_norms(losses, params, norms, self.param_names, rtol=self.rtol, record=self.record)
             sums = sums_or_none(keeper, len(losses), coefficients)
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:

@@ -31,16 +31,16 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat
-from lightning_privacy.callbacks._optimizers import (
+from lightning_privacy.dpsgd.noise import NoiseSource
+from lightning_privacy.dpsgd.optimizers import (
     _DistributedDPOptimizer,
     _DistributedGhostDPOptimizer,
     _DPOptimizer,
     _FSDPGhostDPOptimizer,
     _GhostDPOptimizer,
 )
-from lightning_privacy.callbacks._samplers import install_exact_samplers
-from lightning_privacy.noise import NoiseSource
-from lightning_privacy.sampling import draw_seed
+from lightning_privacy.dpsgd.samplers import install_exact_samplers
+from lightning_privacy.dpsgd.sampling import draw_seed
 
 __all__ = [
     "Sampling",
@@ -149,7 +149,7 @@ def is_distributed(trainer: pl.Trainer) -> bool:
 
 
 def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str, **kwargs: Any) -> Any:
-    """Opacus' per-example hooks for the mode and the strategy (with :mod:`._samplers`' corrections)."""
+    """Opacus' per-example hooks for the mode and the strategy (with :mod:`lightning_privacy.dpsgd.samplers`' corrections)."""
     from opacus.grad_sample import GradSampleHooks, GradSampleHooksFastGradientClipping
     from opacus.grad_sample.grad_sample_module_fast_gradient_clipping_fsdp import (
         GradSampleHooksFastGradientClippingFSDP,

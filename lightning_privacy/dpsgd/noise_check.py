@@ -3,7 +3,7 @@
 :class:`NoiseCheck` reads the noise back from the parameters (:func:`noise_readback`: ``p.grad · scale`` minus the
 clipped sum it was added to) and tests its variance with a two-sided χ² test over as many steps as it takes to see
 :data:`NOISE_MIN_COORDINATES` coordinates, at :data:`NOISE_FALSE_ALARM` per fit. It raises
-``MisconfigurationException`` when the noise is off. The other self-checks are in :mod:`._dp_checks`.
+``MisconfigurationException`` when the noise is off. The other self-checks are in :mod:`lightning_privacy.dpsgd.checks`.
 """
 
 from __future__ import annotations

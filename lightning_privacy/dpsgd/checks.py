@@ -2,9 +2,9 @@
 
 Self-checks (``check_*``) re-derive, from what Opacus left on the parameters, that privacy is really applied:
 every trainable parameter has per-sample gradients; the summed gradient is the sum of per-sample gradients clipped
-to the callback's C; the noise added has standard deviation σ·C (:mod:`._noise_check`). Ghost clipping never materialises per-sample
+to the callback's C; the noise added has standard deviation σ·C (:mod:`lightning_privacy.dpsgd.noise_check`). Ghost clipping never materialises per-sample
 gradients, so there the check is that the clipped sum is within batch size × C (:func:`check_clipped_sum_bound`);
-that what is clipped is each example's whole gradient, in both modes, is the exactness check's (:mod:`._exactness`). They raise ``MisconfigurationException`` naming the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
+that what is clipped is each example's whole gradient, in both modes, is the exactness check's (:mod:`lightning_privacy.dpsgd.exactness`). They raise ``MisconfigurationException`` naming the parameter. Telemetry (:class:`ClippingStats`) records per-sample gradient norms; it is data-dependent and not
 covered by the DP guarantee.
 """
 
@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 # the noise check, in its own module (re-exported: it is one of the self-checks)
-from lightning_privacy.callbacks._noise_check import (  # noqa: F401
+from lightning_privacy.dpsgd.noise_check import (  # noqa: F401
     NOISE_FALSE_ALARM,
     NOISE_MIN_COORDINATES,
     NoiseCheck,

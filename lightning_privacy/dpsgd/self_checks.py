@@ -1,10 +1,10 @@
-"""When and where DPSGD runs its self-checks (the checks are in ``_dp_checks`` and ``_noise_check``), on every strategy.
+"""When and where DPSGD runs its self-checks (the checks are in ``checks`` and ``noise_check``), on every strategy.
 
 - Clipping, on the first :data:`SELF_CHECK_STEPS` optimizer steps of a fit that hold examples (an empty Poisson batch,
-  on every rank, does not count), on every rank: the exactness check (:mod:`._exactness`, in the backward pass),
+  on every rank, does not count), on every rank: the exactness check (:mod:`lightning_privacy.dpsgd.exactness`, in the backward pass),
   per-sample gradients for every trainable parameter and their clipped sum (hooks mode), the clipped sum's bound
   (ghost mode; under FSDP2 the reduce-scattered average, all-reduced).
-- Noise, over as many steps as the χ² test needs (:data:`~._noise_check.NOISE_MIN_COORDINATES` coordinates), where it
+- Noise, over as many steps as the χ² test needs (:data:`~lightning_privacy.dpsgd.noise_check.NOISE_MIN_COORDINATES` coordinates), where it
   is added: the one process, rank 0 under DDP (Opacus' distributed optimizers), every rank's shard under FSDP2. A fit
   shorter than that is tested at its end on what was recorded.
 - Collectively: under several processes every rank raises when any rank's check failed, so none waits forever in
@@ -21,7 +21,7 @@ import torch
 import torch.distributed
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from lightning_privacy.callbacks import _dp_checks, _noise_check, _strategies
+from lightning_privacy.dpsgd import checks, noise_check, strategies
 
 SELF_CHECK_STEPS = 2  # optimizer steps of each fit on which DPSGD re-derives clipping
 
@@ -43,17 +43,17 @@ class SelfChecks:
     ) -> None:
         self.trainer, self.grad_sample_mode, self.max_grad_norm = trainer, grad_sample_mode, max_grad_norm
         self.loss_reduction, self.param_names, self.backward = loss_reduction, param_names, backward
-        self.distributed, self.fsdp = _strategies.is_distributed(trainer), _strategies.is_fsdp(trainer)
+        self.distributed, self.fsdp = strategies.is_distributed(trainer), strategies.is_fsdp(trainer)
         self.clipping_steps_left = SELF_CHECK_STEPS
         self._step_had_rows = True
-        self.noise = _noise_check.NoiseCheck(
+        self.noise = noise_check.NoiseCheck(
             max_grad_norm=max_grad_norm,
             noise_multiplier=float(noise_multiplier),
             divisor=trainer.world_size if self.fsdp else 1,
         )
         coordinates = sum(p.numel() for p in optimizer.params)  # FSDP2: each rank checks its ~1/W shard
         coordinates = coordinates // trainer.world_size if self.fsdp else coordinates
-        self.noise_steps_left = max(1, math.ceil(_noise_check.NOISE_MIN_COORDINATES / max(1, coordinates)))
+        self.noise_steps_left = max(1, math.ceil(noise_check.NOISE_MIN_COORDINATES / max(1, coordinates)))
 
     @property
     def checking_clipping(self) -> bool:
@@ -76,7 +76,7 @@ class SelfChecks:
     def per_sample_gradients(self, optimizer: Any) -> None:
         """Hooks mode, before the optimizer step: every trainable parameter has per-sample gradients."""
         if self.checking_clipping and self.grad_sample_mode == "hooks":
-            self.collectively(lambda: _dp_checks.check_per_sample_gradients(optimizer.params, self.param_names))
+            self.collectively(lambda: checks.check_per_sample_gradients(optimizer.params, self.param_names))
 
     def before_noise(self, optimizer: Any) -> bool:
         """Clipping on the first steps; True while the noise check needs this step (keep the clipped sum)."""
@@ -91,11 +91,11 @@ class SelfChecks:
 
     def _clipping(self, optimizer: Any) -> None:
         if self.grad_sample_mode == "hooks":
-            _dp_checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=self.max_grad_norm)
+            checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=self.max_grad_norm)
             return
         # ghost mode: no per-sample gradients (the norms were checked in the backward); the sum's bound
         batch = self.backward.last_norms.numel() if self.backward.last_norms is not None else 0
-        _dp_checks.check_clipped_sum_bound(
+        checks.check_clipped_sum_bound(
             [optimizer.summed(p) for p in optimizer.params],
             max_grad_norm=self.max_grad_norm,
             batch_size=batch,

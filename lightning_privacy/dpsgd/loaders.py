@@ -3,24 +3,27 @@
 Lightning has no public hook to replace the train dataloader whichever way it is supplied, so the swap
 itself goes through :func:`lightning_privacy._compat.install_train_loader_transform` (the private-API
 module, with the test that guards it); here the user's loader becomes a
-:class:`~lightning_privacy.sampling.PoissonDataLoader` over the whole training set, of which this rank takes its
-share (:mod:`lightning_privacy.sampling` holds the sampling itself and its guarantees).
+:class:`~lightning_privacy.dpsgd.sampling.PoissonDataLoader` over the whole training set, of which this rank takes its
+share (:mod:`lightning_privacy.dpsgd.sampling` holds the sampling itself and its guarantees).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader
 
 from lightning_privacy import _compat
-from lightning_privacy.sampling import PoissonBatchSampler, PoissonDataLoader, replaced_sampler_name
+from lightning_privacy.dpsgd.sampling import (
+    PoissonBatchSampler,
+    PoissonDataLoader,
+    replaced_sampler_name,
+)
 
 
 def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
@@ -79,30 +82,3 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
         return PoissonDataLoader(loader, sampler)
     except ValueError as err:
         raise MisconfigurationException(f"DPSGD cannot Poisson-sample this train loader: {err}") from err
-
-
-def is_empty_batch(batch: Any) -> bool:
-    """True when every tensor in ``batch`` (nested tuples, lists, dicts) has no rows: an empty Poisson batch."""
-    if isinstance(batch, torch.Tensor):
-        return batch.ndim > 0 and batch.shape[0] == 0
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (tuple, list)):
-        found = [is_empty_batch(item) for item in batch if isinstance(item, (torch.Tensor, tuple, list, dict))]
-        return bool(found) and all(found)
-    return False
-
-
-def batch_rows(batch: Any) -> Optional[int]:
-    """The examples in ``batch``: the first dimension of its first tensor of at least one dimension (nested tuples,
-    lists, dicts; batch-first, as Opacus' hooks assume), or ``None`` when it holds no such tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim > 0 else None
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    if isinstance(batch, (tuple, list)):
-        for item in batch:
-            rows = batch_rows(item)
-            if rows is not None:
-                return rows
-    return None

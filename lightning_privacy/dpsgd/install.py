@@ -2,9 +2,9 @@
 
 :func:`install_dp_optimizer` is the body of ``DPSGD.on_fit_start``: it checks the optimizers, builds the Poisson
 loader to learn the sample rate, plans σ where asked, attaches Opacus' per-example hooks (per-sample or ghost
-clipping, FSDP2's hook views), replaces the module's backward (:class:`~._backward.PerExampleBackward`), wraps the
-optimizer in the strategy's DP optimizer class (:mod:`._strategies`) with its noise source, and arms the self-checks.
-:func:`remove_dp_hooks` undoes the hooks at ``teardown``; :func:`log_clipping` writes the epoch's clipping telemetry.
+clipping, FSDP2's hook views), replaces the module's backward (:class:`~lightning_privacy.dpsgd.backward.PerExampleBackward`), wraps the
+optimizer in the strategy's DP optimizer class (:mod:`lightning_privacy.dpsgd.strategies`) with its noise source, and arms the self-checks.
+:func:`remove_dp_hooks` undoes the hooks at ``teardown``. (Logging is the callback's: :class:`~lightning_privacy.DPSGD`.)
 """
 
 from __future__ import annotations
@@ -13,26 +13,21 @@ import functools
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
-from lightning_privacy import _compat, names
-from lightning_privacy.callbacks import _dp_checks, _strategies
-from lightning_privacy.callbacks._audit_utils import log_histogram
-from lightning_privacy.callbacks._backward import PerExampleBackward
-from lightning_privacy.callbacks._dpsgd_settings import plan_noise_multiplier
-from lightning_privacy.callbacks._exactness import ExactnessRecord
-from lightning_privacy.callbacks._hparams import write_privacy_hparams
-from lightning_privacy.callbacks._poisson import make_poisson_loader
-from lightning_privacy.callbacks._self_checks import SelfChecks
+from lightning_privacy import _compat
+from lightning_privacy.dpsgd import checks, strategies
+from lightning_privacy.dpsgd.backward import PerExampleBackward
+from lightning_privacy.dpsgd.exactness import ExactnessRecord
+from lightning_privacy.dpsgd.loaders import make_poisson_loader
+from lightning_privacy.dpsgd.self_checks import SelfChecks
+from lightning_privacy.dpsgd.settings import plan_noise_multiplier
 
 __all__ = [
     "check_steps_accounted",
     "check_trainer",
     "install_dp_optimizer",
-    "log_clipping",
-    "log_exactness",
     "record_step",
     "remove_dp_hooks",
 ]
@@ -71,18 +66,18 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
             max_epochs=trainer.max_epochs,
         )
     dp._param_names = {id(p): name for name, p in pl_module.named_parameters()}
-    dp._batch_statistics = _dp_checks.batch_statistics_layers(pl_module)
-    fsdp = _strategies.is_fsdp(trainer)
-    dp._hooks = _strategies.grad_sample_hooks(
+    dp._batch_statistics = checks.batch_statistics_layers(pl_module)
+    fsdp = strategies.is_fsdp(trainer)
+    dp._hooks = strategies.grad_sample_hooks(
         trainer,
         pl_module,
         grad_sample_mode=dp.grad_sample_mode,
         loss_reduction=dp.loss_reduction,
         max_grad_norm=dp.max_grad_norm,
     )
-    dp._view_hooks = _strategies.fsdp_outputs_without_hook_views(pl_module) if fsdp else []
-    cls = _strategies.dp_optimizer_class(trainer, dp.grad_sample_mode)
-    _strategies.disable_ddp_gradient_sync(trainer)
+    dp._view_hooks = strategies.fsdp_outputs_without_hook_views(pl_module) if fsdp else []
+    cls = strategies.dp_optimizer_class(trainer, dp.grad_sample_mode)
+    strategies.disable_ddp_gradient_sync(trainer)
     dp.exactness = ExactnessRecord(reference="not run (FSDP2: the parameters are sharded)" if fsdp else "not run")
     dp._backward = PerExampleBackward(
         pl_module,
@@ -96,7 +91,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         sharded=fsdp,
     )
     expected_batch_size = int(len(loader.dataset) * dp.sample_rate)
-    if _strategies.is_distributed(trainer):
+    if strategies.is_distributed(trainer):
         expected_batch_size /= trainer.world_size
     dp_optimizer = cls(
         optimizers[0],
@@ -106,7 +101,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         loss_reduction=dp.loss_reduction,
         secure_mode=dp.secure_mode,
     )
-    dp_optimizer.noise_source = _strategies.resolve_noise(trainer, dp.noise_seed, secure=dp.secure_mode)
+    dp_optimizer.noise_source = strategies.resolve_noise(trainer, dp.noise_seed, secure=dp.secure_mode)
     dp_optimizer.noise_step = lambda: dp.ledger.steps  # the index of the step being taken, over the whole run
     dp_optimizer.attach_step_hook(functools.partial(record_step, dp))
     dp_optimizer.before_noise_hooks = dp._before_noise_hooks
@@ -122,7 +117,6 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         backward=dp._backward,
     )
     dp_optimizer.check_before_noise = dp._checks.before_noise
-    write_privacy_hparams(trainer, pl_module, dp.privacy_settings())
 
 
 def record_step(dp: Any, optimizer: DPOptimizer) -> None:
@@ -159,26 +153,3 @@ def remove_dp_hooks(dp: Any) -> None:
     if dp._hooks is not None:
         dp._hooks.cleanup()
         dp._hooks = None
-
-
-def log_exactness(dp: Any, pl_module: pl.LightningModule) -> None:
-    """Log ``dp/exactness_error``: the largest relative mismatch the exactness check found (the largest over ranks)."""
-    if not dp.exactness.steps:  # (nothing compared yet: FSDP2, or no step with examples)
-        return
-    pl_module.log(
-        names.DP_EXACTNESS_ERROR, dp.exactness.max_relative_error, on_step=False, on_epoch=True, sync_dist=True,
-        reduce_fx="max",
-    )  # fmt: skip
-
-
-def log_clipping(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-    """Log the epoch's ``dp/clip_fraction``, ``dp/grad_norm_median`` and the ``dp/grad_norms`` histogram (every
-    rank's norms; a collective call), and start the next epoch's record."""
-    norms = dp._clipping.gathered(trainer, pl_module.device)
-    dp._clipping.reset()
-    if norms.numel() == 0:
-        return
-    fraction = float((norms > dp.max_grad_norm).to(torch.float64).mean())
-    for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, float(norms.median()))):
-        pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
-    log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))

@@ -6,9 +6,9 @@ it knows, so it sees a parameter only through its own layer's forward. A use of 
 but not to autograd: ghost clipping then computed each example's norm without it while the second backward pass
 (the clipped sum) included it, so one example could add several times C to a step; hooks mode dropped it from the
 gradient altogether. A layer whose per-example function is wrong (Opacus' ``nn.Embedding`` with ``padding_idx``,
-corrected in :mod:`._samplers`) does the same.
+corrected in :mod:`lightning_privacy.dpsgd.samplers`) does the same.
 
-On the steps DPSGD self-checks (the first :data:`~._self_checks.SELF_CHECK_STEPS` of a fit, before any optimizer
+On the steps DPSGD self-checks (the first :data:`~lightning_privacy.dpsgd.self_checks.SELF_CHECK_STEPS` of a fit, before any optimizer
 step), this module compares what DP-SGD clips with a computation that differentiates the whole forward pass:
 
 - **Per-example reference** (ghost mode always; hooks mode when ``training_step`` returns one loss per example): each
@@ -22,7 +22,7 @@ step), this module compares what DP-SGD clips with a computation that differenti
   that cancels over the batch (examples swapped), which the per-example reference sees.
 
 With book-keeping (ghost mode), the clipped sum is also compared with the second backward pass (autograd of
-``Σᵢ cᵢ·ℓᵢ``) on these steps (:mod:`._backward`). A mismatch raises before the first optimizer step, in one sentence
+``Σᵢ cᵢ·ℓᵢ``) on these steps (:mod:`lightning_privacy.dpsgd.backward`). A mismatch raises before the first optimizer step, in one sentence
 naming the parameter, the size of the mismatch and the fixes. :class:`ExactnessRecord` keeps what ran, for the
 report and the ``dp/exactness_error`` scalar.
 """

@@ -3,13 +3,13 @@
 - :class:`_StateInitialisationStep`: a ``step()`` that only creates optimizer state (torch.distributed.checkpoint's
   ``_init_optim_state`` under FSDP2) goes to the wrapped optimizer, neither counted nor noised;
 - :class:`_BeforeNoiseHooks`: DPSGD's self-check and the registered hooks (canaries) on the clipped sum, then the noise;
-- :class:`_SecretNoise`: every step's noise from the fit's :class:`~lightning_privacy.noise.NoiseSource`;
+- :class:`_SecretNoise`: every step's noise from the fit's :class:`~lightning_privacy.dpsgd.noise.NoiseSource`;
 - :class:`_NoiseIntoGradient`: the noise added to the clipped sum in place, chunk by chunk (no per-step allocation);
 - :class:`_GhostSumWithoutCopy`: ghost clipping's clipped sum taken over from ``p.grad`` instead of copied;
 - :class:`_ClipInParameterPrecision`: hooks mode clips per-sample gradients in their parameter's dtype.
 
 Which class a fit uses (one process, DDP, FSDP2; hooks or ghost) is decided by
-:func:`lightning_privacy.callbacks._strategies.dp_optimizer_class`.
+:func:`lightning_privacy.dpsgd.strategies.dp_optimizer_class`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class _ClipInParameterPrecision:
 
 
 class _SecretNoise:
-    """Mixin: every step's noise comes from the fit's :class:`~lightning_privacy.noise.NoiseSource`.
+    """Mixin: every step's noise comes from the fit's :class:`~lightning_privacy.dpsgd.noise.NoiseSource`.
 
     Before Opacus adds the noise of step ``t`` (``noise_step()``, the steps recorded so far), ``self.generator`` is
     replaced by the source's generator for ``t`` on the parameters' device: the noise never comes from torch's global

@@ -15,7 +15,7 @@ from opacus.validators import ModuleValidator
 
 from lightning_privacy import names
 from lightning_privacy._validation import check_choice, check_int, check_open_unit, check_positive
-from lightning_privacy.callbacks._fix_modules import (
+from lightning_privacy.dpsgd.modules import (
     fix_modules_in_place,
     fixed_modules_record,
     incompatible_layers,

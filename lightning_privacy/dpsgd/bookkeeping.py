@@ -1,0 +1,243 @@
+"""Ghost clipping's clipped sum in one backward pass: book-keeping (Bu, Wang, Zha, Karypis, ICML 2023).
+
+Ghost clipping (Li et al. 2022) runs two backward passes: the first gives each example's gradient norm ‖∇ℓᵢ‖ layer
+by layer (Opacus' hooks, without per-example gradients), the second the gradient of ``Σᵢ cᵢ·ℓᵢ`` with
+``cᵢ = min(1, C / (‖∇ℓᵢ‖ + 1e-6))`` — the clipped sum. Bu et al.'s book-keeping keeps what the first pass already
+computed — each layer's input ``aᵢ`` (activations) and the gradient ``gᵢ`` of the loss at its output (backprops) —
+and forms the clipped sum from them directly, without the second pass through the network:
+
+- ``nn.Linear``: ``Σᵢ cᵢ ∇_W ℓᵢ = Σᵢ cᵢ gᵢᵀ aᵢ`` (over positions too), one matrix product per layer; the bias
+  ``Σᵢ cᵢ Σ_positions gᵢ``;
+- ``nn.Conv1d/2d/3d``: torch's own weight gradient of a convolution (``torch.nn.grad.conv*d_weight``) for the
+  output gradients ``cᵢ·gᵢ`` (the input padded first as the layer pads it: ``"reflect"``, ``"replicate"``,
+  ``"circular"``); the bias ``Σᵢ cᵢ Σ_positions gᵢ``;
+- ``nn.Embedding``: ``Σᵢ cᵢ gᵢ`` added into the rows of the looked-up indices (``index_add_``; the
+  ``padding_idx`` row gets no gradient, as in torch's own backward);
+- any other layer Opacus has a per-example gradient function for (LayerNorm, GroupNorm, convolutions, …): its
+  per-example gradients from ``cᵢ·gᵢ``, summed over examples. These are small layers (their per-example gradients
+  are what ghost clipping materialises for them anyway).
+
+The first pass itself need not compute any parameter's gradient (ghost clipping discards them): when every layer's
+output is known, :meth:`BookKeeping.first_pass_targets` names those outputs, and a first pass that differentiates
+with respect to them alone propagates the output gradients through the network (Opacus' norm hooks and
+book-keeping's capture fire as before) while torch skips every weight gradient. One backward pass then costs
+about what the non-private one does, plus the norms and one weight product per layer.
+
+The sum is the second pass's up to floating-point summation order (tests compare it with hooks mode and with the
+two passes). It saves the second pass's propagation through the network — its input gradients — and keeps each
+layer's output gradient until the sum is formed (memory of the size of the activations). A step falls back to the
+second pass whenever book-keeping cannot be sure to be exact: a layer called more than once in the forward pass
+(shared weights, recurrent layers), a layer type without a per-example gradient function, an ``nn.Embedding`` with
+``max_norm``, ``scale_grad_by_freq`` or sparse gradients, or a layer's captured batch size other than the
+examples'.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from opacus.grad_sample import GradSampleModule
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["BookKeeping"]
+
+
+def _direct_trainable(module: nn.Module) -> List[torch.Tensor]:
+    return [p for p in module.parameters(recurse=False) if p.requires_grad]
+
+
+_CONV_WEIGHT = {nn.Conv1d: torch.nn.grad.conv1d_weight, nn.Conv2d: torch.nn.grad.conv2d_weight,
+                nn.Conv3d: torch.nn.grad.conv3d_weight}  # fmt: skip
+
+
+def _plain_conv(module: nn.Module) -> bool:
+    return type(module) in _CONV_WEIGHT and not isinstance(module.padding, str)
+
+
+def _embedding_ok(module: nn.Module) -> bool:
+    return module.max_norm is None and not module.scale_grad_by_freq and not module.sparse
+
+
+class BookKeeping:
+    """Capture each trainable layer's input and output gradient in the first ghost pass; form the clipped sum.
+
+    Args:
+        module: the module Opacus' ghost-clipping hooks watch (the LightningModule).
+        loss_reduction: ``"mean"`` or ``"sum"``: how the first pass reduced the per-example losses (``"mean"``
+            gradients are ``1/n`` of the per-example ones, and are scaled back).
+
+    Use: :meth:`start` before the forward pass, ``capturing = True`` around the first backward pass, then
+    :meth:`ready` and :meth:`clipped_sums`; :meth:`clear` after the step; :meth:`remove` at the end.
+
+    Example::
+
+        >>> _ = torch.manual_seed(0)
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+        >>> keeper = BookKeeping(net, loss_reduction="sum")
+        >>> x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+        >>> keeper.start()
+        >>> losses = nn.functional.cross_entropy(net(x), y, reduction="none")
+        >>> keeper.capturing = True
+        >>> losses.sum().backward()
+        >>> keeper.capturing = False
+        >>> c = torch.rand(5)
+        >>> sums = keeper.clipped_sums(c)
+        >>> net.zero_grad()
+        >>> (c * nn.functional.cross_entropy(net(x), y, reduction="none")).sum().backward()
+        >>> all(torch.allclose(sums[p], p.grad, atol=1e-6) for p in net.parameters())
+        True
+        >>> keeper.remove()
+    """
+
+    def __init__(self, module: nn.Module, *, loss_reduction: str) -> None:
+        if loss_reduction not in ("mean", "sum"):
+            raise ValueError(f"`loss_reduction` must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.loss_reduction = loss_reduction
+        self.capturing = False
+        self.low_precision = False  # the last sums came from 16-bit output gradients (autocast)
+        self._layers = [m for m in module.modules() if _direct_trainable(m)]
+        self.supported = all(self._supports(m) for m in self._layers)
+        self._inputs: Dict[nn.Module, List[Tuple[torch.Tensor, ...]]] = {}
+        self._outputs: Dict[nn.Module, List[object]] = {}
+        self._grads: Dict[nn.Module, List[torch.Tensor]] = {}
+        self._handles = []
+        if self.supported:
+            for layer in self._layers:
+                self._handles.append(layer.register_forward_hook(self._forward))
+                self._handles.append(layer.register_full_backward_hook(self._backward))
+
+    @staticmethod
+    def _supports(layer: nn.Module) -> bool:
+        if type(layer) is nn.Linear:
+            return True
+        if type(layer) is nn.Embedding:
+            return _embedding_ok(layer)
+        return type(layer) in GradSampleModule.GRAD_SAMPLERS and type(layer) is not nn.EmbeddingBag
+
+    def _forward(self, layer: nn.Module, inputs: Tuple[torch.Tensor, ...], output: object) -> None:
+        if layer.training and torch.is_grad_enabled():
+            self._inputs.setdefault(layer, []).append(tuple(t.detach() for t in inputs if isinstance(t, torch.Tensor)))
+            # (forward hooks see the layer's own output, before torch wraps it for the layer's backward hooks)
+            self._outputs.setdefault(layer, []).append(output)
+
+    def _backward(self, layer: nn.Module, _grad_input: tuple, grad_output: tuple) -> None:
+        if self.capturing and grad_output and grad_output[0] is not None:
+            self._grads.setdefault(layer, []).append(grad_output[0].detach())
+
+    def start(self) -> None:
+        """Forget the last step's captures (call before the forward pass)."""
+        self.clear()
+
+    def clear(self) -> None:
+        self._inputs.clear()
+        self._outputs.clear()
+        self._grads.clear()
+
+    def first_pass_targets(self) -> Optional[List[torch.Tensor]]:
+        """After the forward pass: every layer's output, to differentiate the first pass with respect to (or ``None``).
+
+        The gradient with respect to these tensors runs through every layer's backward hooks (each output's
+        gradient is needed) and through no weight's gradient; ``None`` when a layer ran other than once or returned
+        something other than one tensor that needs a gradient.
+        """
+        if not self.forward_ready():
+            return None
+        outputs = [self._outputs.get(m, [None])[0] for m in self._layers]
+        if not all(isinstance(t, torch.Tensor) and t.requires_grad for t in outputs):
+            return None
+        return outputs
+
+    def forward_ready(self) -> bool:
+        """After the forward pass: every trainable layer ran exactly once (so one backward pass can do)."""
+        return self.supported and all(len(self._inputs.get(m, ())) == 1 for m in self._layers)
+
+    def ready(self, batch_size: int) -> bool:
+        """After the first backward pass: every layer has one input and one output gradient, ``batch_size`` rows."""
+        if not self.forward_ready():
+            return False
+        for layer in self._layers:
+            grads = self._grads.get(layer, ())
+            if len(grads) != 1 or grads[0].ndim == 0 or grads[0].shape[0] != batch_size:
+                return False
+            if not self._inputs[layer][0] or self._inputs[layer][0][0].shape[0] != batch_size:
+                return False
+        return True
+
+    def clipped_sums(self, coefficients: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
+        """``{parameter: Σᵢ cᵢ ∇ℓᵢ}`` from the captured first pass (:meth:`ready` must be true)."""
+        result: Dict[torch.Tensor, torch.Tensor] = {}
+        n = int(coefficients.shape[0])
+        self.low_precision = any(g[0].dtype in (torch.float16, torch.bfloat16) for g in self._grads.values())
+        for layer in self._layers:
+            (inputs,), (grad,) = self._inputs[layer], self._grads[layer]
+            dtype = _direct_trainable(layer)[0].dtype  # sums in the parameters' precision (autocast: not 16 bits)
+            grad = grad.to(dtype)
+            inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+            weight = coefficients.to(device=grad.device, dtype=dtype) * (n if self.loss_reduction == "mean" else 1)
+            weighted = grad * weight.view(-1, *([1] * (grad.ndim - 1)))
+            for param, total in self._layer_sums(layer, inputs, weighted).items():
+                if param.requires_grad:
+                    result[param] = total.to(param.dtype)
+        return result
+
+    @staticmethod
+    def _layer_sums(layer: nn.Module, inputs: tuple, weighted: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
+        if type(layer) is nn.Linear:
+            out = weighted.reshape(-1, weighted.shape[-1])
+            sums = {layer.weight: out.t().mm(inputs[0].reshape(-1, inputs[0].shape[-1]))}
+            if layer.bias is not None:
+                sums[layer.bias] = out.sum(0)
+            return sums
+        if _plain_conv(layer):
+            x, padding = inputs[0], layer.padding
+            if layer.padding_mode != "zeros":  # as nn.ConvNd pads: F.pad first, then a convolution without padding
+                x = F.pad(x, [q for q in reversed(padding) for _ in range(2)], mode=layer.padding_mode)
+                padding = 0
+            weight = _CONV_WEIGHT[type(layer)](
+                x, layer.weight.shape, weighted, layer.stride, padding, layer.dilation, layer.groups
+            )
+            sums = {layer.weight: weight}
+            if layer.bias is not None:
+                sums[layer.bias] = weighted.sum(dim=[0, *range(2, weighted.ndim)])
+            return sums
+        if type(layer) is nn.Embedding:
+            total = torch.zeros_like(layer.weight, dtype=weighted.dtype)
+            total.index_add_(0, inputs[0].reshape(-1), weighted.reshape(-1, weighted.shape[-1]))
+            if layer.padding_idx is not None:
+                total[layer.padding_idx] = 0
+            return {layer.weight: total}
+        samples = GradSampleModule.GRAD_SAMPLERS[type(layer)](layer, list(inputs), weighted)
+        return {param: sample.sum(0) for param, sample in samples.items()}
+
+    def disagreeing(self, sums: Dict[torch.Tensor, torch.Tensor], params: List[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The first of ``params`` whose clipped sum in ``sums`` differs from its ``.grad`` (the second pass's), else
+        ``None``: DPSGD's self-check of book-keeping (a layer whose gradient is not what its type suggests).
+
+        Relative tolerance 1e-3 of the sum's norm, or 5e-2 when the sums came from 16-bit output gradients
+        (autocast: the second pass multiplies in 16 bits, book-keeping in the parameters' precision), plus 1e-6.
+        """
+        rtol = 5e-2 if self.low_precision else 1e-3
+        for param in params:
+            total, grad = sums.get(param), param.grad
+            if total is None or grad is None:
+                continue
+            total, grad = total.to(torch.float64), grad.to(torch.float64)
+            if float((total - grad).norm()) > rtol * max(float(grad.norm()), float(total.norm())) + 1e-6:
+                return param
+        return None
+
+    def remove(self) -> None:
+        """Remove the hooks and forget the captures."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.clear()
+
+
+def sums_or_none(keeper: Optional[BookKeeping], batch_size: int, coefficients: torch.Tensor):
+    """The clipped sums when ``keeper`` can form them for this batch, else ``None`` (take the second pass)."""
+    if keeper is None or not keeper.ready(batch_size):
+        return None
+    return keeper.clipped_sums(coefficients)
