@@ -98,12 +98,18 @@ LOSS_TPR_AT_FPR_0_01 = "audit/loss_tpr_at_fpr_0.01"
 LOSS_TPR_AT_FPR_0_1 = "audit/loss_tpr_at_fpr_0.1"
 LOSS_EPSILON_LOWER = "audit/loss_epsilon_lower"
 LOSS_CLAIM_CONTRADICTED = "audit/loss_claim_contradicted"  # 1: the attack contradicts the claimed guarantee at 1 − α (add/remove), 0: consistent
+EZMIA_AUC = "audit/ezmia_auc"  # EZ-MIA: a fine-tuned LM against its base model (Error Zone score)
+EZMIA_TPR_AT_FPR_0_001 = "audit/ezmia_tpr_at_fpr_0.001"
+EZMIA_TPR_AT_FPR_0_01 = "audit/ezmia_tpr_at_fpr_0.01"
+EZMIA_TPR_AT_FPR_0_1 = "audit/ezmia_tpr_at_fpr_0.1"
+EZMIA_EPSILON_LOWER = "audit/ezmia_epsilon_lower"
+EZMIA_CLAIM_CONTRADICTED = "audit/ezmia_claim_contradicted"  # 1: the attack contradicts the claimed guarantee at 1 − α (add/remove), 0: consistent
 MEMBERSHIP_FIGURE = "audit/membership/roc"  # figure: log-log ROC inside the accountant's region
 MEMBERSHIP_SUMMARY = "audit/membership/summary"  # text: the attack's table
 
 
 def membership_key(attack: str, quantity: str) -> str:
-    """``audit/<attack>_<quantity>`` (``attack`` in rmia/lira/loss), one of the constants above.
+    """``audit/<attack>_<quantity>`` (``attack`` in rmia/lira/loss/ezmia), one of the constants above.
 
     Example::
 
@@ -222,6 +228,7 @@ for _attack, (_who, _paper) in {
     "rmia": ("RMIA", " (Zarifzadeh et al. 2024)"),
     "lira": ("LiRA", " (Carlini et al. 2022)"),
     "loss": ("the LOSS attack", ""),
+    "ezmia": ("EZ-MIA", " (Ilić et al. 2026: the fine-tuned LM against its base)"),
 }.items():
     KEY_DOCS[membership_key(_attack, "auc")] = (f"area under {_who}'s ROC{_paper}", "AUC in [0, 1]", ESTIMATE)
     for _fpr in ("0.001", "0.01", "0.1"):

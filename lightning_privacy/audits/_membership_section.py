@@ -19,6 +19,8 @@ ATTACKS = {
     "rmia": "RMIA (Zarifzadeh et al. 2024): likelihood ratio against reference models, compared with population rows",
     "lira": "LiRA (Carlini et al. 2022): Gaussian likelihood ratio of the model's confidence against reference models",
     "loss": "the LOSS attack: the model's loss alone (low = member); the reference-free baseline",
+    "ezmia": "EZ-MIA (Ilić et al. 2026): at the tokens a fine-tuned LM predicts wrongly, the share of upward shifts "
+    "of the true token's probability relative to its base model; no reference training",
 }
 
 

@@ -1,4 +1,4 @@
-"""Reference-model membership attacks on a trained model: RMIA, LiRA and the LOSS baseline.
+"""Membership attacks on a trained model: RMIA, LiRA, the LOSS baseline and, for a fine-tuned language model, EZ-MIA.
 
 :func:`~lightning_privacy.references.train_references` trains reference models with a Lightning Trainer on random halves of a population
 (rows that are neither the audited members nor the audited non-members) and caches them;
@@ -9,7 +9,9 @@ ROC inside the region the accountant allows for the in/out game these attacks pl
 the model trained with or without the example), and a point outside it is flagged. With a ``claim`` (a
 :class:`~lightning_privacy.claims.Claim`, a ledger, ``(σ, q, T[, δ])`` or ``(ε, δ)``) the result carries a verdict,
 ``"consistent"`` or ``"contradicted"`` at confidence 1 − α (:mod:`lightning_privacy.analysis.claims`). The attacks
-themselves are :mod:`lightning_privacy.analysis.membership_attacks` (numpy only).
+themselves are :mod:`lightning_privacy.analysis.membership_attacks` (numpy only). ``attack="ezmia"`` needs no
+reference model: a fine-tuned language model's own base is the reference (the model with its PEFT adapters disabled,
+or ``base_model``), scored by EZ-MIA's Error Zone statistic (:mod:`lightning_privacy.functional.base_reference`).
 
 No Lightning here: the reference models are trained in :mod:`lightning_privacy.references`.
 """
@@ -36,7 +38,8 @@ __all__ = [
     "audit_membership",
 ]
 
-ATTACKS = ("rmia", "lira", "loss")
+ATTACKS = ("rmia", "lira", "loss", "ezmia")
+REFERENCE_FREE = ("loss", "ezmia")  # no reference models: the model alone, or the model against its own base
 REPORTED_FPRS = (0.001, 0.01, 0.1)
 RELATION = "add_remove"  # the in/out game of every attack here: trained with or without the example
 RELATION_LABELS = {"add_remove": "add/remove", "replace": "replace"}
@@ -85,6 +88,16 @@ def _attack_signal(attack: str, signal_fn: Any) -> Tuple[str, Optional[str]]:
     """``(signal of the analysis functions, note)`` for ``attack`` on ``signal_fn``'s kind; refuses a score."""
     from lightning_privacy.functional.sequence_loss import signal_kind
 
+    if attack == "ezmia":
+        from lightning_privacy.functional.base_reference import ErrorZoneSignal
+
+        if signal_fn is not None and not isinstance(signal_fn, ErrorZoneSignal):
+            raise ValueError(
+                f"attack='ezmia' scores sequences with its own signal (EZ-MIA's Error Zone score against the base "
+                f"model), but got `signal_fn` {signal_fn!r}: drop it (pass `base_model=` where needed) or pass an "
+                "ErrorZoneSignal"
+            )
+        return "score", None
     kind = "membership_loss" if signal_fn is None else signal_kind(signal_fn)
     if attack == "loss" or kind == "membership_loss":
         return "membership_loss", None
@@ -147,8 +160,8 @@ class MembershipAuditResult(ClaimChecked, AuditResult):
     """One membership attack on one model.
 
     Attributes:
-        attack: ``"rmia"``, ``"lira"`` or ``"loss"``; ``variant``: ``"online"``, ``"offline"`` or
-            ``"reference-free"``.
+        attack: ``"rmia"``, ``"lira"``, ``"loss"`` or ``"ezmia"``; ``variant``: ``"online"``, ``"offline"``,
+            ``"reference-free"`` or, for EZ-MIA, ``"base: adapters disabled"`` / ``"base: base_model"``.
         scores: one score per audited example, members first (higher = more likely a member).
         is_member: the truth, aligned with ``scores``.
         auc: area under the ROC curve.
@@ -364,8 +377,9 @@ def audit_membership(
     device: Any = None,
     warn: bool = True,
     signal_fn: Optional[Callable[[Any, Any], Any]] = None,
+    base_model: Any = None,
 ) -> MembershipAuditResult:
-    """Attack ``model``'s membership with RMIA, LiRA or the LOSS baseline and summarise the attack.
+    """Attack ``model``'s membership with RMIA, LiRA, the LOSS baseline or EZ-MIA and summarise the attack.
 
     The signal of every model is the membership loss (softmax probability of the true label, logit-scaled for
     LiRA; :mod:`lightning_privacy.analysis.membership_attacks`). RMIA compares each audited example with the
@@ -375,7 +389,10 @@ def audit_membership(
     Args:
         model: the trained ``torch.nn.Module`` returning logits.
         member_loader, nonmember_loader: the audited examples (read once in dataset order).
-        attack: ``"rmia"``, ``"lira"`` or ``"loss"``.
+        attack: ``"rmia"``, ``"lira"``, ``"loss"`` or ``"ezmia"`` — EZ-MIA (Ilić et al., arXiv 2601.12104) on a
+            fine-tuned causal language model: each sequence's Error Zone score against the model fine-tuning started
+            from (:class:`~lightning_privacy.functional.base_reference.ErrorZoneSignal`; no reference training, two
+            forward passes per batch).
         references: reference models (RMIA, LiRA).
         population_loader: RMIA's population points ``z`` (rows neither member nor non-member); usually the one the
             references were trained on (then each point's reference membership is known).
@@ -403,14 +420,19 @@ def audit_membership(
             sequence's likelihood ``Pr(x | θ) = exp(−mean token loss × tokens)``), or
             :data:`~lightning_privacy.functional.sequence_loss.min_k_percent_signal` (Min-K%, with ``attack="loss"``).
             The signal's ``kind`` (:data:`~lightning_privacy.functional.sequence_loss.SIGNAL_KINDS`) says which; RMIA
-            and LiRA refuse a ``"score"``.
+            and LiRA refuse a ``"score"``. With ``attack="ezmia"`` only ``None`` or an
+            :class:`~lightning_privacy.functional.base_reference.ErrorZoneSignal` (its own settings and base).
+        base_model: EZ-MIA's reference, the model fine-tuning started from (e.g. the pretrained checkpoint, called like
+            ``model``): needed for full fine-tuning; a PEFT model's base is itself with its adapters disabled
+            (``peft_model.disable_adapter()``), no copy. Refused with another attack.
 
     Returns:
         A :class:`MembershipAuditResult`.
 
     Raises:
         ValueError: for an unknown attack, missing references or population, or references trained with other
-            audited examples, a claim out of range, or batches that are mappings (a language model's
+            audited examples, ``attack="ezmia"`` on a model without PEFT adapters and without ``base_model`` (naming
+            ``base_model``), ``base_model`` with another attack, a claim out of range, or batches that are mappings (a language model's
             ``{"input_ids": ..., "attention_mask": ...}``) without ``signal_fn`` or ``forward_fn``: the sentence names
             ``signal_fn=causal_lm_signal``.
         TypeError: a ``claim`` of another type.
@@ -440,6 +462,11 @@ def audit_membership(
     delta = expect_real("delta", delta, low=0.0, high=1.0, high_open=True)
     notes: List[str] = []
     signal, note = _attack_signal(attack, signal_fn)
+    variant = "reference-free"
+    if attack == "ezmia":
+        signal_fn, variant = _ezmia_signal(model, signal_fn, base_model, notes)
+    elif base_model is not None:
+        raise ValueError(f"`base_model` is EZ-MIA's reference: it needs attack='ezmia', but got attack={attack!r}")
     nll = signal == "nll" and signal_fn is not None and signal_kind(signal_fn) == "mean_token_nll"
     if note:
         notes.append(note)
@@ -450,8 +477,8 @@ def audit_membership(
     member_target, nonmember_target = read(model, [member_loader]), read(model, [nonmember_loader])
     target = np.r_[member_target, nonmember_target]
     is_member = np.r_[np.ones(member_target.size, bool), np.zeros(nonmember_target.size, bool)]
-    k, used_gamma, used_a, variant = 0, None, None, "reference-free"
-    if attack == "loss":
+    k, used_gamma, used_a = 0, None, None
+    if attack in REFERENCE_FREE:  # LOSS: −loss; EZ-MIA: the Error Zone score (its signal is the negative)
         scores = attacks.loss_scores(target)
     else:
         k = len(references) if references is not None else 0
@@ -493,6 +520,34 @@ def audit_membership(
         claim=claim,
         claim_verdict=verdict,
     )
+
+
+def ezmia_signal(signal_fn: Any, base_model: Any) -> Any:
+    """EZ-MIA's :class:`~lightning_privacy.functional.base_reference.ErrorZoneSignal`: ``signal_fn`` (one, or ``None``)
+    with ``base_model`` as its base where given. Raises ``ValueError`` for another signal or two different bases."""
+    from lightning_privacy.functional.base_reference import ErrorZoneSignal
+
+    _attack_signal("ezmia", signal_fn)
+    if signal_fn is None:
+        return ErrorZoneSignal(base_model)
+    if base_model is None or signal_fn.base_model is base_model:
+        return signal_fn
+    if signal_fn.base_model is not None:
+        raise ValueError("give EZ-MIA's base once: `base_model` or the ErrorZoneSignal's own, not two different ones")
+    settings = ("min_error_tokens", "skip_first", "ignore_index", "pad_token_id")
+    return ErrorZoneSignal(base_model, **{key: getattr(signal_fn, key) for key in settings})
+
+
+def _ezmia_signal(model: Any, signal_fn: Any, base_model: Any, notes: List[str]) -> Tuple[Any, str]:
+    """EZ-MIA's signal and the variant; refuses a model with no base (naming ``base_model``)."""
+    signal_fn = ezmia_signal(signal_fn, base_model)
+    how = signal_fn.check(model)
+    notes.append(
+        "EZ-MIA (Ilić et al. 2026): per sequence, at the tokens the model predicts wrongly, the share P⁺/(P⁺+P⁻) of "
+        f"upward shifts of the true token's log-probability relative to the base ({how}; a monotone transform of the "
+        f"paper's P⁺/P⁻); an error zone under {signal_fn.min_error_tokens} tokens falls back to all tokens"
+    )
+    return signal_fn, f"base: {how}"
 
 
 def _reference_scores(

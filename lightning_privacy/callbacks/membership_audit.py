@@ -10,14 +10,14 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_privacy import names
-from lightning_privacy.audits.membership import ATTACKS, MembershipAuditResult, audit_membership
+from lightning_privacy.audits.membership import ATTACKS, REFERENCE_FREE, MembershipAuditResult, audit_membership
 from lightning_privacy.callbacks import _audit_utils as audit
 
 __all__ = ["MembershipAudit"]
 
 
 class MembershipAudit(audit.ScheduledAudit):
-    """A reference-model membership attack on the trained model: RMIA (default), LiRA or LOSS.
+    """A reference-model membership attack on the trained model: RMIA (default), LiRA, LOSS or EZ-MIA.
 
     At fit end (and after every ``every_n_epochs``-th epoch if asked) the callback trains ``num_references``
     reference models once — ``model_factory()`` (default: the module's class built from its saved
@@ -43,7 +43,8 @@ class MembershipAudit(audit.ScheduledAudit):
     checkpoint and run ``lightning-privacy audit membership --checkpoint ...``.
 
     Args:
-        attack: ``"rmia"``, ``"lira"`` or ``"loss"``.
+        attack: ``"rmia"``, ``"lira"``, ``"loss"`` or ``"ezmia"`` (a fine-tuned LM against its base, no references:
+            ``audit_membership``'s; a full fine-tune needs ``base_model``, refused at ``on_train_start`` without).
         num_references: reference models for RMIA / LiRA (≥ 1).
         population: a DataLoader over a map-style dataset of rows neither member nor non-member (RMIA / LiRA);
             default: the datamodule's ``population_dataloader()`` (Adult's: its test split).
@@ -63,6 +64,7 @@ class MembershipAudit(audit.ScheduledAudit):
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
             when DPSGD trains the model, else no verdict.
         log_figure: write the ROC figure to TensorBoard loggers.
+        base_model: EZ-MIA's reference for a full fine-tune (a PEFT model's base is itself, adapters disabled).
 
     Attributes:
         result: the last :class:`~lightning_privacy.audits.membership.MembershipAuditResult` (``None`` before).
@@ -100,10 +102,20 @@ class MembershipAudit(audit.ScheduledAudit):
         signal_fn: Optional[Callable[[Any, Any], Any]] = None,
         log_figure: bool = True,
         claim: Any = None,
+        base_model: Any = None,
     ) -> None:
         if attack not in ATTACKS:
             raise MisconfigurationException(f"`attack` must be one of {ATTACKS}, got {attack!r}")
-        if attack != "loss":
+        if attack == "ezmia" or base_model is not None:  # EZ-MIA's signal carries the base model
+            from lightning_privacy.audits.membership import ezmia_signal
+
+            if attack != "ezmia":
+                raise MisconfigurationException(f"`base_model` is EZ-MIA's: it needs attack='ezmia', got {attack!r}")
+            try:
+                signal_fn = ezmia_signal(signal_fn, base_model)
+            except (TypeError, ValueError) as err:
+                raise MisconfigurationException(str(err)) from None
+        if attack not in REFERENCE_FREE:
             if isinstance(num_references, bool) or not isinstance(num_references, int) or num_references < 1:
                 raise MisconfigurationException(
                     f"`num_references` must be an int >= 1 for attack={attack!r}, got {num_references!r}"
@@ -156,6 +168,11 @@ class MembershipAudit(audit.ScheduledAudit):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.attack == "ezmia":  # a full fine-tune without `base_model`: before training, not after it
+            try:
+                self.signal_fn.check(pl_module)
+            except ValueError as err:
+                raise MisconfigurationException(f"MembershipAudit: {err}") from None
         audit.refuse_member_mappings(
             trainer, self.member_dataloader, forward_fn=self.forward_fn, signal_fn=self.signal_fn, who="MembershipAudit"
         )
@@ -196,7 +213,7 @@ class MembershipAudit(audit.ScheduledAudit):
         return kwargs
 
     def _population(self, trainer: pl.Trainer) -> Any:
-        if self.population is not None or self.attack == "loss":
+        if self.population is not None or self.attack in REFERENCE_FREE:
             return self.population
         hook = getattr(trainer.datamodule, "population_dataloader", None)
         if callable(hook):
@@ -225,7 +242,7 @@ class MembershipAudit(audit.ScheduledAudit):
                 "validation data"
             ) from err
         population = self._population(trainer)
-        if self.attack != "loss" and self.references is None:
+        if self.attack not in REFERENCE_FREE and self.references is None:
             from lightning_privacy.references import train_references
 
             try:

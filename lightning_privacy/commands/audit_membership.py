@@ -1,4 +1,4 @@
-"""``lightning-privacy audit membership``: RMIA, LiRA or the LOSS attack on a saved checkpoint.
+"""``lightning-privacy audit membership``: RMIA, LiRA, the LOSS attack or EZ-MIA on a saved checkpoint.
 
 The model and data are loaded as in ``audit epsilon-star``: ``--model pkg.module:Class`` and ``--datamodule
 pkg.module:Class`` (default: the bundled :class:`~lightning_privacy.models.TabularMLP` and
@@ -34,6 +34,12 @@ default), or, without these, the checkpoint's own ledger is the guarantee tested
 ``--signal MODULE:FUNCTION`` scores examples that are not classification rows (a language model's sequences). It is
 checked against ``--attack`` (a score such as Min-K% only with ``--attack loss``), and a datamodule whose batches are
 mappings (``{"input_ids": ..., "attention_mask": ...}``) needs it: both refused in one line before any reference trains.
+
+``--attack ezmia`` (a fine-tuned causal LM against its base; no references, no ``--signal``): the base of a PEFT model
+is the checkpoint's model with its adapters disabled; a full fine-tune needs ``--base-model``, a checkpoint or
+``state_dict`` file of the same ``--model`` (the weights fine-tuning started from), or ``init``: ``--model`` built
+from the checkpoint's hyperparameters with the weights its constructor gives (a constructor that loads a pretrained
+model), refused when two builds differ (random initialisation is no base).
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 NAME = "audit membership"
-HELP = "Reference-model membership attack (RMIA, LiRA) or the LOSS baseline on a saved checkpoint; default data: Adult"
+HELP = (
+    "Reference-model membership attack (RMIA, LiRA), the LOSS baseline or EZ-MIA (an LM against its base) on a saved "
+    "checkpoint; default data: Adult"
+)
 PREFIX = "lightning-privacy audit membership"
 
 
@@ -56,7 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) or state_dict file")
     parser.add_argument(
-        "--attack", choices=("rmia", "lira", "loss"), default="rmia", help="the attack (default: %(default)s)"
+        "--attack", choices=("rmia", "lira", "loss", "ezmia"), default="rmia", help="the attack (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--base-model",
+        default=None,
+        metavar="PATH|init",
+        help="EZ-MIA's base for a full fine-tune: a checkpoint or state_dict file of --model (the weights fine-tuning "
+        "started from), or 'init' (--model as its constructor builds it, e.g. from_pretrained); PEFT models: not needed",
     )
     io.add_model_arguments(parser)
     refs = parser.add_argument_group("reference models (RMIA, LiRA)")
@@ -153,8 +169,20 @@ def _check_options(args: argparse.Namespace) -> None:
         raise ValueError(f"`--seed` must be >= 0, got {args.seed!r}")
     if args.references is not None and args.cache_dir is not None:
         raise ValueError("give `--references DIR` (an earlier run's folder) or `--cache-dir DIR`, not both")
-    if args.attack == "loss" and (args.references, args.num_references, args.reference_epochs) != (None, None, None):
-        raise ValueError("`--attack loss` uses no reference models: drop `--references`/`--num-references`")
+    if args.attack in ("loss", "ezmia") and (args.references, args.num_references, args.reference_epochs) != (
+        None,
+        None,
+        None,
+    ):
+        raise ValueError(f"`--attack {args.attack}` uses no reference models: drop `--references`/`--num-references`")
+    if args.base_model is not None and args.attack != "ezmia":
+        raise ValueError(
+            f"`--base-model` is EZ-MIA's reference: it needs `--attack ezmia`, got `--attack {args.attack}`"
+        )
+    if args.attack == "ezmia" and args.signal is not None:
+        raise ValueError(
+            "`--attack ezmia` scores sequences with its own signal (the Error Zone score): drop `--signal`"
+        )
     claimed(args)
 
 
@@ -488,6 +516,42 @@ def _ledger(contents: Any, delta: float) -> Tuple[Any, Optional[Dict[str, Any]]]
     return ledger, record
 
 
+# --- EZ-MIA's base -----------------------------------------------------------------------------------
+def _ezmia_signal(args: argparse.Namespace, model_class: Any, model: Any, contents: Any) -> Any:
+    """EZ-MIA's signal with its base (see the module's docstring); ``ValueError`` (one line) without one."""
+    import torch
+
+    from lightning_privacy.commands import _audit_io as io
+    from lightning_privacy.functional.base_reference import ErrorZoneSignal
+
+    base = None
+    if args.base_model == "init":
+        build = _factory(args, model_class, contents)
+        base, again = build(), build()
+        if any(not torch.equal(a, b) for a, b in zip(base.state_dict().values(), again.state_dict().values())):
+            raise ValueError(
+                f"`--base-model init`: two builds of `--model` {args.model} have different weights (a random "
+                "initialisation), so its constructor does not give the model fine-tuning started from: pass that "
+                "model's checkpoint or state_dict file as `--base-model PATH`"
+            )
+        _say("base model: --model as its constructor builds it (--base-model init; two builds agree)")
+    elif args.base_model is not None:
+        try:
+            kwargs = {**io.saved_model_args(model_class, contents), **io.json_object(args.model_args, "--model-args")}
+            base = io.load_model(model_class, args.base_model, kwargs)  # a bare state_dict: built as the checkpoint's
+        except ValueError as err:
+            raise ValueError(str(err).replace("`--checkpoint`", "`--base-model`", 1)) from None
+        _say(f"base model: {args.base_model}")
+    signal = ErrorZoneSignal(None if base is None else base.eval())
+    try:
+        how = signal.check(model)
+    except ValueError as err:
+        raise ValueError(f"{err} (here: `--base-model PATH` or `--base-model init`)") from None
+    if base is None:
+        _say(f"base model: {how} (PEFT)")
+    return signal
+
+
 # --- the audit ---------------------------------------------------------------------------------------
 def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     """``(result, record)``: the attack ``args`` ask for and where its inputs came from (``ValueError``: one line)."""
@@ -510,6 +574,8 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
     io.check_member_count(dm, contents)
     members, nonmembers, population, population_record = _data(args, dm, contents)
+    if args.attack == "ezmia":  # its own signal, against the base (refused here for a full fine-tune without one)
+        signal_fn = _ezmia_signal(args, model_class, model, contents)
     io.refuse_mapping_members(members, signal_fn)  # a language model's batches without --signal: before any training
     delta = args.delta
     if delta is None:  # the run's δ where DPSGD saved it, else 1e-5
@@ -527,7 +593,7 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
         claim = Claim.from_ledger(ledger)
         _say(f"claim: the checkpoint's ledger, {claim.label} (epsilon {claim.epsilon:.4g} at delta {claim.delta:g})")
     refs, refs_record = None, None
-    if args.attack != "loss":
+    if args.attack not in ("loss", "ezmia"):
         refs, refs_record = _references(args, model_class, contents, population, delta)
     result = audit_membership(
         model.eval(),
@@ -555,6 +621,8 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
         "references": refs_record,
         "ledger": ledger_record,
     }
+    if args.attack == "ezmia":
+        record["base_model"] = args.base_model or "the checkpoint's model with its adapters disabled"
     return result, record
 
 
