@@ -10,8 +10,9 @@ forms, estimates) are marked as such. The last section is the run's privacy stat
 exposed rows, the canary audit's theory-vs-practice chart, the membership attack's log–log ROC inside the
 accountant's region, β*_AI per epoch and, on log–log axes, the region DP-SGD's accountant allows any membership
 attack. :func:`log_privacy_report` writes the Markdown
-to TensorBoard as text (``privacy/report``) and, optionally, to a file: ``.html``/``.htm`` gets the page,
-any other suffix (``.md``) the Markdown.
+to the loggers as text ``privacy/report`` (TensorBoard's TEXT, an MLflow artifact, W&B HTML, a file beside CSVLogger's
+metrics: :mod:`lightning_privacy.loggers`) and, optionally, to a file: ``.html``/``.htm`` gets the page, any other
+suffix (``.md``) the Markdown.
 
 The audit sections render the audits' results (:mod:`lightning_privacy.audits`): :func:`audit_report`
 gives the same section for a result of a direct call such as ``audit_epsilon_star(model, ...)``. A result's
@@ -33,6 +34,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 import lightning.pytorch as pl
 
 from lightning_privacy import __version__, names
+from lightning_privacy.loggers import log_text
 from lightning_privacy.reporting import ReportSection
 
 __all__ = ["REPORT_TAG", "audit_report", "figure_png", "log_privacy_report", "privacy_report", "privacy_report_html"]
@@ -290,16 +292,18 @@ def privacy_report_html(trainer: pl.Trainer) -> str:
 
 
 def log_privacy_report(trainer: pl.Trainer, path: Optional[Union[str, Path]] = None) -> str:
-    """:func:`privacy_report` as TensorBoard text ``privacy/report`` (rank 0), and to ``path`` if given.
+    """:func:`privacy_report` as the text ``privacy/report`` on every logger (rank 0), and to ``path`` if given.
+
+    TensorBoard gets it as TEXT, MLflow as the artifact ``text/privacy/report_step<k>.md``, W&B as HTML under the key
+    ``privacy/report``, CSVLogger as ``<log_dir>/text/privacy/report_step<k>.md`` (:mod:`lightning_privacy.loggers`);
+    any other logger is warned about once.
 
     The suffix of ``path`` picks the format: ``.html``/``.htm`` writes :func:`privacy_report_html` (one
     self-contained page with the figures), anything else (``.md``) the Markdown. Only global rank 0 writes.
 
     Returns:
-        The Markdown report (what TensorBoard gets), on every rank.
+        The Markdown report (what the loggers get), on every rank.
     """
-    from lightning_privacy.callbacks._audit_utils import log_text
-
     text = privacy_report(trainer)
     log_text(trainer, REPORT_TAG, text)
     if path is not None and trainer.is_global_zero:

@@ -34,6 +34,7 @@ TOP_LEVEL = {
     "models": "functional",  # TabularMLP (a LightningModule)
     "references": "callbacks",  # reference models trained by a Trainer, with DPSGD where asked
     "report": "callbacks",  # the privacy report (reads callbacks._audit_utils)
+    "loggers": "callbacks",  # figures, histograms and text on every Lightning logger (the callbacks' writing)
     "cli": "commands",  # the console script
 }
 

@@ -1,8 +1,8 @@
 """Helpers shared by post-training audit callbacks.
 
 - Writing: audits run in ``on_fit_end`` where ``self.log`` is forbidden, so scalars go to
-  ``logger.log_metrics`` of every logger in ``trainer.loggers`` and histograms / figures / text to every
-  TensorBoard-like logger (one whose ``experiment`` has ``add_histogram`` etc.), on global rank 0 only.
+  ``logger.log_metrics`` of every logger in ``trainer.loggers``, and histograms / figures / text to TensorBoard,
+  MLflow, Weights & Biases and CSV loggers (:mod:`lightning_privacy.loggers`), on global rank 0 only.
 - Reading: deterministic, sharded passes over a dataset (each rank gets every ``world_size``-th example,
   no padding or duplicates; :func:`lightning_privacy.audits._common.sequential_loader`), and the
   training / validation data of a running Trainer.
@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import names
 from lightning_privacy.audits._common import refuse_mapping_batches, sequential_loader
+from lightning_privacy.loggers import log_figure, log_histogram, log_text, shows_figures
 from lightning_privacy.reporting import ReportSection
 
 __all__ = [
@@ -44,8 +45,8 @@ __all__ = [
     "section",
     "sharded_loader",
     "show_progress",
+    "shows_figures",
     "skip_audit",
-    "tensorboard_experiments",
 ]
 
 
@@ -92,43 +93,6 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: Optiona
     for logger in trainer.loggers:
         logger.log_metrics(values, step=_step(trainer, step))
         logger.save()
-
-
-def tensorboard_experiments(trainer: pl.Trainer) -> list:
-    """The ``SummaryWriter``-like experiments of ``trainer.loggers`` (empty off global rank 0)."""
-    if not trainer.is_global_zero:
-        return []
-    out = []
-    for logger in trainer.loggers:
-        experiment = getattr(logger, "experiment", None)
-        if all(hasattr(experiment, fn) for fn in ("add_histogram", "add_figure", "add_text")):
-            out.append(experiment)
-    return out
-
-
-def log_histogram(trainer: pl.Trainer, tag: str, values: Any, step: Optional[int] = None) -> None:
-    """A histogram of ``values`` (array or tensor) on every TensorBoard logger, on global rank 0."""
-    for experiment in tensorboard_experiments(trainer):
-        experiment.add_histogram(tag, values, _step(trainer, step))
-        experiment.flush()
-
-
-def log_text(trainer: pl.Trainer, tag: str, text: str, step: Optional[int] = None) -> None:
-    """Markdown ``text`` on every TensorBoard logger, on global rank 0."""
-    for experiment in tensorboard_experiments(trainer):
-        experiment.add_text(tag, text, _step(trainer, step))
-        experiment.flush()
-
-
-def log_figure(trainer: pl.Trainer, tag: str, figure: Any, step: Optional[int] = None) -> None:
-    """A ``matplotlib.figure.Figure`` on every TensorBoard logger, on global rank 0.
-
-    The figure is not closed: it was built without pyplot (no global figure manager holds it), so it is
-    freed with its last reference, and the caller may still save or show it.
-    """
-    for experiment in tensorboard_experiments(trainer):
-        experiment.add_figure(tag, figure, _step(trainer, step), close=False)
-        experiment.flush()
 
 
 # --- reading ----------------------------------------------------------------------------------

@@ -65,9 +65,9 @@ class BayesSecurityMonitor(Callback):
     - ``dp/noise_multiplier``, ``dp/sample_rate``, ``dp/steps`` and ``dp/epsilon`` (the accountant's ε at δ; on the
       progress bar beside β*).
 
-    At fit end TensorBoard loggers get a figure (``privacy/bayes_security``): β* per epoch (safe and closed form,
-    with the budget of a :class:`~lightning_privacy.PrivacyBudgetStopping` as a line) and the attainable TPR–FPR
-    region beside Prop. 9's line.
+    At fit end the loggers (TensorBoard, MLflow, W&B, CSV) get a figure (``privacy/bayes_security``): β* per
+    epoch (safe and closed form, with the budget of a :class:`~lightning_privacy.PrivacyBudgetStopping` as a
+    line) and the attainable TPR–FPR region beside Prop. 9's line.
 
     Args:
         delta: δ for ``dp/epsilon``; default: DPSGD's ``delta``, else ``1e-5``.

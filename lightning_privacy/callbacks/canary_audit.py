@@ -55,7 +55,7 @@ class CanaryAudit(Callback):
 
     Logged at fit end through ``trainer.loggers`` at ``trainer.global_step`` (rank 0): ``audit/canary_epsilon_lower``,
     ``audit/canary_epsilon_lower_gdp``, the guesses and correct guesses of both, the ceilings
-    ``audit/canary_epsilon_lower_max(_gdp)`` and, with a claim, ``audit/canary_claim_contradicted``; to TensorBoard a
+    ``audit/canary_epsilon_lower_max(_gdp)`` and, with a claim, ``audit/canary_claim_contradicted``; to the loggers a
     "theory vs practice" figure (accountant ε, the canary bounds, and ε* and PANORAMIA ε̃ when those audits ran in the
     same fit) and a text summary. Skipped under ``fast_dev_run``.
 
@@ -261,7 +261,7 @@ class CanaryAudit(Callback):
         if stage != "fit" or not self._figure_pending:
             return
         self._figure_pending = False
-        if audit.tensorboard_experiments(trainer):
+        if audit.shows_figures(trainer):
             audit.log_figure(
                 trainer, names.CANARY_FIGURE, theory_vs_practice_figure(self, audit.other_epsilons(trainer))
             )

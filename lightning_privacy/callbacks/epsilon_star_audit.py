@@ -48,7 +48,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
     - ``audit/epsilon_star`` (parametric) and ``audit/epsilon_star_empirical``;
     - ``audit/mia_epsilon_lower``: the ``MembershipEpsilon`` lower bound (Bayesian interval, holdout
       threshold selection) of the same losses used as a threshold attack (score = -loss);
-    - on TensorBoard: histograms of both loss sets, a figure of the transformed losses with their Normal
+    - to the loggers' media: histograms of both loss sets, a figure of the transformed losses with their Normal
       fits, and a text summary with the fits, the maximising threshold and the KS p-values, led by the
       result's ``warnings`` (e.g. fits the KS test rejects: ε* is then flagged as not reliable), which are
       also issued as warnings.
@@ -74,7 +74,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
             ``forward_fn``, e.g. :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a language
             model. Member batches that are mappings (``{"input_ids": ..., "attention_mask": ...}``) without either are
             refused at ``on_train_start``, naming ``signal_fn=causal_lm_signal``.
-        log_histograms, log_figure: write the loss histograms / the figure to TensorBoard loggers.
+        log_histograms, log_figure: write the loss histograms / the figure to the figure loggers (:mod:`lightning_privacy.loggers`).
         mia_alpha: significance of the ``MembershipEpsilon`` interval.
 
     Attributes:
@@ -182,7 +182,7 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         if self.log_histograms:
             audit.log_histogram(trainer, MEMBER_LOSSES_TAG, result.member_losses)
             audit.log_histogram(trainer, NONMEMBER_LOSSES_TAG, result.nonmember_losses)
-        if self.log_figure and "parametric" in result.details and audit.tensorboard_experiments(trainer):
+        if self.log_figure and "parametric" in result.details and audit.shows_figures(trainer):
             audit.log_figure(trainer, FIGURE_TAG, result.figure())
         text = self.summary()
         audit.log_text(trainer, SUMMARY_TAG, text)

@@ -36,7 +36,7 @@ class MembershipAudit(audit.ScheduledAudit):
     mode (each reference Poisson-samples its own half with the population loader's batch size); no other callback
     of this Trainer. ``reference_trainer_kwargs`` replaces all of that. Logged from rank 0 at ``trainer.global_step``: ``audit/<attack>_auc``,
     ``audit/<attack>_tpr_at_fpr_0.001`` / ``_0.01`` / ``_0.1``, ``audit/<attack>_epsilon_lower`` and, with a claim,
-    ``audit/<attack>_claim_contradicted``; on TensorBoard
+    ``audit/<attack>_claim_contradicted``; to the figure loggers (TensorBoard, MLflow, W&B, CSV)
     the log–log ROC (``audit/membership/roc``) and the summary table (``audit/membership/summary``).
 
     Single process only: the reference models are trained in this process. Under DDP or FSDP2 save a
@@ -63,7 +63,7 @@ class MembershipAudit(audit.ScheduledAudit):
         claim: the guarantee to test (a :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``,
             ``(noise_multiplier, sample_rate, steps[, delta])`` or ``(epsilon, delta)``); ``None``: DPSGD's ledger
             when DPSGD trains the model, else no verdict.
-        log_figure: write the ROC figure to TensorBoard loggers.
+        log_figure: write the ROC figure to the figure loggers (:mod:`lightning_privacy.loggers`).
         base_model: EZ-MIA's reference for a full fine-tune (a PEFT model's base is itself, adapters disabled).
 
     Attributes:
@@ -291,7 +291,7 @@ class MembershipAudit(audit.ScheduledAudit):
         self._audited_step = trainer.global_step
         if trainer.is_global_zero:
             audit.log_scalars(trainer, self.results)
-            if self.log_figure and audit.tensorboard_experiments(trainer):
+            if self.log_figure and audit.shows_figures(trainer):
                 audit.log_figure(trainer, names.MEMBERSHIP_FIGURE, result.figure())
             text = result.summary()
             audit.log_text(trainer, names.MEMBERSHIP_SUMMARY, text)

@@ -38,7 +38,7 @@ class PanoramiaAudit(Callback):
     The auditor holds a subset of the training data (``member_fraction`` of it), no non-members and
     no retraining: non-members are generated. Logged on global rank 0 through ``trainer.loggers``:
     ``audit/panoramia_epsilon`` (``eps_tilde``), ``audit/panoramia_c_lb``,
-    ``audit/panoramia_c_plus_epsilon_lb``; to TensorBoard loggers also a figure (precision–recall of
+    ``audit/panoramia_c_plus_epsilon_lb``; to the loggers also a figure (precision–recall of
     baseline vs MIA, and the bounds over recall) and a text block stating what ``eps_tilde`` means
     (not a lower bound on ε-DP) and listing the rows the baseline finds most obviously real. A result
     that carries no information (``{c+ε}_lb = 0``: too few correct guesses at every recall level) is
@@ -187,7 +187,7 @@ class PanoramiaAudit(Callback):
         self.result = result
         self._last = result.metrics()
         audit.log_scalars(trainer, self._last)
-        if audit.tensorboard_experiments(trainer):
+        if audit.shows_figures(trainer):
             audit.log_figure(trainer, FIGURE_TAG, result.figure())
         text = result.summary()  # led by the result's warnings, if it carries no information
         audit.log_text(trainer, SUMMARY_TAG, text)

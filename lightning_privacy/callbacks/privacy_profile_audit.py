@@ -40,7 +40,7 @@ class PrivacyProfileAudit(Callback):
        norm > 1 (then ``β = nΛε/2`` is not the calibrated noise rate);
     3. computes the worst-case neighbours ``A_wc(y_i)``, the losses ``|l(x, y_i, M)|`` and their ranking,
        and the transition analysis over ε (:mod:`lightning_privacy.analysis.privacy_profile`);
-    4. logs (global rank 0, every logger; images, histograms and text on TensorBoard) the maximum loss,
+    4. logs (global rank 0, every logger; images, histograms and text on TensorBoard, MLflow, W&B and CSV) the maximum loss,
        the recommended ε range, the gradient norm and the approximation bound as scalars, a histogram of
        ``|l|``, a table of the ``top_k`` most exposed rows with their features, and the figure.
 
