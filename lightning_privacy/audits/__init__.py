@@ -19,6 +19,8 @@ One module per audit; each function returns a result with the same four views �
   and DP-SGD, above this layer);
 - :func:`audit_canaries` — the one-run canary audit's ε lower bounds from canary scores
   (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
+- :func:`language_model_canaries`, :func:`audit_language_model_canaries` — the same game, black box, on a language
+  model's fine-tuning: random-token canaries scored against the base model (:mod:`lightning_privacy.audits.lm_canaries`).
 
 A checkpoint becomes a model to audit with :func:`load_checkpoint` (``load_checkpoint(Net, "model.ckpt")``,
 weights-only): the modules ``DPSGD(fix_modules=True)`` replaced in training are replaced the same way first
@@ -38,6 +40,9 @@ _EXPORTS = {
     "AuditResult": "lightning_privacy.audits._common",
     "CanaryResult": "lightning_privacy.audits.canary",
     "audit_canaries": "lightning_privacy.audits.canary",
+    "LanguageModelCanaries": "lightning_privacy.audits.lm_canaries",
+    "audit_language_model_canaries": "lightning_privacy.audits.lm_canaries",
+    "language_model_canaries": "lightning_privacy.audits.lm_canaries",
     "EpsilonStarResult": "lightning_privacy.audits.epsilon_star",
     "audit_epsilon_star": "lightning_privacy.audits.epsilon_star",
     "audit_epsilon_star_from_losses": "lightning_privacy.audits.epsilon_star",

@@ -545,7 +545,8 @@ def _ezmia_signal(model: Any, signal_fn: Any, base_model: Any, notes: List[str])
     notes.append(
         "EZ-MIA (Ilić et al. 2026): per sequence, at the tokens the model predicts wrongly, the share P⁺/(P⁺+P⁻) of "
         f"upward shifts of the true token's log-probability relative to the base ({how}; a monotone transform of the "
-        f"paper's P⁺/P⁻); an error zone under {signal_fn.min_error_tokens} tokens falls back to all tokens"
+        "paper's P⁺/P⁻, its infinite and zero ratios ranked by the size of the shift); an error zone under "
+        f"{signal_fn.min_error_tokens} tokens falls back to all tokens"
     )
     return signal_fn, f"base: {how}"
 

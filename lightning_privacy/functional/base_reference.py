@@ -15,17 +15,23 @@ What :func:`error_zone_scores` computes for one sequence ``x`` with counted targ
 - the shift of the true token's log-probability ``Δ_t = log p_ft(x_t | x_<t) − log p_base(x_t | x_<t)``;
 - ``P⁺ = Σ_{t∈E} max(Δ_t, 0)`` and ``P⁻ = Σ_{t∈E} max(−Δ_t, 0)``, the upward and downward shifts in the zone.
 
-The paper and its code score the ratio ``P⁺ / P⁻`` (higher = member). We return ``P⁺ / (P⁺ + P⁻)`` in [0, 1], the
-ratio's strictly increasing transform ``r ↦ r / (1 + r)``: every threshold attack, ROC, AUC and TPR at any FPR is the
-same as the ratio's wherever the ratio is defined. Where we differ, each time in a case the published code maps to a
-constant score of 0 (the least member-like) and a heavily fine-tuned model meets often:
+The paper and its code score the ratio ``r = P⁺ / P⁻`` (higher = member). Where both sums are positive we return
+``P⁺ / (P⁺ + P⁻)`` in (0, 1), the ratio's strictly increasing transform ``r ↦ r / (1 + r)``: every threshold attack,
+ROC, AUC and TPR at any FPR is the same as the ratio's on those sequences. Where we differ, each time in a case the
+published code maps to a constant score of 0 (the least member-like) and a heavily fine-tuned model meets often:
 
-- ``P⁻ = 0 < P⁺`` (every shift in the zone upward): the ratio is +∞, the code returns 0; we return 1 (its limit);
+- ``P⁻ = 0 < P⁺`` (every shift in the zone upward): the ratio is +∞ (the code returns 0); we return ``1 + P⁺``, above
+  every finite ratio, and among these sequences the larger upward shift ranks higher (the ratio ties them all, which
+  leaves an attack no threshold at low FPR: on an over-fitted bigram model, TPR at 1 % FPR 0.875 with the tie broken,
+  0 without);
+- ``P⁺ = 0 < P⁻`` (every shift downward): the ratio is 0; we return ``−P⁻``, below every positive ratio;
 - ``P⁺ = P⁻ = 0`` (no shift at all, e.g. an un-fine-tuned LoRA model, whose adapters start at zero): 0.5, balanced;
 - fewer than ``min_error_tokens`` (the code's ``min_tokens = 2``) positions in the zone — a sequence the fine-tuned
   model predicts (almost) perfectly, as it does the members it memorised: the code returns 0; we take the same
   statistic over *all* counted tokens, since the zone is too small to say anything and a memorised sequence's shifts
-  are then upward almost everywhere. :func:`error_zone_parts` returns which sequences fell back.
+  are then upward almost everywhere. On tiny over-fitted Llama and GPT-2 fine-tunes (LoRA and full, 16 members)
+  the code's rule gives AUC 0.35–0.44, below chance: the members it memorised score 0. :func:`error_zone_parts`
+  returns which sequences fell back.
 
 :class:`ErrorZoneSignal` is the ``signal_fn`` (kind ``"score"``, the negative score: low = member-like like every
 signal) that ``audit_membership(attack="ezmia")``, ``MembershipAudit(attack="ezmia")`` and ``lightning-privacy audit
@@ -59,6 +65,7 @@ __all__ = [
     "ErrorZoneSignal",
     "adapter_models",
     "base_logits",
+    "base_loss_difference",
     "error_zone_parts",
     "error_zone_scores",
 ]
@@ -67,7 +74,8 @@ __all__ = [
 class ErrorZoneParts(NamedTuple):
     """Per-sequence pieces of the Error Zone score (all ``[B]``).
 
-    ``score``: ``P⁺ / (P⁺ + P⁻)`` (0.5 where both are 0); ``positive``, ``negative``: ``P⁺`` and ``P⁻`` over the tokens
+    ``score``: ``P⁺ / (P⁺ + P⁻)`` where both are positive, ``1 + P⁺`` where ``P⁻ = 0``, ``−P⁻`` where ``P⁺ = 0``,
+    0.5 where both are 0; ``positive``, ``negative``: ``P⁺`` and ``P⁻`` over the tokens
     used; ``errors``: the size of the error zone; ``fallback``: the zone had fewer than ``min_error_tokens`` tokens, so
     every counted token was used instead; ``tokens``: the counted tokens (after the first one left out).
     """
@@ -156,10 +164,10 @@ def error_zone_parts(
     zone = torch.where(fallback[:, None], scored, wrong)
     positive = (shift.clamp(min=0) * zone).sum(dim=1)
     negative = ((-shift).clamp(min=0) * zone).sum(dim=1)
-    total = positive + negative
-    score = torch.where(
-        total > 0, positive / total.clamp(min=torch.finfo(total.dtype).tiny), torch.full_like(total, 0.5)
-    )
+    share = positive / (positive + negative).clamp(min=torch.finfo(positive.dtype).tiny)
+    score = torch.where((positive > 0) & (negative > 0), share, torch.full_like(share, 0.5))
+    score = torch.where((negative == 0) & (positive > 0), 1.0 + positive, score)  # ratio +∞: by the upward shift
+    score = torch.where((positive == 0) & (negative > 0), -negative, score)  # ratio 0: by the downward shift
     return ErrorZoneParts(score, positive, negative, errors, fallback, tokens)
 
 
@@ -173,8 +181,8 @@ def error_zone_scores(
     min_error_tokens: int = 2,
     skip_first: bool = True,
 ) -> Tensor:
-    """``[B]``: each sequence's Error Zone score ``P⁺ / (P⁺ + P⁻)`` in [0, 1] (higher = member-like);
-    :func:`error_zone_parts` with its pieces."""
+    """``[B]``: each sequence's Error Zone score (higher = member-like; ``P⁺ / (P⁺ + P⁻)`` where both sums are positive,
+    see the module's docstring for the rest); :func:`error_zone_parts` with its pieces."""
     return error_zone_parts(
         logits,
         base_logits,
@@ -184,6 +192,35 @@ def error_zone_scores(
         min_error_tokens=min_error_tokens,
         skip_first=skip_first,
     ).score
+
+
+def base_loss_difference(
+    logits: Tensor,
+    base_logits: Tensor,
+    labels: Tensor,
+    attention_mask: Optional[Tensor] = None,
+    *,
+    ignore_index: int = -100,
+) -> Tensor:
+    """``[B]``: each sequence's mean next-token loss under the base minus under the fine-tuned model, over its counted
+    tokens (higher = member-like): the reference-calibrated LOSS score with the base as the one reference
+    (log-likelihood ratio per token; cf. Carlini et al., "Extracting Training Data from Large Language Models", 2021).
+
+    Example::
+
+        >>> ids = torch.tensor([[0, 1, 2]])
+        >>> base_loss_difference(torch.zeros(1, 3, 4), torch.zeros(1, 3, 4), ids)  # the same model: no gain
+        tensor([0.])
+    """
+    from lightning_privacy.functional.sequence_loss import causal_lm_losses
+
+    if base_logits.shape != logits.shape:
+        raise ValueError(
+            f"Expected `logits` and `base_logits` of the same shape, but got {list(logits.shape)} and "
+            f"{list(base_logits.shape)}"
+        )
+    base = causal_lm_losses(base_logits, labels, attention_mask, ignore_index=ignore_index)
+    return base - causal_lm_losses(logits, labels, attention_mask, ignore_index=ignore_index)
 
 
 def adapter_models(model: Any) -> List[torch.nn.Module]:

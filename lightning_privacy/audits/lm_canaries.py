@@ -1,0 +1,249 @@
+"""A one-run, black-box canary audit of a language model's fine-tuning: random-token canary sequences, each inserted
+into the fine-tuning data with probability 1/2, scored after training by the fine-tuned model against its base.
+
+The game is Steinke, Nasr and Jagielski's ("Privacy Auditing with One (1) Training Run", NeurIPS 2023): m canaries,
+canary j included independently with probability 1/2; after training the auditor scores every canary and the
+guesses ("included" for the highest scores) become a lower bound on ε, with a verdict on a claimed guarantee —
+:func:`~lightning_privacy.audits.canary.audit_canaries` and :meth:`~lightning_privacy.claims.Claim.check_canaries`,
+the analysis the input and gradient canaries use. Panda et al. ("Privacy Auditing of Large Language Models", ICLR
+2025, arXiv 2503.06808) run this game on LM fine-tuning with canaries designed for LMs; ours are the simplest kind,
+sequences of tokens drawn uniformly at random (no model predicts them by chance, so a canary the fine-tuned model
+finds likely was trained on). Their stronger constructions (built on new or rare tokens) are not implemented here.
+
+Steps: :func:`language_model_canaries` draws the canaries and the inclusion vector from ``seed``;
+``canaries.with_canaries(train_dataset)`` appends the included ones to the fine-tuning data (before DP-SGD's
+sampling: they are rows like any other); after training :func:`audit_language_model_canaries` scores all m canaries
+and returns a :class:`~lightning_privacy.audits.canary.CanaryResult`. Scores (higher = "included"):
+
+- ``"loss_difference"`` (default): the canary's mean token loss under the base minus under the fine-tuned model
+  (:func:`~lightning_privacy.functional.base_reference.base_loss_difference`);
+- ``"ezmia"``: EZ-MIA's Error Zone score against the base
+  (:func:`~lightning_privacy.functional.base_reference.error_zone_scores`);
+- ``"loss"``: minus the fine-tuned model's mean token loss (no base needed).
+
+The base is the model with its PEFT adapters disabled, else ``base_model`` (the checkpoint fine-tuning started
+from; it must not have seen the canaries — drawn fresh at random, it has not). Either is a function of the released
+model or of public information fixed before training, so the bound stays valid whatever the score.
+
+Validity needs: each canary inserted at most once (a canary inserted k times audits k-record group privacy, not the
+claim), the inclusion vector drawn before training and never used in the score, and canaries sampled by the training
+loop like every other row. What the audit cannot see: anything but the last model (no intermediate steps, no
+gradients), so expect bounds far below the accountant's ε (Panda et al. reach ε ≈ 1 at ε = 4 with 1,000 canaries on
+real LLMs); and m canaries can never give more than the ceiling the result reports (all guesses right).
+
+Example::
+
+    >>> canaries = language_model_canaries(8, vocab_size=50, length=6, seed=0)
+    >>> len(canaries), canaries.input_ids.shape, int(canaries.included.sum()) == len(canaries.inserted())
+    (8, torch.Size([8, 6]), True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, Subset
+
+__all__ = [
+    "SCORES",
+    "LanguageModelCanaries",
+    "audit_language_model_canaries",
+    "canary_scores",
+    "language_model_canaries",
+]
+
+SCORES = ("loss_difference", "ezmia", "loss")
+
+
+class _Rows(Dataset):
+    def __init__(self, input_ids: Tensor, attention_mask: Tensor) -> None:
+        self.input_ids, self.attention_mask = input_ids, attention_mask
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, i: int) -> Mapping[str, Tensor]:
+        return {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i]}
+
+
+@dataclass
+class LanguageModelCanaries:
+    """m random-token canary sequences and which of them were inserted (drawn from ``seed``).
+
+    Attributes:
+        input_ids, attention_mask: ``[m, T]`` (right padding with ``pad_token_id`` beyond the canary's tokens).
+        included: ``[m]`` bools, Bernoulli(1/2), drawn with the tokens before training.
+        seed: the seed both were drawn from.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    included: np.ndarray
+    seed: int
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def dataset(self) -> Dataset:
+        """All m canaries as mappings ``{"input_ids", "attention_mask"}`` (in order), for scoring."""
+        return _Rows(self.input_ids, self.attention_mask)
+
+    def inserted(self) -> Dataset:
+        """The included canaries only (what the fine-tuning sees)."""
+        return Subset(self.dataset(), np.flatnonzero(self.included).tolist())
+
+    def with_canaries(self, dataset: Dataset) -> Dataset:
+        """``dataset`` followed by the included canaries, each once (``ConcatDataset``): build the training loader on it.
+
+        The rows of ``dataset`` must be mappings with ``input_ids`` and ``attention_mask`` of the canaries' length
+        (or a collator that pads them)."""
+        return ConcatDataset([dataset, self.inserted()])
+
+
+def _int(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"Expected argument `{name}` to be an int >= {low}, but got {value!r}")
+    return int(value)
+
+
+def language_model_canaries(
+    num_canaries: int,
+    *,
+    vocab_size: int,
+    length: int,
+    seed: int = 0,
+    exclude_token_ids: Sequence[int] = (),
+    pad_to: Optional[int] = None,
+    pad_token_id: int = 0,
+) -> LanguageModelCanaries:
+    """Draw ``num_canaries`` canaries of ``length`` tokens uniform over the vocabulary (less ``exclude_token_ids``:
+    the tokenizer's special tokens, padding) and their inclusion, each with probability 1/2, from ``seed``.
+
+    Args:
+        num_canaries: m ≥ 1 (the bound's ceiling grows with m: hundreds to thousands for a useful audit).
+        vocab_size: the model's vocabulary size.
+        length: tokens per canary (≥ 3: the Error Zone score leaves the first target out).
+        seed: seeds the tokens and the inclusion (a numpy ``SeedSequence``); keep it secret from the training code.
+        exclude_token_ids: ids never drawn (special tokens, the pad token).
+        pad_to: total length of each row, right-padded with ``pad_token_id`` (mask 0); default ``length``.
+        pad_token_id: the padding id.
+
+    Raises:
+        ValueError: arguments out of range (named), or no token left to draw.
+    """
+    m, vocab = _int("num_canaries", num_canaries, 1), _int("vocab_size", vocab_size, 2)
+    length, seed = _int("length", length, 3), _int("seed", seed, 0)
+    total = length if pad_to is None else _int("pad_to", pad_to, length)
+    allowed = np.setdiff1d(np.arange(vocab), np.asarray(list(exclude_token_ids), dtype=np.int64))
+    if allowed.size == 0:
+        raise ValueError(f"`exclude_token_ids` leaves no token of the vocabulary ({vocab}) to draw canaries from")
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    tokens = rng.choice(allowed, size=(m, length))
+    included = rng.random(m) < 0.5
+    input_ids = torch.full((m, total), int(pad_token_id), dtype=torch.long)
+    input_ids[:, :length] = torch.from_numpy(tokens)
+    attention_mask = (torch.arange(total)[None, :] < length).long().repeat(m, 1)
+    return LanguageModelCanaries(input_ids, attention_mask, included, seed)
+
+
+class _Score:
+    """A ``signal_fn``-like callable: low = "included" (the audits' convention), from the model and its base."""
+
+    def __init__(self, score: str, base_model: Any) -> None:
+        from lightning_privacy.functional.base_reference import ErrorZoneSignal
+
+        self.score, self.base_model = score, base_model
+        self.error_zone = ErrorZoneSignal(base_model)
+
+    def __call__(self, model: Any, batch: Mapping[str, Tensor]) -> Tensor:
+        from lightning_privacy.functional.base_reference import base_logits, base_loss_difference
+        from lightning_privacy.functional.sequence_loss import _logits, causal_lm_signal
+
+        if self.score == "loss":
+            return causal_lm_signal(model, batch)
+        if self.score == "ezmia":
+            return self.error_zone(model, batch)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            base = base_logits(model, ids, mask, self.base_model)
+            return -base_loss_difference(_logits(model, ids, mask), base, ids, mask)
+
+
+def canary_scores(
+    model: Any,
+    canaries: LanguageModelCanaries,
+    *,
+    base_model: Any = None,
+    score: str = "loss_difference",
+    batch_size: int = 64,
+    device: Any = None,
+) -> np.ndarray:
+    """``[m]``: every canary's score under ``model`` (higher = "included"; see the module's docstring for ``score``).
+
+    Raises:
+        ValueError: an unknown ``score``; ``"loss_difference"`` or ``"ezmia"`` on a model without PEFT adapters and
+            without ``base_model`` (naming it).
+    """
+    from lightning_privacy.analysis._checks import expect_choice
+    from lightning_privacy.functional.base_reference import check_base
+    from lightning_privacy.functional.membership_loss import signals_from_loader
+
+    expect_choice("score", score, SCORES)
+    if not isinstance(canaries, LanguageModelCanaries):
+        raise TypeError(f"Expected `canaries` from language_model_canaries(...), but got {type(canaries).__name__}")
+    if score != "loss":
+        check_base(model, base_model)
+    loader = DataLoader(canaries.dataset(), batch_size=_int("batch_size", batch_size, 1), shuffle=False)
+    values, _ = signals_from_loader(model, loader, device=device, signal_fn=_Score(score, base_model))
+    return -values.double().numpy()
+
+
+def audit_language_model_canaries(
+    model: Any,
+    canaries: LanguageModelCanaries,
+    *,
+    delta: float,
+    base_model: Any = None,
+    score: str = "loss_difference",
+    alpha: float = 0.05,
+    claim: Any = None,
+    claim_tests: str = "both",
+    correction: str = "bonferroni",
+    accountant_epsilon: Optional[float] = None,
+    batch_size: int = 64,
+    device: Any = None,
+) -> Any:
+    """Score every canary (:func:`canary_scores`) and run the one-run analysis
+    (:func:`~lightning_privacy.audits.canary.audit_canaries`): the ε lower bounds (binomial and Gaussian f-DP), their
+    ceiling for m, and with ``claim`` a verdict at confidence 1 − ``alpha``.
+
+    Args:
+        model: the fine-tuned causal LM (called as ``model(input_ids=..., attention_mask=...)``).
+        canaries: from :func:`language_model_canaries`, the included ones trained on.
+        delta: δ of the audited (ε, δ) guarantee.
+        base_model, score, batch_size, device: as :func:`canary_scores`.
+        alpha, claim, claim_tests, correction, accountant_epsilon: as
+            :func:`~lightning_privacy.audits.canary.audit_canaries` (``claim``: a ``Claim``, DPSGD's ledger,
+            ``(σ, q, T[, δ])`` or ``(ε, δ)``).
+
+    Returns:
+        A :class:`~lightning_privacy.audits.canary.CanaryResult` (kind ``"language-model canaries (<score>)"``).
+    """
+    from lightning_privacy.audits.canary import audit_canaries
+
+    scores = canary_scores(model, canaries, base_model=base_model, score=score, batch_size=batch_size, device=device)
+    return audit_canaries(
+        scores,
+        canaries.included,
+        delta=delta,
+        alpha=alpha,
+        correction=correction,
+        kind=f"language-model canaries ({score})",
+        accountant_epsilon=accountant_epsilon,
+        claim=claim,
+        claim_tests=claim_tests,
+    )

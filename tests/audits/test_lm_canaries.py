@@ -1,0 +1,103 @@
+"""The one-run black-box canary audit of LM fine-tuning: random-token canaries inserted with probability 1/2 (seeded),
+scored by the fine-tuned model against its base; a tiny LoRA fine-tune without DP memorises them (a positive ε lower
+bound, a false claim of ε = 0.05 contradicted), the same under DP-SGD at ε ≈ 1.9 stays consistent with its ledger."""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_privacy import DPSGD
+from lightning_privacy.audits.lm_canaries import (
+    audit_language_model_canaries,
+    canary_scores,
+    language_model_canaries,
+)
+from lightning_privacy.functional.sequence_loss import causal_lm_signal
+
+pytest.importorskip("peft")
+from tests.callbacks._language_models import LENGTH, PAD, VOCAB, PaddedSequences, TinyCausalLM  # noqa: E402
+
+M = 64
+QUIET = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+
+
+def _canaries(seed: int = 0):
+    return language_model_canaries(M, vocab_size=VOCAB, length=LENGTH, seed=seed, exclude_token_ids=[PAD])
+
+
+def _fine_tune(canaries, dpsgd=None, epochs: int = 30):
+    """LoRA on 32 sequences plus the included canaries, batch 16, Adam; with DPSGD if given."""
+    torch.manual_seed(0)
+    model = TinyCausalLM("llama", lora=True, seed=0)
+    model.configure_optimizers = lambda: torch.optim.Adam([p for p in model.parameters() if p.requires_grad], 0.05)
+    data = DataLoader(canaries.with_canaries(PaddedSequences(32, seed=1)), batch_size=16, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(max_epochs=epochs, callbacks=[dpsgd] if dpsgd else [], **QUIET).fit(model, data)
+    return model.eval()
+
+
+def test_the_canaries_and_their_inclusion_are_drawn_from_the_seed():
+    a, b, c = _canaries(0), _canaries(0), _canaries(1)
+    assert torch.equal(a.input_ids, b.input_ids) and np.array_equal(a.included, b.included)
+    assert not torch.equal(a.input_ids, c.input_ids)
+    assert a.input_ids.shape == (M, LENGTH) and bool((a.input_ids != PAD).all()) and bool((a.attention_mask == 1).all())
+    assert 16 < a.included.sum() < 48  # Bernoulli(1/2)
+    train = a.with_canaries(PaddedSequences(32, seed=1))
+    assert len(train) == 32 + int(a.included.sum())
+    inserted = [train[32 + i]["input_ids"] for i in range(len(a.inserted()))]
+    assert all(torch.equal(x, a.input_ids[j]) for x, j in zip(inserted, np.flatnonzero(a.included)))
+    padded = language_model_canaries(3, vocab_size=10, length=4, pad_to=6, pad_token_id=9, exclude_token_ids=[9])
+    assert padded.input_ids[:, 4:].eq(9).all() and padded.attention_mask.sum(1).tolist() == [4, 4, 4]
+    with pytest.raises(ValueError, match="`length` to be an int >= 3"):
+        language_model_canaries(4, vocab_size=10, length=2)
+    with pytest.raises(ValueError, match="`exclude_token_ids` leaves no token"):
+        language_model_canaries(4, vocab_size=2, length=3, exclude_token_ids=[0, 1])
+
+
+def test_the_loss_difference_score_is_the_bases_loss_minus_the_fine_tuned_ones():
+    canaries = _canaries()
+    model = TinyCausalLM("llama", lora=True, seed=0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    batch = {"input_ids": canaries.input_ids, "attention_mask": canaries.attention_mask}
+    with torch.no_grad():
+        fine_tuned = causal_lm_signal(model, batch)
+        base = causal_lm_signal(TinyCausalLM("llama", lora=True, seed=0), batch)  # lora_B = 0: the base
+    scores = canary_scores(model, canaries, batch_size=10)
+    np.testing.assert_allclose(scores, (base - fine_tuned).double().numpy(), atol=1e-5)
+    np.testing.assert_allclose(canary_scores(model, canaries, score="loss"), -fine_tuned.double().numpy(), atol=1e-6)
+    full = TinyCausalLM("llama", lora=False, seed=0)
+    with pytest.raises(ValueError, match="so pass `base_model=`"):
+        canary_scores(full, canaries)
+    assert canary_scores(full, canaries, score="loss").shape == (M,)  # needs no base
+    with pytest.raises(ValueError, match="`score`"):
+        canary_scores(model, canaries, score="zlib")
+
+
+@pytest.mark.parametrize("score", ["loss_difference", "ezmia"])
+def test_a_fine_tune_without_dp_memorises_its_canaries_and_contradicts_a_small_claim(score):
+    canaries = _canaries()
+    model = _fine_tune(canaries)
+    result = audit_language_model_canaries(model, canaries, delta=1e-5, claim=(0.05, 1e-5), score=score)
+    # measured: ε ≥ 0.80 (binomial) and 1.23 (Gaussian f-DP) for either score; the ceiling for m = 64 is 2.33
+    assert 0.3 < result.epsilon_lower <= result.ceiling and result.verdict == "contradicted"
+    assert result.kind == f"language-model canaries ({score})" and result.num_canaries == M
+    assert result.num_included == int(canaries.included.sum())
+
+
+def test_a_dp_fine_tune_stays_consistent_with_its_ledger():
+    canaries = _canaries()
+    dpsgd = DPSGD(noise_multiplier=6.0, sampling_seed=0, noise_seed=0)
+    model = _fine_tune(canaries, dpsgd)
+    epsilon = dpsgd.epsilon(1e-5)
+    assert 1.0 < epsilon < 3.0  # measured: 1.85
+    result = audit_language_model_canaries(model, canaries, delta=1e-5, claim=dpsgd.ledger, accountant_epsilon=epsilon)
+    assert result.verdict == "consistent" and result.epsilon_lower <= epsilon  # measured: 0.0 at this size
