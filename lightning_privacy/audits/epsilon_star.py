@@ -89,6 +89,53 @@ def fit_warnings(details: Mapping[str, EpsilonStarDetails], level: float = KS_LE
     return []
 
 
+def _no_admissible_threshold(d: EpsilonStarDetails, members: np.ndarray, nonmembers: np.ndarray) -> bool:
+    """Whether no threshold keeps both rates in the range the method admits (its supremum runs over nothing) while
+    the members' losses are the lower ones: separated, not equal."""
+    from scipy import stats
+
+    from lightning_privacy.analysis.epsilon_star import EMPIRICAL_RATE_RANGE
+
+    if d.method == "parametric":  # psi = −phi increases with the loss (analysis.epsilon_star._parametric)
+        member = stats.norm(-d.member_mean, d.member_std)
+        nonmember = stats.norm(-d.nonmember_mean, d.nonmember_std)
+        low = max(nonmember.ppf(d.delta), member.ppf(d.delta))
+        return d.member_mean > d.nonmember_mean and not low < min(nonmember.isf(d.delta), member.isf(d.delta))
+    lo, hi = EMPIRICAL_RATE_RANGE
+    thresholds = np.concatenate([members, nonmembers])
+    fpr = np.searchsorted(np.sort(nonmembers), thresholds, side="right") / nonmembers.size
+    fnr = 1.0 - np.searchsorted(np.sort(members), thresholds, side="right") / members.size
+    admissible = (fpr > lo) & (fpr < hi) & (fnr > lo) & (fnr < hi)
+    return bool(((1.0 - fnr) > fpr).any()) and not bool(admissible.any())  # some threshold: TPR > FPR
+
+
+def separated_warning(
+    details: Mapping[str, EpsilonStarDetails], members: np.ndarray, nonmembers: np.ndarray, mia_epsilon: float
+) -> Optional[str]:
+    """One sentence when an Epsilon* of 0 is no measurement but an empty supremum: the members' and non-members'
+    losses are separated beyond the rates the method admits (e.g. an over-fitted language model's mean token losses),
+    so no threshold is left to take it over; ``None`` otherwise.
+
+    Example::
+
+        >>> from lightning_privacy.analysis.epsilon_star import epsilon_star_details
+        >>> members, nonmembers = np.linspace(0, 1, 50), np.linspace(5, 6, 50)  # perfectly separated
+        >>> details = {"empirical": epsilon_star_details(members, nonmembers, delta=1e-3, method="empirical")}
+        >>> details["empirical"].epsilon_star, separated_warning(details, members, nonmembers, 2.1)[:40]
+        (0.0, 'Epsilon* = 0 (empirical) is no measureme')
+    """
+    zero = [m for m, d in details.items() if d.epsilon_star == 0.0 and _no_admissible_threshold(d, members, nonmembers)]
+    if not zero:
+        return None
+    return (
+        f"Epsilon* = 0 ({', '.join(zero)}) is no measurement here: the member and non-member losses are separated "
+        "beyond the rates Epsilon* admits (no threshold keeps both its FPR and FNR in [δ, 1 − δ] under the parametric "
+        "fits, or in (0.001, 0.999) empirically), so its supremum runs over no threshold at all — the model leaks so "
+        f"much that this estimator cannot say how much; read the threshold attack's `{names.MIA_EPSILON_LOWER}` = "
+        f"{mia_epsilon:.3g} (a valid lower bound) instead"
+    )
+
+
 def summary_text(
     values: Mapping[str, float], details: Mapping[str, EpsilonStarDetails], warnings: Sequence[str] = ()
 ) -> str:
@@ -367,6 +414,9 @@ def audit_epsilon_star_from_losses(
     ).as_dict()
     values[names.MIA_EPSILON_LOWER] = float(mia["epsilon_lower"])
     found = fit_warnings(details)
+    separated = separated_warning(details, members, nonmembers, values[names.MIA_EPSILON_LOWER])
+    if separated is not None:
+        found.append(separated)
     orientation = score_orientation(scores, is_member)
     if orientation.reversed:
         found.append(
