@@ -5,8 +5,12 @@ Bayes-security monitor, the attribute monitor, the budget stopper, the report, `
 ledger instead of re-reading Opacus' accountant.
 
 It holds
-- the DP-SGD history: an Opacus accountant (``"rdp"``, ``"prv"`` or ``"gdp"``) that records every optimizer step;
-  its ε at δ is the reference ε;
+- the DP-SGD history: an accountant that records every optimizer step; its ε at δ is the run's ε. The default,
+  ``"pld"`` (:class:`PLDAccountant`), is the package's own pessimistic privacy-loss distribution for add/remove — the
+  distribution :class:`~lightning_privacy.claims.Claim`, β* and the TPR bounds come from — so ε is a certified upper
+  bound (within 1e-4 of dp_accounting's pessimistic PLD, tested) and one accountant speaks for the whole run.
+  Opacus' ``"rdp"`` (0.2.0's default: looser, 4.56 where the PLD certifies 4.18 for σ = 2, q = 0.1, 300 steps),
+  ``"prv"`` and ``"gdp"`` (an approximation, not a bound) stay available by name;
 - the safe Bayes security against membership inference: 1 − δ(ε = 0) of the composed mechanism (Cherubin et al.
   2024, Prop. 8) from a pessimistic privacy-loss distribution (PLD) that is composed incrementally — the steps taken
   since the last read are composed onto the stored PLD as one chunk, so a read costs one convolution, not a
@@ -28,19 +32,126 @@ from opacus.accountants import IAccountant, RDPAccountant, create_accountant
 
 from lightning_privacy.analysis import bayes_security as bs
 
-__all__ = ["ACCOUNTANTS", "PrivacyLedger", "Segment"]
+__all__ = ["ACCOUNTANTS", "DEFAULT_ACCOUNTANT", "PLDAccountant", "PrivacyLedger", "Segment", "accountant_label"]
 
-ACCOUNTANTS = ("rdp", "prv", "gdp")
+ACCOUNTANTS = ("pld", "rdp", "prv", "gdp")
+DEFAULT_ACCOUNTANT = "pld"
+_LABELS = {
+    "pld": "PLD (add/remove), certified upper bound",
+    "rdp": "Opacus RDP (add/remove), upper bound",
+    "prv": "Opacus PRV (add/remove), upper estimate",
+    "gdp": "Opacus GDP (add/remove), CLT approximation, not a bound",
+}
 STATE_VERSION = 1
 Segment = Tuple[float, float, int]  # (noise_multiplier, sample_rate, steps), Opacus' history order
 _SIGMA_DECIMALS = 4  # calibrated σ are rounded up to this many decimals (towards more noise)
 
 
+def accountant_label(mechanism: str) -> str:
+    """How ε of an accountant reads, said once where a person reads ε.
+
+    Example::
+
+        >>> accountant_label("pld")
+        'PLD (add/remove), certified upper bound'
+    """
+    return _LABELS.get(mechanism, f"{mechanism} accountant (add/remove)")
+
+
+def _pending_of(history: Sequence[Segment], composed: int) -> List[Segment]:
+    """The steps of ``history`` after its first ``composed`` ones, as run-length segments in the order taken."""
+    left = sum(int(t) for _, _, t in history) - composed
+    out: List[Segment] = []
+    for sigma, rate, count in reversed(history):
+        if left <= 0:
+            break
+        take = min(int(count), left)
+        out.append((float(sigma), float(rate), take))
+        left -= take
+    return out[::-1]
+
+
+class PLDAccountant(IAccountant):
+    """Opacus' accountant interface over the package's pessimistic privacy-loss distribution, for add/remove.
+
+    Records steps as Opacus' accountants do (run-length ``history``, the DP optimizer's step hook works unchanged);
+    :meth:`get_epsilon` composes the steps taken since the last read onto the stored
+    :class:`~lightning_privacy.analysis.composition.ComposedPLD` (one chunk per read: a read every epoch costs one
+    convolution, not a recomposition) and returns its ε at δ, an upper bound on the mechanism's true ε (discretised
+    by connect-the-dots, truncated and rounded on the safe side; finite beyond ε = 50 by
+    :meth:`~lightning_privacy.analysis.composition.ComposedPLD.epsilon_uncapped`). The chunks are saved by the ledger,
+    so a resumed run recomposes them in the same order: the same ε to the last digit.
+
+    Example::
+
+        >>> accountant = PLDAccountant()
+        >>> for _ in range(300):
+        ...     accountant.step(noise_multiplier=2.0, sample_rate=0.1)
+        >>> round(accountant.get_epsilon(1e-5), 3)  # dp_accounting's pessimistic PLD: 4.183; Opacus' RDP: 4.564
+        4.183
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pld: Any = None
+        self.composed = 0  # steps of the history composed into the PLD
+
+    def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
+        if self.history and self.history[-1][:2] == (noise_multiplier, sample_rate):
+            sigma, rate, count = self.history[-1]
+            self.history[-1] = (sigma, rate, count + 1)
+        else:
+            self.history.append((noise_multiplier, sample_rate, 1))
+
+    def __len__(self) -> int:
+        return len(self.history)
+
+    @classmethod
+    def mechanism(cls) -> str:
+        return "pld"
+
+    def composed_pld(self) -> Any:
+        """The add/remove PLD of every recorded step (the pending ones composed now, as one chunk per segment)."""
+        from lightning_privacy.analysis.composition import ComposedPLD
+
+        if self._pld is None:
+            self._pld = ComposedPLD(relation="add_remove")
+        steps = sum(int(t) for _, _, t in self.history)
+        if steps < self.composed:
+            raise RuntimeError(
+                f"The accountant has {steps} steps but composed {self.composed}: the history was rewritten; privacy "
+                "state must never go back."
+            )
+        for sigma, rate, count in _pending_of(self.history, self.composed):
+            self._pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
+            self.composed += count
+        return self._pld
+
+    def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
+        """ε at ``delta`` of the steps recorded, a certified upper bound (0 before the first step)."""
+        if not any(t > 0 for _, _, t in self.history):
+            return 0.0
+        return float(self.composed_pld().epsilon_uncapped(delta))
+
+    def load_chunks(self, chunks: Sequence[Sequence[float]]) -> None:
+        """Restore the composed PLD from saved chunks (in their order), after ``history`` was restored."""
+        from lightning_privacy.analysis.composition import ComposedPLD
+
+        self._pld = ComposedPLD.from_chunks([list(c) for c in chunks], relation="add_remove")
+        self.composed = int(sum(c[2] for c in chunks))
+        if self.composed > sum(int(t) for _, _, t in self.history):
+            raise RuntimeError("the saved PLD chunks hold more steps than the accountant's history")
+
+
+def _make_accountant(mechanism: str) -> IAccountant:
+    return PLDAccountant() if mechanism == "pld" else create_accountant(mechanism=mechanism)
+
+
 def _epsilon_of(mechanism: str, history: Sequence[Segment], delta: float) -> float:
-    """ε at δ of ``history`` under a fresh Opacus accountant of ``mechanism`` (the run's own is not touched)."""
+    """ε at δ of ``history`` under a fresh accountant of ``mechanism`` (the run's own is not touched)."""
     if not any(t > 0 for _, _, t in history):
         return 0.0
-    accountant = create_accountant(mechanism=mechanism)
+    accountant = _make_accountant(mechanism)
     accountant.history = [(float(s), float(p), int(t)) for s, p, t in history if t > 0]
     return float(accountant.get_epsilon(delta=delta))
 
@@ -70,7 +181,7 @@ def _unreachable(
     if target_epsilon is None:
         return f"No noise_multiplier below 1e6 gives target_bayes_security={target_bayes_security:g} for {run}."
     floor = f"{epsilon_floor(accountant=accountant, sample_rate=sample_rate, steps=steps, delta=delta):.4g}"
-    other = " (or accountant='prv', whose floor is lower)" if accountant != "prv" else ""
+    other = " (or accountant='pld', whose floor is lower)" if accountant not in ("pld", "prv") else ""
     return (
         f"No noise_multiplier meets target_epsilon={target_epsilon:g} at delta={delta:g} for {run}: with the "
         f"{accountant!r} accountant ε does not fall below {floor} whatever the noise (its value at noise_multiplier"
@@ -87,13 +198,14 @@ class PrivacyLedger:
     """The privacy state of one DP-SGD run: history, ε, safe β*, closed form, predictions, calibration.
 
     Args:
-        accountant: ``"rdp"``, ``"prv"``, ``"gdp"``, or an existing Opacus accountant to wrap (a user's own
+        accountant: ``"pld"`` (default: the package's pessimistic PLD, add/remove, a certified upper bound),
+            Opacus' ``"rdp"``, ``"prv"`` or ``"gdp"``, or an existing Opacus accountant to wrap (a user's own
             ``make_private`` run; its history is read, never rewritten).
-        delta: δ of the reference ε.
+        delta: δ of the run's ε.
         relation: neighbouring relation of the Bayes-security values, ``"replace"`` or ``"add_remove"``.
 
     Example:
-        >>> ledger = PrivacyLedger(accountant="rdp", delta=1e-5)
+        >>> ledger = PrivacyLedger(delta=1e-5)
         >>> for _ in range(200):
         ...     ledger.step(noise_multiplier=1.0, sample_rate=0.05)
         >>> ledger.steps
@@ -105,13 +217,17 @@ class PrivacyLedger:
     """
 
     def __init__(
-        self, *, accountant: Union[str, IAccountant] = "rdp", delta: float = 1e-5, relation: str = "replace"
+        self,
+        *,
+        accountant: Union[str, IAccountant] = DEFAULT_ACCOUNTANT,
+        delta: float = 1e-5,
+        relation: str = "replace",
     ) -> None:
         if isinstance(accountant, IAccountant):
             self.accountant = accountant
             self.mechanism = accountant.mechanism()
         elif accountant in ACCOUNTANTS:
-            self.accountant = create_accountant(mechanism=accountant)
+            self.accountant = _make_accountant(accountant)
             self.mechanism = accountant
         else:
             raise ValueError(
@@ -165,9 +281,11 @@ class PrivacyLedger:
 
     # -------------------------------------------------------------------------------------------------------- values
     def epsilon(self, delta: Optional[float] = None) -> float:
-        """The run's accountant ε at ``delta`` (default: the ledger's δ); 0 before the first step.
+        """The run's ε at ``delta`` (default: the ledger's δ), add/remove, by the ledger's accountant
+        (:attr:`epsilon_label` says which and whether it is a bound); 0 before the first step.
 
-        For Opacus' RDP accountant the per-step RDP curve of each (σ, p) is computed once and scaled by the step
+        The default PLD accountant composes the steps since the last read as one chunk (:class:`PLDAccountant`). For
+        Opacus' RDP accountant the per-step RDP curve of each (σ, p) is computed once and scaled by the step
         count — the same arithmetic as ``RDPAccountant.get_epsilon`` (which recomputes it on every call, ~20 ms),
         so the value is identical (tested) and a per-epoch read costs microseconds.
         """
@@ -177,6 +295,11 @@ class PrivacyLedger:
         if type(self.accountant) is RDPAccountant:
             return self._rdp_epsilon(self.accountant.history, delta)
         return float(self.accountant.get_epsilon(delta=delta))
+
+    @property
+    def epsilon_label(self) -> str:
+        """How this ledger's ε reads: its accountant, the relation (add/remove) and whether it is a bound."""
+        return accountant_label(self.mechanism)
 
     def _rdp_epsilon(self, history: Sequence[Segment], delta: float) -> float:
         """Opacus' RDP ε of ``history`` at ``delta`` from the cached per-step curves (0 without steps)."""
@@ -254,6 +377,8 @@ class PrivacyLedger:
         if relation == self.relation:
             self._sync()
             return self._pld
+        if relation == "add_remove" and isinstance(self.accountant, PLDAccountant):
+            return self.accountant.composed_pld()  # the PLD ε comes from: one composition for both
         from lightning_privacy.analysis.composition import ComposedPLD
 
         pld = self._other.get(relation)
@@ -267,15 +392,7 @@ class PrivacyLedger:
     # --------------------------------------------------------------------------------------------------- predictions
     def _pending(self, composed: Optional[int] = None) -> List[Segment]:
         """The recorded steps not yet composed into the PLD (of ``composed`` steps), in the order they were taken."""
-        left = self.steps - (self._composed if composed is None else composed)
-        out: List[Segment] = []
-        for sigma, rate, count in reversed(self.history):
-            if left <= 0:
-                break
-            take = min(count, left)
-            out.append((sigma, rate, take))
-            left -= take
-        return out[::-1]
+        return _pending_of(self.history, self._composed if composed is None else composed)
 
     def _check_forward(self, composed: int) -> None:
         if self.steps < composed:
@@ -309,6 +426,11 @@ class PrivacyLedger:
 
     def epsilon_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> float:
         """The accountant's ε at the ledger's δ if ``steps`` more steps at (σ, p) were taken."""
+        if isinstance(self.accountant, PLDAccountant):  # onto the composed PLD, as the next read will compose them
+            pld = self.accountant.composed_pld()
+            if steps:
+                pld = pld.after(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
+            return float(pld.epsilon_uncapped(self.delta)) if pld.steps else 0.0
         history = self.history + [(noise_multiplier, sample_rate, steps)]
         if self.mechanism == "rdp":  # the stopper's bisection asks many times: reuse the cached RDP curves
             return self._rdp_epsilon(history, self.delta)
@@ -393,7 +515,7 @@ class PrivacyLedger:
         target_bayes_security: Optional[float] = None,
         target_epsilon: Optional[float] = None,
         delta: float = 1e-5,
-        accountant: str = "rdp",
+        accountant: str = DEFAULT_ACCOUNTANT,
         relation: str = "replace",
         steps_per_read: Optional[int] = None,
     ) -> float:
@@ -401,11 +523,14 @@ class PrivacyLedger:
 
         For ``target_bayes_security`` the check is the ledger's own safe β* (composed in chunks of
         ``steps_per_read`` steps, e.g. one epoch, as a run reads it); for ``target_epsilon`` the accountant's ε at
-        ``delta`` (Opacus' ``get_noise_multiplier`` is the reference; this search never overwrites an accountant).
-        The returned σ always meets the target (checked).
+        ``delta`` — with the default ``"pld"`` the certified add/remove ε, composed in the same chunks (for Opacus'
+        accountants ``get_noise_multiplier`` is the reference; this search never overwrites an accountant). The
+        returned σ always meets the target (checked): rounded up to 1e-4, so the certified ε at it is ≤ the target.
 
         Example:
             >>> PrivacyLedger.calibrate(sample_rate=0.01, steps=1000, target_epsilon=1.0, delta=1e-5)
+            1.415
+            >>> PrivacyLedger.calibrate(sample_rate=0.01, steps=1000, target_epsilon=1.0, delta=1e-5, accountant="rdp")
             1.5132
         """
         if (target_bayes_security is None) == (target_epsilon is None):
@@ -439,8 +564,23 @@ class PrivacyLedger:
             if not target_epsilon > 0:
                 raise ValueError(f"Expected argument `target_epsilon` to be > 0, but got {target_epsilon!r}.")
 
-            def ok(sigma: float) -> bool:
-                return _epsilon_of(accountant, [(sigma, sample_rate, steps)], delta) <= target_epsilon
+            if accountant == "pld":
+                from lightning_privacy.analysis.composition import ComposedPLD
+
+                chunk = int(steps_per_read or steps)
+
+                def ok(sigma: float) -> bool:
+                    pld = ComposedPLD(relation="add_remove")
+                    done = 0
+                    while done < steps:
+                        take = min(chunk, steps - done)
+                        pld.compose(sample_rate=sample_rate, noise_multiplier=sigma, steps=take)
+                        done += take
+                    return pld.epsilon_uncapped(delta) <= target_epsilon
+            else:
+
+                def ok(sigma: float) -> bool:
+                    return _epsilon_of(accountant, [(sigma, sample_rate, steps)], delta) <= target_epsilon
 
             start = 1.0
         lo, hi = start, start
@@ -474,6 +614,11 @@ class PrivacyLedger:
             "relation": self.relation,
             "history": [[s, p, t] for s, p, t in self.history],
             "chunks": [list(c) for c in self._pld.chunks],
+            **(
+                {"epsilon_chunks": [list(c) for c in self.accountant.composed_pld().chunks]}
+                if isinstance(self.accountant, PLDAccountant)
+                else {}
+            ),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -502,6 +647,9 @@ class PrivacyLedger:
 
         self._pld_state = ComposedPLD.from_chunks(chunks, relation=self.relation)
         self._composed = int(sum(c[2] for c in chunks))
+        if isinstance(self.accountant, PLDAccountant):  # the add/remove PLD ε comes from, recomposed the same way
+            saved = state.get("epsilon_chunks")
+            self.accountant.load_chunks(saved if saved is not None else [[p, s, t, 1.0] for s, p, t in self.history])
         self._allowed = {}
         self._other = {}
         if self._composed > self.steps:

@@ -8,7 +8,7 @@ accountant, ``privacy/`` for per-epoch bounds, ``audit/`` for post-training audi
 DP_NOISE_MULTIPLIER = "dp/noise_multiplier"
 DP_SAMPLE_RATE = "dp/sample_rate"
 DP_STEPS = "dp/steps"
-DP_EPSILON = "dp/epsilon"  # Opacus accountant epsilon at the run's delta (reference only)
+DP_EPSILON = "dp/epsilon"  # the run's epsilon at its delta, add/remove (default: certified upper bound, PLD)
 
 # DP-SGD settings (HPARAMS columns, beside the model's own hyperparameters)
 DP_MAX_GRAD_NORM = "dp/max_grad_norm"
@@ -127,7 +127,10 @@ ALL_KEYS = tuple(v for k, v in dict(globals()).items() if k.isupper() and isinst
 # --- what each key means, its unit, and how far to trust it (the logged-keys page renders this; a test checks that
 # every key has all three)
 SETTING = "setting (as configured)"
-REFERENCE = "accountant's upper bound on ε (reference; Opacus' RDP/PRV/GDP)"
+EPSILON_BOUND = (
+    "upper bound on ε, add/remove: certified by default (the pessimistic PLD β* comes from); Opacus' RDP/PRV by name, "
+    "GDP an approximation"
+)
 CERTIFIED = "certified bound, on the safe side (pessimistic PLD of the recorded history)"
 APPROXIMATION = "approximation (may overstate security; shown beside the certified value)"
 LOWER_BOUND = "valid lower bound at confidence 1 − α (statistical evidence)"
@@ -141,10 +144,18 @@ KEY_DOCS = {
     DP_NOISE_MULTIPLIER: ("σ, the noise standard deviation relative to the clipping norm C", "ratio", SETTING),
     DP_SAMPLE_RATE: ("p, each row's Poisson inclusion probability per step", "probability", SETTING),
     DP_STEPS: ("optimizer steps the accountant recorded (over resumes)", "steps", CERTIFIED),
-    DP_EPSILON: ("the accountant's ε at the run's δ", "ε (nats)", REFERENCE),
+    DP_EPSILON: (
+        "the run's ε at its δ, one example added or removed (dp/accountant says which)",
+        "ε (nats)",
+        EPSILON_BOUND,
+    ),
     DP_MAX_GRAD_NORM: ("C, each example's gradient clipped to this norm", "gradient norm", SETTING),
-    DP_DELTA: ("δ of the reference ε", "probability", SETTING),
-    DP_ACCOUNTANT: ("the Opacus accountant: rdp, prv or gdp", "name", SETTING),
+    DP_DELTA: ("δ of the run's ε", "probability", SETTING),
+    DP_ACCOUNTANT: (
+        "the accountant of ε: pld (the package's pessimistic PLD, default), or Opacus' rdp, prv, gdp",
+        "name",
+        SETTING,
+    ),
     DP_TARGET_BAYES_SECURITY: ("the β*_MIA σ was planned for", "β* in [0, 1]", SETTING),
     DP_TARGET_EPSILON: ("the ε σ was planned for", "ε (nats)", SETTING),
     DP_PLANNED_EPOCHS: ("the epochs σ was planned for", "epochs", SETTING),

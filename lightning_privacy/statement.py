@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from lightning_privacy import __version__, names
+from lightning_privacy.ledger import accountant_label
 from lightning_privacy.reporting import ReportSection, ReportTable, down, up
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "FPRS", "PrivacyStatement", "privacy_statement", "read_checkpoint"]
@@ -285,8 +286,8 @@ def _dp_sgd(
     if history:
         sigma = history[-1][0] if sigma is None else sigma
         rate = history[-1][1] if rate is None else rate
-    secure = getattr(callback, "secure_mode", None) if callback is not None else None
-    strategy = world_size = None
+    secure = getattr(callback, "secure_mode", None) if callback is not None else state.get("secure_mode")
+    strategy, world_size = state.get("strategy"), state.get("world_size")  # (recorded since 0.3.0)
     if trainer is not None:
         strategy, world_size = type(trainer.strategy).__name__, int(trainer.world_size)
     planned = {
@@ -417,8 +418,8 @@ def _summary(data: dict) -> str:
     eps = guarantee["epsilon"]
     epsilon = "no finite ε" if eps is None else f"(ε = {up(eps)}, δ = {guarantee['delta']:g})-DP"
     return (
-        f"Trained with DP-SGD: {epsilon} for one training example added or removed (Opacus' "
-        f"{mechanism['accountant']} accountant), after {mechanism['steps']} steps at noise multiplier "
+        f"Trained with DP-SGD: {epsilon} for one training example added or removed "
+        f"({accountant_label(mechanism['accountant']).replace(' (add/remove)', '')}), after {mechanism['steps']} steps at noise multiplier "
         f"σ = {mechanism['noise_multiplier']:g} and sample rate q = {mechanism['sample_rate']:.6g}; any membership "
         f"attacker's Bayes security β*_MIA ≥ {down(guarantee['bayes_security'])} "
         f"({_RELATION_LABELS[guarantee['bayes_security_relation']]})."
@@ -485,13 +486,18 @@ def _approximations(data: dict) -> List[str]:
     out = []
     if mechanism is not None and mechanism["steps"]:
         accountant = mechanism["accountant"]
-        if accountant == "rdp":
+        if accountant == "pld":
+            out.append(
+                "ε is the certified upper bound of the pessimistic privacy-loss distribution (add/remove) that β*_MIA "
+                "and the TPR bounds also come from: one accountant for every number here."
+            )
+        elif accountant == "rdp":
             out.append(
                 "ε is Opacus' RDP accountant's upper bound; its conversion to (ε, δ) is loose, so the true ε is lower."
             )
         elif accountant == "prv":
             out.append("ε is the upper end of Opacus' PRV accountant's error-bounded estimate.")
-        else:
+        elif accountant == "gdp":
             out.append(
                 "ε is Opacus' GDP accountant's central-limit approximation: NOT an upper bound (it can understate ε, "
                 "and it reads only the last segment of the history). β*_MIA and the TPR bounds are certified."
@@ -557,7 +563,7 @@ def _mechanism_rows(data: dict) -> List[Row]:
             "rows the Poisson sampling drew from",
         ),
         ("δ", f"{m['delta']:g}", "δ of the (ε, δ) guarantee"),
-        ("accountant", m["accountant"], "Opacus' accountant that gives ε"),
+        ("accountant", m["accountant"], "the accountant that gives ε (pld: the package's pessimistic PLD)"),
         ("batch sampling", _SEEDS[m["sampling_seed"]], "the Poisson masks' randomness"),
         ("noise", _SEEDS[m["noise_seed"]], "the Gaussian noise's randomness"),
         (
@@ -595,7 +601,7 @@ def _guarantee_rows(data: dict) -> List[Row]:
         (
             f"ε at δ = {g['delta']:g}",
             "no finite ε" if eps is None else up(eps),
-            f"(ε, δ)-DP, {_RELATION_LABELS['add_remove']}: Opacus' {m['accountant']} accountant",
+            f"(ε, δ)-DP, {_RELATION_LABELS['add_remove']}: {accountant_label(m['accountant'])}",
         ),
         (
             "β*_MIA",

@@ -170,7 +170,7 @@ def test_dp_target_gets_dp_references(dp_checkpoint, tmp_path):
         "noise_multiplier": dpsgd.noise_multiplier,
         "max_grad_norm": dpsgd.max_grad_norm,
         "delta": dpsgd.delta,
-        "accountant": "rdp",
+        "accountant": dpsgd.accountant_mechanism,
         "loss_reduction": dpsgd.loss_reduction,
         "grad_sample_mode": dpsgd.grad_sample_mode,
     }

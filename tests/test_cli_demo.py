@@ -9,7 +9,8 @@ def test_demo_runs_and_prints_the_summary(tmp_path, capsys):
         "β*_MIA closed form",
         "β*_MIA (exact, safe",
         "TPR bound at FPR 0.001 / 0.01 / 0.1",
-        "accountant ε at δ",
+        "ε at δ = 1e-05, PLD (add/remove)",
+        "(certified upper bound)",
         "tensorboard --logdir",
     ):
         assert line in out

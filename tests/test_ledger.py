@@ -115,7 +115,7 @@ def test_steps_within_is_exact_to_one_step():
 
 
 def test_epsilon_budget_steps_against_opacus():
-    ledger = PrivacyLedger(delta=1e-5)
+    ledger = PrivacyLedger(accountant="rdp", delta=1e-5)
     ledger.step(noise_multiplier=1.1, sample_rate=0.01, steps=500)
     k = ledger.steps_within(noise_multiplier=1.1, sample_rate=0.01, max_epsilon=1.5)
     accountant = RDPAccountant()

@@ -30,32 +30,32 @@ def test_the_rdp_floor_is_the_reason_a_tiny_epsilon_cannot_be_met():
     assert 0.05 < floor < 0.2  # log(1/δ)/(max order − 1): Opacus' orders stop at a finite order
     assert epsilon_floor(accountant="prv", sample_rate=0.125, steps=1, delta=1e-5) < floor
     with pytest.raises(ValueError, match=rf"target_epsilon=0.001 .*does not fall below {floor:.4g} whatever the noise"):
-        PrivacyLedger.calibrate(sample_rate=0.125, steps=8, target_epsilon=0.001)
+        PrivacyLedger.calibrate(sample_rate=0.125, steps=8, target_epsilon=0.001, accountant="rdp")
 
 
 def test_a_target_epsilon_below_the_floor_is_refused_before_any_step(tmp_path):
     """The issue: ``DPSGD(target_epsilon=0.001, ...)`` raised "No noise multiplier below 1e6 meets the target."."""
     model = tiny_module()
     before = [p.detach().clone() for p in model.parameters()]
-    t = trainer([DPSGD(target_epsilon=0.001, epochs=2)], tmp_path)
+    t = trainer([DPSGD(target_epsilon=0.001, epochs=2, accountant="rdp")], tmp_path)
     with pytest.raises(MisconfigurationException) as info:
         t.fit(model, train_dataloaders=tiny_loader())
     message = str(info.value)
     assert message.startswith("DPSGD(target_epsilon=0.001, delta=1e-05, epochs=2): No noise_multiplier meets")
     assert re.search(r"with the 'rdp' accountant ε does not fall below 0\.\d+ whatever the noise", message)
-    assert "Give an ε budget above" in message and "accountant='prv'" in message
+    assert "Give an ε budget above" in message and "accountant='pld'" in message
     assert t.global_step == 0 and all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_a_max_epsilon_below_the_floor_is_refused_with_the_floor(tmp_path):
     """The issue: ``PrivacyBudgetStopping(max_epsilon=0.01)`` raised the ledger's search error."""
-    t = trainer([DPSGD(noise_multiplier=1.0), PrivacyBudgetStopping(max_epsilon=0.01)], tmp_path)
+    t = trainer([DPSGD(noise_multiplier=1.0, accountant="rdp"), PrivacyBudgetStopping(max_epsilon=0.01)], tmp_path)
     with pytest.raises(MisconfigurationException) as info:
         t.fit(tiny_module(), train_dataloaders=tiny_loader())
     message = str(info.value)
     assert message.startswith("PrivacyBudgetStopping(max_epsilon=0.01): the first optimizer step already breaks")
     floor = epsilon_floor(accountant="rdp", sample_rate=1 / 8, steps=1, delta=1e-5)
-    assert f"Give `max_epsilon` above {floor:.4g} (or accountant='prv', whose floor is lower)." in message
+    assert f"Give `max_epsilon` above {floor:.4g} (or accountant='pld', whose floor is lower)." in message
     assert "No noise multiplier allows it" in message and t.global_step == 0
 
 

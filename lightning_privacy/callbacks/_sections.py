@@ -55,9 +55,9 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
         ),
         ("optimizer steps", str(cb.steps), "DP-SGD steps recorded by the accountant"),
         (
-            f"ε at δ = {cb.delta:g} ({cb.accountant_mechanism} accountant)",
+            f"ε at δ = {cb.delta:g}",
             up(cb.epsilon()),
-            "the run is (ε, δ)-DP by the accountant's upper bound; a reference, in ε units",
+            f"the run is (ε, δ)-DP, add or remove one example: {cb.ledger.epsilon_label}",
         ),
         *_seed_rows(cb.privacy_settings() if hasattr(cb, "privacy_settings") else {}),
     ]

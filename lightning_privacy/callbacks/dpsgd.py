@@ -32,7 +32,7 @@ from lightning_privacy.dpsgd.settings import (
     privacy_settings,
     seed,
 )
-from lightning_privacy.ledger import PrivacyLedger
+from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, PrivacyLedger
 
 DEFAULT_DELTA = 1e-5  # (here, not imported: the API page shows a default defined in the module by its value)
 
@@ -46,15 +46,16 @@ class DPSGD(Callback, DPSGDRun):
     Opacus computes per-sample gradients, and a ``DPOptimizer`` clips each to ``max_grad_norm`` and adds Gaussian
     noise of standard deviation ``noise_multiplier · max_grad_norm``. σ is given, or planned by
     :meth:`~lightning_privacy.ledger.PrivacyLedger.calibrate`: the smallest σ (to 1e-4, rounded up) whose safe β*_MIA
-    (``target_bayes_security``) or accountant ε at ``delta`` (``target_epsilon``) meets the target after ``epochs``.
+    (``target_bayes_security``) or certified ε at ``delta`` (``target_epsilon``) meets the target after ``epochs``.
 
     The loss ``training_step`` returns: the usual reduced loss, or one loss per example (shape ``[batch_size]``, as
     is or as a dict's ``"loss"``), which DPSGD reduces with ``loss_reduction``; ghost clipping needs the per-example
     losses. ``{"loss": losses.mean(), "per_example_loss": losses}`` trains one module unchanged with and without
     DPSGD (a plain ``Trainer`` trains on ``"loss"``, DPSGD on ``"per_example_loss"``).
 
-    The run's privacy state is one :class:`~lightning_privacy.ledger.PrivacyLedger` (its accountant ε is a reference
-    value), saved in ``state_dict``: a resumed run continues it, another ``fit`` of the same module composes with it,
+    The run's privacy state is one :class:`~lightning_privacy.ledger.PrivacyLedger`, whose ε (add/remove, at
+    ``delta``) comes by default from the same pessimistic privacy-loss distribution as β*, the TPR bounds and
+    :class:`~lightning_privacy.claims.Claim`: a certified upper bound. It is saved in ``state_dict``: a resumed run continues it, another ``fit`` of the same module composes with it,
     a fit of another module starts a new one. On its first steps DPSGD checks that privacy is applied (per-sample
     gradients, clipping to C, noise σ·C, every step accounted) and raises naming the parameter otherwise. Strategies:
     one device, DDP with ``use_distributed_sampler=False``, FSDP2 with ghost clipping; others are refused in
@@ -65,10 +66,14 @@ class DPSGD(Callback, DPSGDRun):
         noise_multiplier: σ, the noise standard deviation relative to ``max_grad_norm``.
         max_grad_norm: C, the per-sample clipping norm.
         target_bayes_security: plan σ for this β*_MIA after ``epochs`` epochs (instead of σ).
-        target_epsilon: plan σ for this accountant ε at ``delta`` after ``epochs`` epochs (instead of σ).
+        target_epsilon: plan σ for this ε at ``delta`` after ``epochs`` epochs (instead of σ), by ``accountant``.
         epochs: training length the plan is for (required with ``target_bayes_security`` or ``target_epsilon``).
-        delta: δ for the reference accountant's ε.
-        accountant: ``"rdp"``, ``"prv"`` or ``"gdp"`` (Opacus accountants).
+        delta: δ of the run's ε.
+        accountant: ``"pld"`` (the default: the package's pessimistic privacy-loss distribution, add/remove, a
+            certified upper bound — 4.18 for σ = 2, q = 0.1, 300 steps at δ = 1e-5, where Opacus' RDP says 4.56), or
+            Opacus' ``"rdp"`` (0.2.0's default), ``"prv"`` or ``"gdp"`` (an approximation, not a bound) for a user
+            who must quote Opacus' numbers. ``None`` (not given): ``"pld"``, and a resumed checkpoint's own
+            accountant (a 0.2.0 checkpoint resumes with RDP, saying so in one warning).
         loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch (or how DPSGD
             reduces the per-example losses it returns).
         grad_sample_mode: ``"hooks"`` (per-sample gradients) or ``"ghost"`` (ghost clipping; per-example losses).
@@ -138,7 +143,7 @@ class DPSGD(Callback, DPSGDRun):
         target_epsilon: Optional[float] = None,
         epochs: Optional[int] = None,
         delta: float = DEFAULT_DELTA,
-        accountant: str = "rdp",
+        accountant: Optional[str] = None,
         loss_reduction: str = "mean",
         secure_mode: bool = False,
         sampling_seed: Optional[int] = None,
@@ -149,6 +154,8 @@ class DPSGD(Callback, DPSGDRun):
         fix_modules: bool = False,
     ) -> None:
         check_arguments(noise_multiplier, target_bayes_security, target_epsilon, epochs)
+        self._accountant_given = accountant is not None  # (else a resumed checkpoint's accountant is kept)
+        accountant = DEFAULT_ACCOUNTANT if accountant is None else accountant
         check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
         self.max_grad_norm = positive("max_grad_norm", max_grad_norm)
         self.grad_sample_mode = grad_sample_mode
@@ -181,6 +188,8 @@ class DPSGD(Callback, DPSGDRun):
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit
         self.steps_per_epoch: Optional[int] = None
+        self.strategy_name: Optional[str] = None  # the last fit's strategy and processes (saved for the statement)
+        self.world_size: Optional[int] = None
         self._hooks: Any = None  # Opacus' per-example hooks (see strategies.grad_sample_hooks)
         self._view_hooks: List[Any] = []  # FSDP2: forward hooks that keep Opacus' hook views from FSDP's checks
         self._backward: Optional[PerExampleBackward] = None
@@ -217,6 +226,7 @@ class DPSGD(Callback, DPSGDRun):
                     "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
                     "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
                 )
+        self.strategy_name, self.world_size = type(trainer.strategy).__name__, int(trainer.world_size)  # (saved)
         self.sampling = strategies.resolve_sampling(trainer, self.sampling_seed, secure=self.secure_mode)
         install_poisson_sampling(trainer, self)
 
@@ -304,7 +314,8 @@ class DPSGD(Callback, DPSGDRun):
         return self.ledger.accountant
 
     def epsilon(self, delta: Optional[float] = None) -> float:
-        """The run's accountant ε at ``delta`` (default: the callback's ``delta``)."""
+        """The run's ε at ``delta`` (default: the callback's ``delta``), add/remove, by its accountant (default: the
+        certified upper bound of the pessimistic PLD; ``ledger.epsilon_label`` says which)."""
         return self.ledger.epsilon(delta)
 
     # ----------------------------------------------------------------------------------- state

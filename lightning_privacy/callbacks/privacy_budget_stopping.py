@@ -31,7 +31,8 @@ class PrivacyBudgetStopping(Callback):
     for the current (σ, p) is found by bracketing and bisection, exact to one step, and re-used until the ledger
     composes new steps; the prediction is composed exactly as the monitor's next read will compose it, so the
     value the monitor logs after the stop equals the value the decision was made on. ε budgets use the run's own
-    accountant (Opacus RDP/PRV/GDP) the same way.
+    accountant the same way (by default the certified ε of the pessimistic PLD, add/remove: the next steps composed
+    onto it as the next read will).
 
     For attribute inference (``threat="ai"``, β* budgets only) the decision is made on the monitor's safe β*_AI
     (the :class:`~lightning_privacy.AttributeInferenceMonitor` in the same trainer: pessimistic PLD over the measured
@@ -203,7 +204,8 @@ class PrivacyBudgetStopping(Callback):
             return (
                 f"{start} No noise multiplier allows it: with the {ledger.mechanism!r} accountant ε at δ = "
                 f"{ledger.delta:g} does not fall below {floor:.4g} whatever the noise. Give `max_epsilon` above "
-                f"{floor:.4g}" + (" (or accountant='prv', whose floor is lower)." if ledger.mechanism != "prv" else ".")
+                f"{floor:.4g}"
+                + (" (or accountant='pld', whose floor is lower)." if ledger.mechanism not in ("pld", "prv") else ".")
             )
         return (
             f"{start} noise_multiplier={allows:g} allows one epoch ({epoch} steps) within the budget: pass "

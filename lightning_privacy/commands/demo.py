@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
     final = monitor.final
     closed = monitor.final_closed_form
+    accountant, kind = dpsgd.ledger.epsilon_label.split(", ", 1)  # e.g. "PLD (add/remove)", "certified upper bound"
     rows = [
         ("test accuracy", f"{test_acc:.4f}"),
         ("noise multiplier σ (planned)", f"{dpsgd.noise_multiplier:.4f}"),
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             f"{final[names.MIA_TPR_BOUND_FPR_0_001]:.4f} / {final[names.MIA_TPR_BOUND_FPR_0_01]:.4f} / "
             f"{final[names.MIA_TPR_BOUND_FPR_0_1]:.4f}",
         ),
-        (f"accountant ε at δ = {dpsgd.delta:g} (RDP)", f"{dpsgd.epsilon():.3f}"),
+        (f"ε at δ = {dpsgd.delta:g}, {accountant}", f"{dpsgd.epsilon():.3f}  ({kind})"),
         ("stopped by budget after step", str(stopper.stopped_at_step) if stopper.stopped_at_step is not None else "no"),
         ("wall time", f"{elapsed:.1f} s"),
     ]

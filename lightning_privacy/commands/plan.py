@@ -45,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--delta", type=float, default=1e-5, help="δ of the accountant's ε (default: %(default)s)")
     parser.add_argument(
-        "--accountant", choices=("rdp", "prv", "gdp"), default="rdp", help="Opacus accountant (default: %(default)s)"
+        "--accountant",
+        choices=("pld", "rdp", "prv", "gdp"),
+        default="pld",
+        help="accountant of ε: the package's pessimistic PLD (certified, the default), or Opacus' rdp, prv or gdp",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -119,6 +122,7 @@ def make_plan(args: argparse.Namespace) -> dict:
         take = min(per_read, steps - done)
         ledger.step(noise_multiplier=sigma, sample_rate=p, steps=take)
         ledger.bayes_security()
+        ledger.epsilon()
         done += take
     safe = ledger.bayes_security()
     tight = ledger.tpr_bounds([0.001, 0.01, 0.1])
@@ -142,6 +146,7 @@ def make_plan(args: argparse.Namespace) -> dict:
         "delta": args.delta,
         "accountant": args.accountant,
         "epsilon": ledger.epsilon(),
+        "epsilon_label": ledger.epsilon_label,
         "notes": [],
     }
     if closed_sigma is not None and out["mia_bayes_security_closed_form"] > safe + 1e-4:
@@ -153,6 +158,7 @@ def make_plan(args: argparse.Namespace) -> dict:
 
 
 def _table(out: dict) -> str:
+    accountant, kind = out["epsilon_label"].split(", ", 1)  # e.g. "PLD (add/remove)", "certified upper bound"
     sigma = f"{out['noise_multiplier']:.4f}"
     if out["noise_multiplier_closed_form"] is not None:
         sigma += f"  (closed form, Eq. 4: {out['noise_multiplier_closed_form']:.4f})"
@@ -169,13 +175,13 @@ def _table(out: dict) -> str:
             f"{100 * out['mia_tpr_bound_fpr_0.01']:.2f}%  (Prop. 9: {100 * out['mia_tpr_bound_fpr_0.01_prop9']:.2f}%)",
         ),
         ("TPR bound @ FPR 10%", f"{100 * out['mia_tpr_bound_fpr_0.1']:.2f}%"),
-        (f"ε at δ={out['delta']:g} ({out['accountant']})", f"{out['epsilon']:.4g}"),
+        (f"ε at δ={out['delta']:g}, {accountant}", f"{out['epsilon']:.4g}  ({kind})"),
     ]
     width = max(len(k) for k, _ in rows)
     if out["target"] is not None:
         head = f"Plan for β*_MIA >= {out['target']} ({out['relation']})"
     else:
-        head = f"Plan for ε <= {out['target_epsilon']} at δ = {out['delta']:g} ({out['accountant']})"
+        head = f"Plan for ε <= {out['target_epsilon']} at δ = {out['delta']:g}, {out['epsilon_label']}"
     lines = [head, "-" * len(head)] + [f"{k:<{width}}  {v}" for k, v in rows]
     lines += [f"note: {n}" for n in out["notes"]]
     return "\n".join(lines)

@@ -10,6 +10,8 @@ from typing import Any, Dict
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, PrivacyLedger, accountant_label
+
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
 
 __all__ = ["STATE_VERSION", "check_checkpoint_has_state", "dpsgd_state", "load_dpsgd_state", "state_key_fields"]
@@ -47,6 +49,10 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         "delta": dp.delta,
         "loss_reduction": dp.loss_reduction,
         "grad_sample_mode": dp.grad_sample_mode,
+        # for the privacy statement (lightning_privacy.statement): how the noise was drawn and on what strategy
+        "secure_mode": dp.secure_mode,
+        "strategy": dp.strategy_name,
+        "world_size": dp.world_size,
     }
 
 
@@ -61,9 +67,18 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
     if version not in (1, STATE_VERSION):
         raise RuntimeError(f"DPSGD state version {version!r} is not {STATE_VERSION} (or 1)")
     if state_dict["accountant"] != dp.accountant_mechanism:
-        raise RuntimeError(
-            f"checkpoint accounted with {state_dict['accountant']!r}, this DPSGD uses {dp.accountant_mechanism!r}"
+        if dp._accountant_given:
+            raise RuntimeError(
+                f"checkpoint accounted with {state_dict['accountant']!r}, this DPSGD uses {dp.accountant_mechanism!r}"
+            )
+        rank_zero_warn(  # (a 0.2.0 checkpoint: RDP was the default then)
+            f"The checkpoint was accounted with the {state_dict['accountant']!r} accountant; the resumed run keeps it so "
+            f"that its ε stays one computation ({accountant_label(state_dict['accountant'])}). New runs use "
+            f"{DEFAULT_ACCOUNTANT!r} (a certified, tighter ε); pass DPSGD(accountant={state_dict['accountant']!r}) to "
+            "silence this."
         )
+        dp.accountant_mechanism = state_dict["accountant"]
+        dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.ledger.delta)
     if state_dict["max_grad_norm"] != dp.max_grad_norm:
         raise RuntimeError(
             f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {dp.max_grad_norm}"

@@ -73,7 +73,7 @@ def test_planned_noise_meets_target_exactly(tmp_path):
 def test_planned_noise_meets_an_epsilon_target(tmp_path):
     from opacus.accountants.utils import get_noise_multiplier
 
-    dp = DPSGD(target_epsilon=3.0, epochs=2, delta=1e-5)
+    dp = DPSGD(target_epsilon=3.0, epochs=2, delta=1e-5, accountant="rdp")  # (the default PLD: test_accountant.py)
     trainer([dp], tmp_path).fit(tiny_module(), train_dataloaders=tiny_loader())
     assert dp.steps == 2 * (N // BATCH)
     assert dp.epsilon() <= 3.0

@@ -45,7 +45,7 @@ def test_stops_before_the_step_that_breaks_the_budget(sigma, budget, tmp_path):
 def test_epsilon_budget_stops_before_the_breaking_step(tmp_path):
     from opacus.accountants import RDPAccountant
 
-    dp = DPSGD(noise_multiplier=1.2, delta=1e-5)
+    dp = DPSGD(noise_multiplier=1.2, delta=1e-5, accountant="rdp")  # (Opacus' RDP: brute-forced below)
     stopper = PrivacyBudgetStopping(max_epsilon=2.0)
     t = trainer([dp, stopper], tmp_path, max_epochs=100)
     t.fit(tiny_module(), train_dataloaders=_loader())

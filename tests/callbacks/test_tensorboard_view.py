@@ -93,7 +93,7 @@ def test_hparams_tab_shows_privacy_settings_beside_the_model_and_privacy_metrics
     (session,) = view.sessions()
     assert session["hparams"][names.DP_NOISE_MULTIPLIER] == pytest.approx(1.0)
     assert session["hparams"][names.DP_SAMPLE_RATE] == pytest.approx(trainer.callbacks[0].sample_rate)
-    assert session["hparams"][names.DP_ACCOUNTANT] == "rdp" and session["hparams"][names.DP_GRAD_SAMPLE_MODE] == "hooks"
+    assert session["hparams"][names.DP_ACCOUNTANT] == "pld" and session["hparams"][names.DP_GRAD_SAMPLE_MODE] == "hooks"
     assert session["metrics"][names.MIA_BAYES_SECURITY] == pytest.approx(
         trainer.callback_metrics[names.MIA_BAYES_SECURITY].item(), abs=1e-6
     )
