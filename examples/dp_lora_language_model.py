@@ -2,7 +2,8 @@
 
 A GPT-2 (by default a tiny, randomly initialised one: 2 layers, 128 wide, 1,000 tokens, so that the example runs
 offline in under a minute on one CPU thread; ``--model gpt2`` loads a pretrained one where the Hugging Face hub is
-reachable) gets LoRA adapters (``peft``, r = 8 on ``c_attn`` / ``c_proj``; ``--full`` trains every weight instead) and
+reachable, ``--model DIR`` one from a folder ``save_pretrained`` wrote, offline: the same ``from_pretrained`` call with
+``local_files_only=True``, so the two differ only in where the files come from) gets LoRA adapters (``peft``, r = 8 on ``c_attn`` / ``c_proj``; ``--full`` trains every weight instead) and
 is fine-tuned on token sequences with
 
 - ``DPSGD(target_epsilon=--epsilon, epochs=--epochs, grad_sample_mode=--grad-sample-mode)``: one clipped gradient per
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from pathlib import Path
 from typing import Optional
 
 import lightning.pytorch as pl
@@ -92,11 +94,12 @@ class MarkovSequences(Dataset):
 
 # ---------------------------------------------------------------------------------------------------------- model
 def base_model(name: Optional[str] = None, *, vocab: int = VOCAB, length: int = LENGTH) -> torch.nn.Module:
-    """A pretrained causal LM (``name``), or the tiny GPT-2 with weights fixed by :data:`BASE_SEED`."""
+    """A pretrained causal LM (``name``: a hub name, or a ``save_pretrained`` folder read offline), or the tiny GPT-2
+    with weights fixed by :data:`BASE_SEED`."""
     from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
     if name:
-        return AutoModelForCausalLM.from_pretrained(name)
+        return AutoModelForCausalLM.from_pretrained(name, local_files_only=Path(name).is_dir())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(BASE_SEED)
         config = GPT2Config(
@@ -159,7 +162,11 @@ def mean_loss(model: torch.nn.Module, loader: DataLoader) -> float:
 # ----------------------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="a Hugging Face causal LM to load (default: the tiny GPT-2)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a Hugging Face causal LM to load: a hub name, or a save_pretrained folder (offline; default: the tiny GPT-2)",
+    )
     parser.add_argument("--grad-sample-mode", choices=("hooks", "ghost"), default="ghost")
     parser.add_argument("--epsilon", type=float, default=8.0, help="ε of DP-SGD at δ = 1e-5; 0: no DP-SGD")
     parser.add_argument("--epochs", type=int, default=3)
@@ -189,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.model:
         from transformers import AutoConfig
 
-        vocab = AutoConfig.from_pretrained(args.model).vocab_size
+        vocab = AutoConfig.from_pretrained(args.model, local_files_only=Path(args.model).is_dir()).vocab_size
     data = dict(vocab=vocab)
     members = MarkovSequences(args.members, seed=args.seed + 1, **data)
     nonmembers = MarkovSequences(args.members, seed=args.seed + 2, **data)

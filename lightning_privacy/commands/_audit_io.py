@@ -153,6 +153,47 @@ def load_model(
     return model
 
 
+def is_pretrained_folder(spec: Optional[str]) -> bool:
+    """Whether ``spec`` (``--model`` or ``--base-model``) names a folder (a ``save_pretrained`` one, or refused)."""
+    return spec is not None and spec != "init" and Path(spec).is_dir()
+
+
+def load_pretrained(path: str, option: str = "--model") -> Any:
+    """The causal LM a ``save_pretrained`` folder holds, read offline (``local_files_only=True``), in eval mode.
+
+    A folder with ``adapter_config.json`` (PEFT adapters) goes through ``peft.AutoPeftModelForCausalLM`` (its base
+    model, named in that file, must be a local folder or already cached), one with ``config.json`` through
+    ``transformers.AutoModelForCausalLM``: the same call as for a hub name, so the hub path differs only in where
+    the files come from. The model is returned as is: the sequence signals read its ``.logits``.
+
+    Raises:
+        ValueError: one line naming ``option`` and the folder: neither file in it, the library missing, or a
+            folder the library cannot read.
+    """
+    folder = Path(path)
+    if (folder / "adapter_config.json").is_file():
+        what, module, name = "a PEFT adapter folder", "peft", "AutoPeftModelForCausalLM"
+    elif (folder / "config.json").is_file():
+        what, module, name = "a save_pretrained folder", "transformers", "AutoModelForCausalLM"
+    else:
+        raise ValueError(
+            f"`{option}` {path!r} is a folder without config.json or adapter_config.json, so not one `save_pretrained` "
+            "wrote: give a causal LM's save_pretrained folder (or PEFT adapters'), or a class as module:Class"
+        )
+    try:
+        loader = getattr(importlib.import_module(module), name)
+    except ImportError:
+        raise ValueError(
+            f'`{option}` {path!r} is {what}: reading it needs `{module}` (pip install -e ".[lm]")'
+        ) from None
+    try:
+        model = loader.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"`{option}` {path!r} ({what}) cannot be loaded offline by {name}: {first}") from None
+    return model.eval()
+
+
 # --- data ------------------------------------------------------------------------------------
 def _saved_init_args(cls: Any, contents: Any, key: str, name_key: str) -> dict:
     """The hyperparameters a checkpoint saved under ``key`` that ``cls.__init__`` takes (see below)."""
@@ -334,13 +375,20 @@ ADULT_DEFAULTS = {"data_path": None, "batch_size": 1024, "val_fraction": 0.1, "s
 ADULT_KEYS = {"data_path": "path", "batch_size": "batch_size", "val_fraction": "val_fraction", "split_seed": "seed"}
 
 
-def add_model_arguments(parser: Any, title: str = "model and data") -> None:
+def add_model_arguments(parser: Any, title: str = "model and data", *, pretrained: bool = False) -> None:
     """The options that say how to rebuild a checkpoint's model and data: ``--model``, ``--model-args``,
     ``--datamodule``, ``--datamodule-args``, ``--fix-modules``, ``--nonmembers`` and Adult's flags (read back by
-    :func:`datamodule_args`)."""
+    :func:`datamodule_args`); ``pretrained``: ``--model`` also takes a ``save_pretrained`` folder (its help says so)."""
     model = parser.add_argument_group(title)
     model.add_argument(
-        "--model", default=DEFAULT_MODEL, help="LightningModule class as module:Class (default: %(default)s)"
+        "--model",
+        default=DEFAULT_MODEL,
+        help="LightningModule class as module:Class (default: %(default)s)"
+        + (
+            ", or a causal LM's save_pretrained folder (PEFT adapters too; read offline, no --checkpoint)"
+            if pretrained
+            else ""
+        ),
     )
     model.add_argument("--model-args", default=None, help="JSON object of constructor arguments for --model")
     model.add_argument(

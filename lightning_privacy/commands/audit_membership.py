@@ -40,6 +40,12 @@ is the checkpoint's model with its adapters disabled; a full fine-tune needs ``-
 ``state_dict`` file of the same ``--model`` (the weights fine-tuning started from), or ``init``: ``--model`` built
 from the checkpoint's hyperparameters with the weights its constructor gives (a constructor that loads a pretrained
 model), refused when two builds differ (random initialisation is no base).
+
+``--model DIR``, a folder ``save_pretrained`` wrote (a causal LM's ``config.json`` and weights, or a PEFT adapter
+folder's ``adapter_config.json``), is read offline by ``transformers.AutoModelForCausalLM`` (``peft``'s
+``AutoPeftModelForCausalLM``) with ``local_files_only=True``, the same call as for a hub name: no ``--checkpoint``,
+``--datamodule`` required, ``--attack loss --signal ...`` or ``--attack ezmia`` (its base: the adapters disabled, or
+``--base-model DIR``, the base's ``save_pretrained`` folder). A folder with neither file is refused naming it.
 """
 
 from __future__ import annotations
@@ -63,18 +69,23 @@ PREFIX = "lightning-privacy audit membership"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from lightning_privacy.commands import _audit_io as io
 
-    parser.add_argument("--checkpoint", required=True, help="Lightning checkpoint (.ckpt) or state_dict file")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="Lightning checkpoint (.ckpt) or state_dict file (required unless --model is a save_pretrained folder)",
+    )
     parser.add_argument(
         "--attack", choices=("rmia", "lira", "loss", "ezmia"), default="rmia", help="the attack (default: %(default)s)"
     )
     parser.add_argument(
         "--base-model",
         default=None,
-        metavar="PATH|init",
+        metavar="PATH|DIR|init",
         help="EZ-MIA's base for a full fine-tune: a checkpoint or state_dict file of --model (the weights fine-tuning "
-        "started from), or 'init' (--model as its constructor builds it, e.g. from_pretrained); PEFT models: not needed",
+        "started from), a causal LM's save_pretrained folder, or 'init' (--model as its constructor builds it, e.g. "
+        "from_pretrained); PEFT models: not needed",
     )
-    io.add_model_arguments(parser)
+    io.add_model_arguments(parser, pretrained=True)
     refs = parser.add_argument_group("reference models (RMIA, LiRA)")
     refs.add_argument(
         "--references",
@@ -153,6 +164,33 @@ def _say(message: str) -> None:
 
 def _check_options(args: argparse.Namespace) -> None:
     """Refuse out-of-range values before anything is loaded (one line naming the flag)."""
+    from lightning_privacy.commands import _audit_io as io
+
+    if io.is_pretrained_folder(args.model):
+        if args.checkpoint is not None:
+            raise ValueError(
+                f"`--model` {args.model!r} is a folder (save_pretrained): it holds the weights, so drop `--checkpoint`"
+            )
+        if args.datamodule is None:
+            raise ValueError(
+                f"`--model` {args.model!r} is a folder (save_pretrained): name the sequences it is audited on with "
+                "`--datamodule module:Class` (members from its train_dataloader(), non-members from its "
+                "val_dataloader())"
+            )
+        if args.attack in ("rmia", "lira"):
+            raise ValueError(
+                f"`--attack {args.attack}` trains reference models with a Lightning Trainer, which a save_pretrained "
+                f"folder (`--model` {args.model!r}) cannot give: use `--attack ezmia` or `--attack loss --signal ...`"
+            )
+        if args.base_model == "init":
+            raise ValueError(
+                "`--base-model init` builds `--model`'s class, but `--model` is a save_pretrained folder: give the "
+                "base model's folder as `--base-model DIR`"
+            )
+    elif args.checkpoint is None:
+        raise ValueError(
+            "`--checkpoint` is required (the audited weights), unless `--model` is a causal LM's save_pretrained folder"
+        )
     if args.delta is not None and not 0.0 < args.delta < 1.0:
         raise ValueError(f"`--delta` must be in the open interval (0, 1), got {args.delta!r}")
     if not 0.0 < args.alpha < 1.0:
@@ -525,7 +563,15 @@ def _ezmia_signal(args: argparse.Namespace, model_class: Any, model: Any, conten
     from lightning_privacy.functional.base_reference import ErrorZoneSignal
 
     base = None
-    if args.base_model == "init":
+    if io.is_pretrained_folder(args.base_model):
+        base = io.load_pretrained(args.base_model, "--base-model")
+        _say(f"base model: {args.base_model} (save_pretrained folder, read offline)")
+    elif model_class is None and args.base_model is not None:
+        raise ValueError(
+            f"`--base-model` {args.base_model!r}: with `--model` a save_pretrained folder, the base is a "
+            "save_pretrained folder too (no class to load a checkpoint file into)"
+        )
+    elif args.base_model == "init":
         build = _factory(args, model_class, contents)
         base, again = build(), build()
         if any(not torch.equal(a, b) for a, b in zip(base.state_dict().values(), again.state_dict().values())):
@@ -558,7 +604,8 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
     from lightning_privacy.audits import audit_membership
     from lightning_privacy.commands import _audit_io as io
 
-    model_class = io.load_class(args.model, "--model")
+    folder = io.is_pretrained_folder(args.model)
+    model_class = None if folder else io.load_class(args.model, "--model")
     signal_fn = io.load_signal(args.signal)
     if signal_fn is not None and args.attack != "loss":  # refused here, not after the references trained
         from lightning_privacy.functional.sequence_loss import signal_kind
@@ -570,7 +617,11 @@ def audit(args: argparse.Namespace) -> Tuple[Any, Dict[str, Any]]:
                 f"and LiRA a likelihood signal such as `--signal {io.SIGNAL_EXAMPLE}`"
             )
     dm_args = io.datamodule_args(args)
-    model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
+    if folder:  # a save_pretrained folder: the weights and nothing else (no DP-SGD state, no saved hyperparameters)
+        model, contents = io.load_pretrained(args.model, "--model"), {}
+        _say(f"model: {args.model} (save_pretrained folder, read offline)")
+    else:
+        model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
     dm = io.datamodule(args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args)
     io.check_member_count(dm, contents)
     members, nonmembers, population, population_record = _data(args, dm, contents)
