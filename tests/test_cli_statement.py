@@ -113,5 +113,5 @@ def test_the_statement_of_the_demos_checkpoint_prints_the_demos_numbers(tmp_path
     assert printed["TPR bound at FPR 0.001 / 0.01 / 0.1"] == " / ".join(
         f"{tpr[f'fpr_{fpr}']:.4f}" for fpr in ("0.001", "0.01", "0.1")
     )
-    assert printed["ε at δ = 1e-05, PLD (add/remove), certified upper bound"] == f"{g['epsilon']:.3f}"
+    assert printed["ε at δ = 1e-05, PLD (add/remove)"] == f"{g['epsilon']:.3f}  (certified upper bound)"
     assert m["planned_for"] == {"target_bayes_security": 0.9, "epochs": 1} and m["dataset_size"] > 20000
