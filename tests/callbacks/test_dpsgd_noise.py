@@ -192,7 +192,8 @@ def test_validation_and_checkpoints_count_no_step_that_never_happened(tmp_path, 
     single.ledger.step(noise_multiplier=1.0, sample_rate=1 / 8, steps=16)
     for r in ranks:
         assert r["global_step"] == r["steps"] == 16, r
-        assert r["epsilon"] == pytest.approx(single.epsilon(), rel=1e-12)
+        # (the PLD is composed in the chunks the run read it in: equal to 1e-8 of the one-chunk value; 17 steps: +3 %)
+        assert r["epsilon"] == pytest.approx(single.epsilon(), rel=1e-6)
         assert r["view_warnings"] == [], r["view_warnings"][:3]
     assert (tmp_path / "ck" / "last.ckpt").exists()
 
