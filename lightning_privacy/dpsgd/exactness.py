@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -46,6 +47,8 @@ __all__ = [
 
 #: elements of per-example gradients one vmapped backward pass may hold (chunk size = this ÷ trainable elements)
 CHUNK_ELEMENTS = 2**25
+PROBE_SECONDS = 0.05  # vmap slower than this per example: one example by the loop is timed against it
+MAX_CHUNK = 8  # examples per batched backward: its cotangents and intermediates grow with the whole batch's graph
 PER_EXAMPLE_REFERENCE = "per-example gradients by autograd through the whole forward pass"
 SUM_INVARIANT = "sum invariant: per-example gradients sum to autograd's batch gradient"
 
@@ -106,25 +109,35 @@ def reference_gradients(
     n = int(losses.shape[0])
     params = list(params)
     elements = max(1, sum(p.numel() for p in params))
-    size = chunk if chunk is not None else max(1, min(n, CHUNK_ELEMENTS // elements))
-    vmap_ok = True
-    for start in range(0, n, size):
-        k = min(size, n - start)
+    size = chunk if chunk is not None else max(1, min(n, CHUNK_ELEMENTS // elements, MAX_CHUNK))
+    vmap_ok, vmap_seconds, loop_seconds = True, None, None  # (seconds per example of each, once measured)
+    start = 0
+    while start < n:
+        # the first vmap chunk is small: it is timed against one example of the loop, and the faster one goes on
+        # (torch's batched backward falls back to a slow per-operation loop for some models, e.g. language models)
+        k = min(size if vmap_seconds is not None or chunk is not None else min(size, 2), n - start)
         grads: Optional[Tuple[Optional[torch.Tensor], ...]] = None
-        if vmap_ok:
+        probe = vmap_ok and loop_seconds is None and chunk is None and (vmap_seconds or 0.0) > PROBE_SECONDS
+        if probe:  # one example by the loop, to time it against vmap's
+            k = 1
+        if vmap_ok and not probe:
             outputs = torch.zeros(k, n, dtype=losses.dtype, device=losses.device)
             outputs[torch.arange(k), torch.arange(start, start + k)] = 1
+            began = time.perf_counter()
             try:
                 grads = torch.autograd.grad(
                     losses, params, grad_outputs=outputs, is_grads_batched=True, retain_graph=True, allow_unused=True
                 )
+                vmap_seconds = (time.perf_counter() - began) / k if vmap_seconds is None else vmap_seconds
             except (RuntimeError, NotImplementedError):  # an operation without a batching rule for its backward
                 vmap_ok = False
         if grads is None:
+            began = time.perf_counter()
             rows = [
                 torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
                 for i in range(start, start + k)
             ]
+            loop_seconds = (time.perf_counter() - began) / k if loop_seconds is None else loop_seconds
             grads = tuple(
                 torch.stack([row[j] if row[j] is not None else torch.zeros_like(p) for row in rows])
                 for j, p in enumerate(params)
@@ -133,7 +146,10 @@ def reference_gradients(
             g if g is not None else torch.zeros(k, *p.shape, dtype=p.dtype, device=p.device)
             for g, p in zip(grads, params)
         ]
+        if probe and loop_seconds < vmap_seconds / 2:
+            vmap_ok = False  # the loop is more than twice as fast here: it does the rest
         yield start, full, "vmap" if vmap_ok else "loop"
+        start += k
 
 
 def _raise(message: str) -> None:
