@@ -26,3 +26,37 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("repeatable", derandomize=True, print_blob=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
+
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def rank_zero_infos():
+    """The messages of Lightning's ``rank_zero_info`` during the test, captured on the logger it writes to.
+
+    (``caplog`` listens at the root: a test that ran earlier in the same worker may have raised a Lightning logger's
+    level or stopped its propagation, and ``caplog`` then hears nothing.)
+    """
+    from lightning_utilities.core import rank_zero
+
+    log, handler = rank_zero.log, _Messages()
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield handler.messages
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)

@@ -103,7 +103,7 @@ def reference_gradients(
         >>> x = torch.randn(4, 3)
         >>> losses = lin(x).squeeze(1) ** 2 / 2
         >>> start, (w, b), how = next(reference_gradients(losses, [lin.weight, lin.bias]))
-        >>> torch.allclose(w[2], (lin(x[2]) * x[2]).detach())
+        >>> torch.allclose(w[1], (lin(x[1]) * x[1]).detach())
         True
     """
     n = int(losses.shape[0])

@@ -2,7 +2,6 @@
 
 import csv
 import json
-import logging
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -151,15 +150,14 @@ def test_at_most_one_audit_per_training_step(tmp_path):
     assert callback.steps == [6, 9]
 
 
-def test_skipped_under_fast_dev_run_with_one_info_line(tmp_path, caplog):
+def test_skipped_under_fast_dev_run_with_one_info_line(tmp_path, rank_zero_infos):
     train, val = _data()
     callback = _Counting(every_n_epochs=1)
-    with caplog.at_level(logging.INFO):
-        _fit(tmp_path, [callback], fast_dev_run=True, logger=False).fit(
-            TabularMLP(8, hidden=(8,)), DataLoader(train, batch_size=100), DataLoader(val, batch_size=100)
-        )
+    _fit(tmp_path, [callback], fast_dev_run=True, logger=False).fit(
+        TabularMLP(8, hidden=(8,)), DataLoader(train, batch_size=100), DataLoader(val, batch_size=100)
+    )
     assert callback.steps == [] and callback.result is None
-    lines = [r.getMessage() for r in caplog.records if "skipped under `fast_dev_run`" in r.getMessage()]
+    lines = [m for m in rank_zero_infos if "skipped under `fast_dev_run`" in m]
     assert lines == ["_Counting: skipped under `fast_dev_run` (an audit of a one-batch run would mean nothing)."]
 
 

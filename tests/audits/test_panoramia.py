@@ -1,7 +1,6 @@
 """audit_panoramia: the same numbers as PanoramiaAudit on the same model; the four views; progress; skips."""
 
 import json
-import logging
 
 import lightning.pytorch as pl
 import numpy as np
@@ -82,12 +81,11 @@ def test_member_batches_are_read_in_dataset_order():
         audit_panoramia(torch.nn.Linear(2, 2), flat, member_fraction=0)
 
 
-def test_skipped_under_fast_dev_run_with_one_info_line(tmp_path, caplog):
+def test_skipped_under_fast_dev_run_with_one_info_line(tmp_path, rank_zero_infos):
     callback = PanoramiaAudit(**SETTINGS)
-    with caplog.at_level(logging.INFO):
-        _trainer(tmp_path, [callback], fast_dev_run=True, enable_progress_bar=False).fit(
-            TabularMLP(104, hidden=(8,)), datamodule=SmallAdult(batch_size=128)
-        )
+    _trainer(tmp_path, [callback], fast_dev_run=True, enable_progress_bar=False).fit(
+        TabularMLP(104, hidden=(8,)), datamodule=SmallAdult(batch_size=128)
+    )
     assert callback.result is None and callback.last_values == {}
-    lines = [r.getMessage() for r in caplog.records if "skipped under `fast_dev_run`" in r.getMessage()]
+    lines = [m for m in rank_zero_infos if "skipped under `fast_dev_run`" in m]
     assert lines == ["PanoramiaAudit: skipped under `fast_dev_run` (an audit of a one-batch run would mean nothing)."]
