@@ -19,7 +19,7 @@ from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
-from lightning_privacy.dpsgd.exactness import ExactnessRecord
+from lightning_privacy.dpsgd.exactness import MAX_EXAMPLES, ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling
 from lightning_privacy.dpsgd.run import DPSGDRun
 from lightning_privacy.dpsgd.sampling import is_empty_batch
@@ -79,6 +79,9 @@ class DPSGD(Callback, DPSGDRun):
         grad_sample_mode: ``"hooks"`` (per-sample gradients) or ``"ghost"`` (ghost clipping; per-example losses).
         fix_modules: replace DP-incompatible layers with Opacus' fixers in ``setup`` (warns with the list)
             instead of raising.
+        exactness_examples: examples the exactness check compares on each of the two self-checked steps; a larger
+            batch has that many drawn uniformly (each costs about one backward pass of the whole batch). ``None``
+            compares every example. A use of a parameter the hooks miss reaches every example that makes it.
         secure_mode: draw the Poisson masks from the OS CSPRNG (``os.urandom``) and the noise as Opacus' secure mode
             does (four Gaussian draws per coordinate against floating-point attacks) from a generator reseeded with
             fresh OS entropy every step (slower).
@@ -152,6 +155,7 @@ class DPSGD(Callback, DPSGDRun):
         clipping_every_n_steps: int = 4,
         grad_sample_mode: str = "hooks",
         fix_modules: bool = False,
+        exactness_examples: Optional[int] = MAX_EXAMPLES,
     ) -> None:
         check_arguments(noise_multiplier, target_bayes_security, target_epsilon, epochs)
         self._accountant_given = accountant is not None  # (else a resumed checkpoint's accountant is kept)
@@ -160,6 +164,11 @@ class DPSGD(Callback, DPSGDRun):
         self.max_grad_norm = positive("max_grad_norm", max_grad_norm)
         self.grad_sample_mode = grad_sample_mode
         self.fix_modules = check_bool("fix_modules", fix_modules, exc=MisconfigurationException)
+        self.exactness_examples = (
+            None
+            if exactness_examples is None
+            else check_int("exactness_examples", exactness_examples, minimum=1, exc=MisconfigurationException)
+        )
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
         self._planned = noise_multiplier is None
         self.target_bayes_security = target_bayes_security

@@ -117,6 +117,8 @@ class PerExampleBackward:
             ghost mode book-keeping's sum is compared with the second pass's.
         rtol: the exactness check's relative tolerance (16-bit precision needs more than 32-bit).
         record: where the exactness check records what it compared.
+        exactness_examples: examples the exactness check compares per checked step (``None``: every one); a larger
+            batch has that many drawn uniformly (the check's own generator, seeded 0; the global one is untouched).
         sharded: the module is sharded by FSDP2 (Opacus' FSDP hooks; every step runs two backward passes, the
             reduce-scatters every rank must join, empty batches included; no exactness check).
         one_pass: form ghost clipping's clipped sum by book-keeping where the module allows (not when sharded).
@@ -140,6 +142,7 @@ class PerExampleBackward:
         should_check: Callable[[], bool] = lambda: False,
         rtol: float = 1e-3,
         record: Optional[exactness.ExactnessRecord] = None,
+        exactness_examples: Optional[int] = exactness.MAX_EXAMPLES,
         sharded: bool = False,
         one_pass: bool = True,
     ) -> None:
@@ -156,6 +159,8 @@ class PerExampleBackward:
         self.should_check = should_check
         self.rtol = rtol
         self.record = record if record is not None else exactness.ExactnessRecord()
+        self.exactness_examples = exactness_examples
+        self._rows_generator = torch.Generator().manual_seed(0)
         self.last_norms: Optional[torch.Tensor] = None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
@@ -295,6 +300,9 @@ class PerExampleBackward:
         with opacus_hooks_backward():
             self._ghost(loss, *args, **kwargs)
 
+    def _sampled(self) -> Dict[str, Any]:
+        return {"max_examples": self.exactness_examples, "generator": self._rows_generator}
+
     def _name(self, param: torch.Tensor) -> str:
         return self.param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
 
@@ -321,7 +329,7 @@ class PerExampleBackward:
         try:
             if per_example:
                 exactness.check_per_example_gradients(
-                    loss, params, samples, self.param_names, rtol=self.rtol, record=self.record
+                    loss, params, samples, self.param_names, rtol=self.rtol, record=self.record, **self._sampled()
                 )
             else:
                 exactness.check_summed_gradients(
@@ -393,7 +401,9 @@ class PerExampleBackward:
         try:
             checking = not self.sharded and self.should_check()
             if checking:
-                exactness.check_ghost_norms(losses, params, norms, self.param_names, rtol=self.rtol, record=self.record)
+                exactness.check_ghost_norms(
+                    losses, params, norms, self.param_names, rtol=self.rtol, record=self.record, **self._sampled()
+                )
             sums = sums_or_none(keeper, len(losses), coefficients)
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:

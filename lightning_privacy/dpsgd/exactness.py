@@ -15,7 +15,10 @@ step), this module compares what DP-SGD clips with a computation that differenti
   example's gradient ``∇ℓᵢ`` of every trainable parameter by autograd on the step's own graph (the same forward pass,
   dropout masks included), all examples at once by ``torch.autograd.grad(..., is_grads_batched=True)`` (vmap over the
   backward pass) in chunks, or one example at a time where vmap cannot run the model's backward. Compared with the
-  per-example gradients (hooks) or the per-parameter per-example norms (ghost) of every example.
+  per-example gradients (hooks) or the per-parameter per-example norms (ghost) of every example — or, on a batch of
+  more than ``exactness_examples`` (DPSGD's argument, default :data:`MAX_EXAMPLES`), of that many drawn uniformly
+  by the check's own generator: each example costs about one backward pass of the whole batch, and a use the hooks
+  miss reaches every example that makes it.
 - **Sum invariant** (hooks mode with a reduced loss, where no per-example loss exists): for every parameter, the sum
   over examples of the per-example gradients the hooks produced equals autograd's gradient of the batch's loss
   (÷ the batch size under ``loss_reduction="mean"``). A use the hooks miss breaks it; what it cannot see is an error
@@ -42,6 +45,7 @@ __all__ = [
     "check_ghost_norms",
     "check_per_example_gradients",
     "check_summed_gradients",
+    "checked_rows",
     "reference_gradients",
 ]
 
@@ -49,6 +53,9 @@ __all__ = [
 CHUNK_ELEMENTS = 2**25
 PROBE_SECONDS = 0.05  # vmap slower than this per example: one example by the loop is timed against it
 MAX_CHUNK = 8  # examples per batched backward: its cotangents and intermediates grow with the whole batch's graph
+#: DPSGD's default ``exactness_examples``: examples compared per checked step (each costs about one backward pass of
+#: the whole batch), drawn uniformly from a larger batch
+MAX_EXAMPLES = 64
 PER_EXAMPLE_REFERENCE = "per-example gradients by autograd through the whole forward pass"
 SUM_INVARIANT = "sum invariant: per-example gradients sum to autograd's batch gradient"
 
@@ -69,6 +76,8 @@ class ExactnessRecord:
             :data:`SUM_INVARIANT`, or ``"not run"`` with the reason.
         steps: self-checked steps compared.
         examples: examples compared over those steps.
+        batch_examples: examples in those steps' batches (more than ``examples`` where a batch held more than
+            ``exactness_examples`` and a uniform sample of them was compared).
         max_relative_error: the largest mismatch found, relative to the example's (or the sum's) gradient norm.
     """
 
@@ -76,11 +85,13 @@ class ExactnessRecord:
     steps: int = 0
     examples: int = 0
     max_relative_error: float = 0.0
+    batch_examples: int = 0
 
-    def add(self, reference: str, examples: int, error: float) -> None:
+    def add(self, reference: str, examples: int, error: float, batch: Optional[int] = None) -> None:
         self.reference = reference
         self.steps += 1
         self.examples += examples
+        self.batch_examples += examples if batch is None else batch
         self.max_relative_error = max(self.max_relative_error, float(error))
 
 
@@ -89,24 +100,30 @@ def _name(names: Dict[int, str], param: torch.Tensor) -> str:
 
 
 def reference_gradients(
-    losses: torch.Tensor, params: Sequence[torch.Tensor], *, chunk: Optional[int] = None
-) -> Iterator[Tuple[int, List[torch.Tensor], str]]:
+    losses: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    *,
+    chunk: Optional[int] = None,
+    rows: Optional[torch.Tensor] = None,
+) -> Iterator[Tuple[torch.Tensor, List[torch.Tensor], str]]:
     """Per-example gradients ``∇ℓᵢ`` of ``params`` from the graph of the per-example ``losses`` (retained).
 
-    Yields ``(start, grads, how)`` per chunk of examples: ``grads[j]`` is ``[k, *params[j].shape]`` for examples
-    ``start … start + k − 1`` (zeros for a parameter the example does not reach), ``how`` is ``"vmap"`` or
-    ``"loop"`` (one backward pass per example, where vmap cannot run the model's backward).
+    Yields ``(index, grads, how)`` per chunk of the examples ``rows`` (default: every example, in order): ``index``
+    holds the chunk's k example indices, ``grads[j]`` is ``[k, *params[j].shape]`` (zeros for a parameter the example
+    does not reach), ``how`` is ``"vmap"`` or ``"loop"`` (one backward pass per example, where vmap cannot run the
+    model's backward). Each example costs about one backward pass of the whole batch.
 
     Example::
 
         >>> lin = torch.nn.Linear(3, 1)
         >>> x = torch.randn(4, 3)
         >>> losses = lin(x).squeeze(1) ** 2 / 2
-        >>> start, (w, b), how = next(reference_gradients(losses, [lin.weight, lin.bias]))
-        >>> torch.allclose(w[1], (lin(x[1]) * x[1]).detach())
-        True
+        >>> index, (w, b), how = next(reference_gradients(losses, [lin.weight, lin.bias], rows=torch.tensor([2, 3])))
+        >>> index.tolist(), torch.allclose(w[0], (lin(x[2]) * x[2]).detach())
+        ([2, 3], True)
     """
-    n = int(losses.shape[0])
+    order = torch.arange(int(losses.shape[0])) if rows is None else rows.reshape(-1).long().cpu()
+    n = int(order.numel())
     params = list(params)
     elements = max(1, sum(p.numel() for p in params))
     size = chunk if chunk is not None else max(1, min(n, CHUNK_ELEMENTS // elements, MAX_CHUNK))
@@ -121,8 +138,9 @@ def reference_gradients(
         if probe:  # one example by the loop, to time it against vmap's
             k = 1
         if vmap_ok and not probe:
-            outputs = torch.zeros(k, n, dtype=losses.dtype, device=losses.device)
-            outputs[torch.arange(k), torch.arange(start, start + k)] = 1
+            index = order[start : start + k]
+            outputs = torch.zeros(k, int(losses.shape[0]), dtype=losses.dtype, device=losses.device)
+            outputs[torch.arange(k), index.to(losses.device)] = 1
             began = time.perf_counter()
             try:
                 grads = torch.autograd.grad(
@@ -134,8 +152,8 @@ def reference_gradients(
         if grads is None:
             began = time.perf_counter()
             rows = [
-                torch.autograd.grad(losses[i], params, retain_graph=True, allow_unused=True)
-                for i in range(start, start + k)
+                torch.autograd.grad(losses[int(i)], params, retain_graph=True, allow_unused=True)
+                for i in order[start : start + k]
             ]
             loop_seconds = (time.perf_counter() - began) / k if loop_seconds is None else loop_seconds
             grads = tuple(
@@ -148,7 +166,7 @@ def reference_gradients(
         ]
         if probe and loop_seconds < vmap_seconds / 2:
             vmap_ok = False  # the loop is more than twice as fast here: it does the rest
-        yield start, full, "vmap" if vmap_ok else "loop"
+        yield order[start : start + k], full, "vmap" if vmap_ok else "loop"
         start += k
 
 
@@ -165,18 +183,18 @@ def _compare_rows(
     *,
     rtol: float,
     norms_only: bool,
+    rows: Optional[torch.Tensor] = None,
 ) -> Tuple[float, str]:
-    """Compare ``got(j, ref, rows)`` (what DP-SGD clips) with the reference for every example and parameter."""
-    worst, how, totals = 0.0, "vmap", []
-    for start, grads, method in reference_gradients(losses, params):
+    """Compare ``got(j, ref, index)`` (what DP-SGD clips for the examples ``index``) with the reference, for the
+    examples ``rows`` (default all) and every parameter."""
+    worst, how = 0.0, "vmap"
+    for index, grads, method in reference_gradients(losses, params, rows=rows):
         how, k = method, grads[0].shape[0] if grads else 0
-        rows = slice(start, start + k)
         flat = [g.reshape(k, -1).to(torch.float64) for g in grads]
         total = torch.stack([f.pow(2).sum(1) for f in flat], 1).sum(1).sqrt()  # ‖∇ℓᵢ‖ over all parameters
-        totals.append(total)
         scale = total.max().item() if k else 0.0
         for j, (param, ref) in enumerate(zip(params, flat)):
-            mine = got(j, ref, rows).reshape(k, -1).to(torch.float64)
+            mine = got(j, ref, index).reshape(k, -1).to(torch.float64)
             if norms_only:
                 ref_n, mine_n = ref.norm(dim=1), mine.reshape(-1)
                 error = (ref_n - mine_n).abs()
@@ -190,9 +208,22 @@ def _compare_rows(
             if bad.numel():
                 i = int(bad[relative[bad].argmax()])
                 _raise(
-                    describe(_name(names, param), start + i, float(error[i]), float(relative[i]), float(ref[i].norm()))
+                    describe(
+                        _name(names, param), int(index[i]), float(error[i]), float(relative[i]), float(ref[i].norm())
+                    )
                 )
     return worst, how
+
+
+def checked_rows(
+    batch: int, max_examples: Optional[int], generator: Optional[torch.Generator]
+) -> Optional[torch.Tensor]:
+    """The examples a checked step compares: all of them (``None``) up to ``max_examples``, else that many drawn
+    uniformly without replacement by ``generator`` (the check's own: never the global generator, whose stream
+    dropout and the user's code read), in increasing order."""
+    if max_examples is None or batch <= max_examples:
+        return None
+    return torch.randperm(batch, generator=generator)[:max_examples].sort().values
 
 
 def check_ghost_norms(
@@ -203,11 +234,14 @@ def check_ghost_norms(
     *,
     rtol: float,
     record: Optional[ExactnessRecord] = None,
+    max_examples: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
 ) -> None:
     """Ghost mode: each parameter's per-example norm ghost clipping used equals ``‖∇ℓᵢ‖`` of that parameter.
 
     ``norms[p]`` is ``p``'s per-example norms (``[batch]``, Opacus' ``_norm_sample``); ``losses`` the per-example
-    losses with their graph retained (Opacus' hooks off).
+    losses with their graph retained (Opacus' hooks off). Every example, or ``max_examples`` of them drawn uniformly
+    by ``generator`` (:func:`checked_rows`).
     """
     if losses.numel() == 0:
         return
@@ -220,12 +254,16 @@ def check_ghost_norms(
             "called several times"
         )
 
+    rows = checked_rows(losses.numel(), max_examples, generator)
     worst, how = _compare_rows(
-        params, names, losses, lambda j, ref, rows: norms[params[j]].reshape(-1)[rows], describe,
-        rtol=rtol, norms_only=True,
+        params, names, losses, lambda j, ref, index: norms[params[j]].reshape(-1)[index.to(ref.device)], describe,
+        rtol=rtol, norms_only=True, rows=rows,
     )  # fmt: skip
     if record is not None:
-        record.add(f"{PER_EXAMPLE_REFERENCE} ({how}), compared with ghost clipping's norms", losses.numel(), worst)
+        checked = losses.numel() if rows is None else rows.numel()
+        record.add(
+            f"{PER_EXAMPLE_REFERENCE} ({how}), compared with ghost clipping's norms", checked, worst, losses.numel()
+        )
 
 
 def check_per_example_gradients(
@@ -236,9 +274,11 @@ def check_per_example_gradients(
     *,
     rtol: float,
     record: Optional[ExactnessRecord] = None,
+    max_examples: Optional[int] = None,
+    generator: Optional[torch.Generator] = None,
 ) -> None:
     """Hooks mode with per-example losses: every per-example gradient (``samples[j]``, ``[batch, *shape]``) is
-    ``∇ℓᵢ`` of its parameter."""
+    ``∇ℓᵢ`` of its parameter (every example, or ``max_examples`` drawn uniformly: :func:`checked_rows`)."""
     if losses.numel() == 0:
         return
 
@@ -249,11 +289,15 @@ def check_per_example_gradients(
             f"gradient norm), so {BYPASS}: {FIXES}"
         )
 
+    rows = checked_rows(losses.numel(), max_examples, generator)
     worst, how = _compare_rows(
-        params, names, losses, lambda j, ref, rows: samples[j][rows], describe, rtol=rtol, norms_only=False
-    )
+        params, names, losses, lambda j, ref, index: samples[j][index.to(samples[j].device)], describe,
+        rtol=rtol, norms_only=False, rows=rows,
+    )  # fmt: skip
     if record is not None:
-        record.add(f"{PER_EXAMPLE_REFERENCE} ({how}), compared with the per-example gradients", losses.numel(), worst)
+        checked = losses.numel() if rows is None else rows.numel()
+        text = f"{PER_EXAMPLE_REFERENCE} ({how}), compared with the per-example gradients"
+        record.add(text, checked, worst, losses.numel())
 
 
 def check_summed_gradients(

@@ -88,6 +88,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         should_check=lambda: dp._checks is not None and dp._checks.checking_clipping and not fsdp,
         rtol=5e-2 if "16" in str(trainer.precision) else 1e-3,
         record=dp.exactness,
+        exactness_examples=dp.exactness_examples,
         sharded=fsdp,
     )
     expected_batch_size = int(len(loader.dataset) * dp.sample_rate)

@@ -219,6 +219,49 @@ def test_the_check_records_what_it_compared_and_logs_it(mode):
     assert trainer.callback_metrics[names.DP_EXACTNESS_ERROR].item() == pytest.approx(record.max_relative_error)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_large_batch_is_checked_on_a_uniform_sample_that_still_catches_a_bypass_and_changes_no_weight(mode):
+    # a bypass reaches every example that makes the use: 4 of 16 are enough to refuse the model
+    with pytest.raises(MisconfigurationException, match=r"`lin\.weight`"):
+        _trainer([DPSGD(noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=0, exactness_examples=4)]).fit(
+            FunctionalReuse(), DataLoader(_data(), batch_size=16)
+        )
+    weights = {}
+    for examples in (4, None):
+        torch.manual_seed(0)
+        model = Padded()
+        dpsgd = DPSGD(
+            noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=0, noise_seed=0, exactness_examples=examples
+        )
+        _trainer([dpsgd]).fit(model, DataLoader(_data(), batch_size=16))
+        record = dpsgd.exactness
+        assert record.steps == 2 and record.batch_examples > 8
+        assert record.examples == (8 if examples == 4 else record.batch_examples)
+        weights[examples] = [p.detach().clone() for p in model.parameters()]
+    # the sample comes from the check's own generator: dropout, noise and the user's code see the same global stream
+    assert all(torch.equal(a, b) for a, b in zip(weights[4], weights[None]))
+
+
+def test_checked_rows_and_reference_gradients_of_a_sample():
+    assert exactness.checked_rows(8, 8, None) is None and exactness.checked_rows(8, None, None) is None
+    counts = torch.zeros(20)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2000):
+        rows = exactness.checked_rows(20, 5, g)
+        assert rows.tolist() == sorted(set(rows.tolist())) and rows.numel() == 5
+        counts[rows] += 1
+    assert (counts / 2000 - 0.25).abs().max() < 0.04  # each example drawn with probability 5/20
+    lin, x = nn.Linear(3, 2).double(), torch.randn(6, 3, dtype=torch.float64)
+    losses = lin(x).pow(2).sum(1)
+    every = torch.cat([w for _, (w, _), _ in exactness.reference_gradients(losses, [lin.weight, lin.bias])])
+    picked = torch.tensor([1, 4, 5])
+    chunks = list(exactness.reference_gradients(losses, [lin.weight, lin.bias], rows=picked, chunk=2))
+    assert [c[0].tolist() for c in chunks] == [[1, 4], [5]]
+    assert torch.allclose(torch.cat([w for _, (w, _), _ in chunks]), every[picked])
+    with pytest.raises(MisconfigurationException, match="exactness_examples"):
+        DPSGD(noise_multiplier=1.0, exactness_examples=0)
+
+
 class ReducedLoss(FunctionalReuse):
     def training_step(self, batch, batch_idx):
         ids, y = batch
