@@ -1,23 +1,31 @@
-"""A tiny GPT-2 under DP-SGD: seconds per epoch (no DP, hooks, ghost; LoRA and full fine-tuning) and the
-sequence-level membership audits (LOSS, Min-K%, RMIA) on an over-fitted model and on DP-SGD models at two ε.
+"""A tiny GPT-2 under DP-SGD: seconds per epoch (no DP, hooks, ghost; LoRA and full fine-tuning), the sequence-level
+membership audits (LOSS, Min-K%, RMIA, EZ-MIA) of fine-tunes of a pretrained base with and without DP-SGD, and the
+one-run canary audit of the same fine-tunes.
 
-The model and data are ``examples/dp_lora_language_model.py``'s: a randomly initialised GPT-2 (2 layers, 128 wide,
-1,000 tokens; the same base weights for every model) and sequences of a seeded random Markov chain (64 successors per
-token), right-padded to 32 tokens (lengths 16–32). Members, non-members and the population are disjoint draws.
+The model and data are ``examples/dp_lora_language_model.py``'s: a GPT-2 (2 layers, 128 wide, 1,000 tokens) and
+sequences of a seeded random Markov chain (64 successors per token), right-padded to 32 tokens (lengths 16–32).
+Members, non-members, population and the base's pretraining set are disjoint draws of the chain.
 
 - Timing: CPU seconds of one epoch over the members (expected batch 64, Adam) after a warm-up epoch, measured by a
   callback (Trainer set-up excluded; CPU time, not wall time, so that other jobs on a shared CPU do not count), LoRA
-  r = 8 on ``c_attn``/``c_proj`` and full fine-tuning. Ghost clipping cannot clip GPT-2's tied ``wte``/``lm_head``
-  weight (DPSGD refuses it), so full fine-tuning in ghost mode is also measured with the tied embedding frozen, as
-  DPSGD's message suggests.
-- Audits: each sequence's mean token loss (LOSS), Min-K% Prob with k = 20% (Shi et al. 2024) and RMIA (offline,
-  γ = 2, ``--references`` reference models trained with the target's recipe on halves of the population; RMIA's
-  ``Pr(x | θ) = exp(−mean token loss × tokens)``). Over-fitted: full fine-tuning without DP for ``--overfit-epochs``
-  epochs. DP-SGD: full fine-tuning, hooks mode, C = 1, δ = 1e-5, σ planned for each ε over ``--dp-epochs`` epochs,
-  ``DPSGD(sampling_seed=0, noise_seed=0)``; the references train with DP-SGD at the same σ. Every DP row's reported
-  points are checked against the accountant's add/remove trade-off curve (``audit_membership(..., ledger=...)``).
+  r = 8 on ``c_attn``/``c_proj`` and full fine-tuning, from the random initialisation. Ghost clipping cannot clip
+  GPT-2's tied ``wte``/``lm_head`` weight (DPSGD refuses it), so full fine-tuning in ghost mode is also measured with
+  the tied embedding frozen, as DPSGD's message suggests.
+- The base: the random GPT-2 pretrained without DP on ``--pretraining`` sequences (``save_pretrained`` to a temporary
+  folder; every fine-tune and reference model loads it), so that it is a real reference for EZ-MIA.
+- Fine-tunes of the base on the members plus the inserted canaries: LoRA (``--lora-epochs``) and full fine-tuning
+  (``--full-epochs``) without DP; full fine-tuning with DP-SGD (hooks, C = 1, δ = 1e-5, σ planned for each ε over
+  ``--dp-epochs`` epochs, ``DPSGD(sampling_seed=0, noise_seed=0)``).
+- Membership audits of each: the mean token loss (LOSS), Min-K% Prob with k = 20% (Shi et al. 2024), RMIA (offline,
+  γ = 2, ``--references`` reference models fine-tuned from the base with the target's recipe, DP-SGD at the same σ
+  included, on halves of the population) and EZ-MIA (Ilić et al., arXiv 2601.12104: the Error Zone score against the
+  base; LoRA: the model with its adapters disabled). Every DP row's points are checked against the accountant's
+  add/remove trade-off curve and its ledger tested as a claim.
+- The one-run canary audit (``lightning_privacy.audits.lm_canaries``): ``--canaries`` random-token sequences, each
+  inserted with probability ½, scored by the base's minus the fine-tune's mean token loss; the fine-tunes without DP
+  are tested against a false claim of ε = 1, the DP-SGD ones against their ledger.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/language_model.py            # ~10 min on one CPU thread
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/language_model.py            # ~20 min on one CPU thread
     OMP_NUM_THREADS=1 python benchmarks/language_model.py --quick               # smaller, for a smoke run
 """
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -41,6 +50,8 @@ import dp_lora_language_model as lm  # noqa: E402
 
 from lightning_privacy import DPSGD  # noqa: E402
 from lightning_privacy.audits import audit_membership  # noqa: E402
+from lightning_privacy.audits.lm_canaries import audit_language_model_canaries, language_model_canaries  # noqa: E402
+from lightning_privacy.functional.base_reference import base_logits, base_loss_difference  # noqa: E402
 from lightning_privacy.functional.sequence_loss import causal_lm_signal, min_k_percent_signal  # noqa: E402
 from lightning_privacy.references import train_references  # noqa: E402
 
@@ -50,6 +61,8 @@ EPSILONS = (8.0, 1.0)
 DELTA = 1e-5
 BATCH = 64
 SUCCESSORS = 64
+PRETRAIN_LR, LORA_LR, FULL_LR, DP_LR = 2e-3, 1e-2, 1e-3, 2e-3
+CANARY_SEED = 20251127  # the canaries and their inclusion: drawn apart from every training seed
 
 
 class EpochTimer(pl.Callback):
@@ -91,9 +104,42 @@ def seconds_per_epoch(kind: str, mode: str, members, lr: float) -> str:
     return f"{timer.seconds[-1]:.1f}"
 
 
-def train_target(members, *, epochs: int, lr: float, epsilon=None):
+def pretrain_base(pretraining, *, epochs: int, folder: str) -> float:
+    """The base every fine-tune starts from: the tiny GPT-2 trained without DP on ``pretraining`` sequences (disjoint
+    from members, non-members and population), written with ``save_pretrained`` to ``folder``; its CPU seconds."""
     torch.manual_seed(0)
-    model = make_model("full", lr)
+    model = lm.CausalLM(lora_rank=0, lr=PRETRAIN_LR)
+    loader = DataLoader(pretraining, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
+    start = time.process_time()
+    pl.Trainer(max_epochs=epochs, **QUIET).fit(model, loader)
+    model.model.save_pretrained(folder)
+    return time.process_time() - start
+
+
+def fine_tuned(base: str, kind: str, lr: float) -> lm.CausalLM:
+    return lm.CausalLM(model_name=base, lora_rank=8 if kind == "lora" else 0, lr=lr)
+
+
+class BaseReference:
+    """The reference-calibrated LOSS score with the base as the one reference (Carlini et al. 2021's "Ref"): each
+    sequence's mean token loss under the fine-tune minus under the base (low = member-like), from
+    ``base_loss_difference``; ``base_model=None``: the fine-tune with its PEFT adapters disabled."""
+
+    kind = "score"
+
+    def __init__(self, base_model) -> None:
+        self.base_model = base_model
+
+    def __call__(self, model, batch):
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            base = base_logits(model, ids, mask, self.base_model)
+            return -base_loss_difference(model(ids, mask), base, ids, mask)
+
+
+def train_target(data, base: str, kind: str, *, epochs: int, lr: float, epsilon=None):
+    torch.manual_seed(0)
+    model = fine_tuned(base, kind, lr)
     callbacks, dpsgd = [], None
     if epsilon is not None:
         dpsgd = DPSGD(
@@ -106,20 +152,22 @@ def train_target(members, *, epochs: int, lr: float, epsilon=None):
             noise_seed=0,
         )
         callbacks.append(dpsgd)
-    loader = DataLoader(members, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
     start = time.process_time()
     pl.Trainer(max_epochs=epochs, callbacks=callbacks, **QUIET).fit(model, loader)
     return model.eval(), dpsgd, time.process_time() - start
 
 
-def audit_rows(label, model, dpsgd, loaders, *, epochs: int, lr: float, references: int):
+def audit_rows(label, model, dpsgd, loaders, *, base: str, kind: str, epochs: int, lr: float, references: int):
+    """LOSS, Min-K%, RMIA (references fine-tuned from the base with the target's recipe) and EZ-MIA (against the base:
+    the adapters disabled for LoRA, the base checkpoint for full fine-tuning) on the members and non-members."""
     member_loader, nonmember_loader, population_loader = loaders
     dp = None
     if dpsgd is not None:
         dp = dict(noise_multiplier=dpsgd.noise_multiplier, max_grad_norm=1.0, delta=DELTA, grad_sample_mode="hooks")
     start = time.process_time()
     refs = train_references(
-        lambda: make_model("full", lr),
+        lambda: fine_tuned(base, kind, lr),
         population_loader,
         num_references=references,
         trainer_kwargs={"max_epochs": epochs},
@@ -127,13 +175,16 @@ def audit_rows(label, model, dpsgd, loaders, *, epochs: int, lr: float, referenc
         seed=0,
     )
     ref_seconds = time.process_time() - start
+    base_model = None if kind == "lora" else fine_tuned(base, "full", lr).eval()
     ledger = None if dpsgd is None else dpsgd.ledger
     epsilon = "—" if dpsgd is None else f"{dpsgd.epsilon():.2f}"
     rows = []
     for attack, signal_fn, name in (
         ("loss", causal_lm_signal, "LOSS (mean token loss)"),
         ("loss", min_k_percent_signal, "Min-K% (k = 20%)"),
+        ("loss", BaseReference(base_model), "Ref (base): LOSS minus the base's"),
         ("rmia", causal_lm_signal, f"RMIA offline, {references} ref"),
+        ("ezmia", None, "EZ-MIA (base model)"),
     ):
         result = audit_membership(
             model,
@@ -143,30 +194,58 @@ def audit_rows(label, model, dpsgd, loaders, *, epochs: int, lr: float, referenc
             references=refs if attack == "rmia" else None,
             population_loader=population_loader,
             ledger=ledger,
+            claim=ledger,
             signal_fn=signal_fn,
+            base_model=base_model if attack == "ezmia" else None,
             warn=False,
         )
         tprs = [f"{p.tpr:.3f}" for p in result.tpr]
         if ledger is None:
-            region, bounds = "—", "—"
+            region, bounds, verdict = "—", "—", "—"
         else:
             region = "OUTSIDE" if result.outside else "inside"
             bounds = " / ".join(f"{b:.3f}" for b in result.ledger_tpr_bounds)
-        rows.append((label, epsilon, name, f"{result.auc:.3f}", *tprs, region, bounds))
+            verdict = result.verdict
+        rows.append((label, epsilon, name, f"{result.auc:.3f}", *tprs, region, bounds, verdict))
     return rows, ref_seconds
+
+
+def canary_row(label, model, dpsgd, canaries, *, base: str, kind: str, claim):
+    """The one-run canary audit of this fine-tune: its ε lower bounds, their ceiling and the claim's verdict."""
+    base_model = None if kind == "lora" else fine_tuned(base, "full", 1e-3).eval()
+    accountant = None if dpsgd is None else dpsgd.epsilon()
+    result = audit_language_model_canaries(
+        model, canaries, delta=DELTA, base_model=base_model, claim=claim, accountant_epsilon=accountant
+    )
+    claimed = result.claim.epsilon
+    lower = result.epsilon_lower
+    return (
+        label,
+        "—" if accountant is None else f"{accountant:.2f}",
+        f"ε = {claimed:.2f}" + (" (the ledger)" if dpsgd is not None else " (false: no noise)"),
+        f"{lower:.3f}",
+        f"{result.ceiling:.2f}",
+        f"{lower / claimed:.3f}",
+        result.verdict,
+    )
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes and epochs, for a smoke run")
     parser.add_argument("--members", type=int, default=1000)
-    parser.add_argument("--overfit-epochs", type=int, default=15)
+    parser.add_argument("--pretraining", type=int, default=4000, help="sequences the base is pretrained on")
+    parser.add_argument("--pretrain-epochs", type=int, default=4)
+    parser.add_argument("--full-epochs", type=int, default=2, help="full fine-tuning without DP")
+    parser.add_argument("--lora-epochs", type=int, default=10, help="LoRA fine-tuning without DP")
     parser.add_argument("--dp-epochs", type=int, default=5)
     parser.add_argument("--references", type=int, default=2)
+    parser.add_argument("--canaries", type=int, default=1000)
     parser.add_argument("--output", default=str(RESULTS / "language_model.md"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.members, args.overfit_epochs, args.dp_epochs, args.references = 128, 4, 1, 1
+        args.members, args.pretraining, args.pretrain_epochs = 128, 256, 1
+        args.full_epochs, args.lora_epochs, args.dp_epochs, args.references, args.canaries = 1, 1, 1, 1, 64
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     started = time.perf_counter()
@@ -174,7 +253,12 @@ def main(argv=None) -> None:
     members = lm.MarkovSequences(n, seed=1, successors=SUCCESSORS)
     nonmembers = lm.MarkovSequences(n, seed=2, successors=SUCCESSORS)
     population = lm.MarkovSequences(n, seed=3, successors=SUCCESSORS)
+    pretraining = lm.MarkovSequences(args.pretraining, seed=4, successors=SUCCESSORS)
     loaders = tuple(DataLoader(d, batch_size=250) for d in (members, nonmembers, population))
+    canaries = language_model_canaries(
+        args.canaries, vocab_size=lm.VOCAB, length=lm.LENGTH, seed=CANARY_SEED, exclude_token_ids=(lm.PAD,)
+    )
+    training = canaries.with_canaries(members)
 
     timing = []
     for kind, label, lr in (
@@ -188,74 +272,120 @@ def main(argv=None) -> None:
         timing.append((label, f"{trainable:,}", *cells))
         print(timing[-1], flush=True)
 
-    audits, notes = [], []
-    target, _, seconds = train_target(members, epochs=args.overfit_epochs, lr=2e-3)
-    member_loss, nonmember_loss = lm.mean_loss(target, loaders[0]), lm.mean_loss(target, loaders[1])
-    notes.append(
-        f"over-fitted target: {args.overfit_epochs} epochs in {seconds:.0f} CPU s; mean token loss {member_loss:.2f} on "
-        f"members, {nonmember_loss:.2f} on non-members"
-    )
-    rows, ref_seconds = audit_rows(
-        "over-fitted, no DP", target, None, loaders, epochs=args.overfit_epochs, lr=2e-3, references=args.references
-    )
-    audits += rows
-    notes.append(f"its {args.references} reference model(s): {ref_seconds:.0f} CPU s")
-    print(*rows, sep="\n", flush=True)
-    for epsilon in EPSILONS:
-        target, dpsgd, seconds = train_target(members, epochs=args.dp_epochs, lr=2e-3, epsilon=epsilon)
-        member_loss, nonmember_loss = lm.mean_loss(target, loaders[0]), lm.mean_loss(target, loaders[1])
+    audits, canary_rows, notes = [], [], []
+    with tempfile.TemporaryDirectory() as base:
+        seconds = pretrain_base(pretraining, epochs=args.pretrain_epochs, folder=base)
+        reference = fine_tuned(base, "full", 1e-3).eval()
         notes.append(
-            f"DP-SGD ε = {epsilon:g}: σ = {dpsgd.noise_multiplier:.3f}, q = {dpsgd.sample_rate:.4f}, {dpsgd.steps} steps "
-            f"in {seconds:.0f} CPU s; accountant ε {dpsgd.epsilon():.3f}; mean token loss {member_loss:.2f} on members, "
-            f"{nonmember_loss:.2f} on non-members"
+            f"base: pretrained without DP on {args.pretraining:,} other sequences of the chain for "
+            f"{args.pretrain_epochs} epochs in {seconds:.0f} CPU s; mean token loss {lm.mean_loss(reference, loaders[0]):.2f} "
+            f"on members, {lm.mean_loss(reference, loaders[1]):.2f} on non-members"
         )
-        rows, ref_seconds = audit_rows(
-            f"DP-SGD, ε = {epsilon:g}",
-            target,
-            dpsgd,
-            loaders,
-            epochs=args.dp_epochs,
-            lr=2e-3,
-            references=args.references,
+        targets = (
+            ("lora", "LoRA, no DP", args.lora_epochs, LORA_LR, None),
+            ("full", "full, no DP", args.full_epochs, FULL_LR, None),
+            *(("full", f"full, DP-SGD ε = {e:g}", args.dp_epochs, DP_LR, e) for e in EPSILONS),
         )
-        audits += rows
-        print(*rows, sep="\n", flush=True)
+        for kind, label, epochs, lr, epsilon in targets:  # the membership audits: fine-tunes on the members
+            target, dpsgd, seconds = train_target(members, base, kind, epochs=epochs, lr=lr, epsilon=epsilon)
+            member_loss, nonmember_loss = lm.mean_loss(target, loaders[0]), lm.mean_loss(target, loaders[1])
+            how = f"{epochs} epochs, lr {lr:g}"
+            if dpsgd is not None:
+                how += (
+                    f", σ = {dpsgd.noise_multiplier:.3f}, q = {dpsgd.sample_rate:.4f}, {dpsgd.steps} steps, accountant "
+                    f"ε {dpsgd.epsilon():.3f} ({dpsgd.ledger.epsilon_label})"
+                )
+            rows, ref_seconds = audit_rows(
+                label, target, dpsgd, loaders, base=base, kind=kind, epochs=epochs, lr=lr, references=args.references
+            )
+            notes.append(
+                f"{label}: {how}; {seconds:.0f} CPU s (its {args.references} reference model(s): {ref_seconds:.0f} CPU "
+                f"s); mean token loss {member_loss:.2f} on members, {nonmember_loss:.2f} on non-members"
+            )
+            audits += rows
+            print(*rows, sep="\n", flush=True)
+        for kind, label, epochs, lr, epsilon in targets:  # the canary audits: the same recipes on members + canaries
+            target, dpsgd, seconds = train_target(training, base, kind, epochs=epochs, lr=lr, epsilon=epsilon)
+            claim = (1.0, DELTA) if dpsgd is None else dpsgd.ledger
+            canary_rows.append(canary_row(label, target, dpsgd, canaries, base=base, kind=kind, claim=claim))
+            if dpsgd is not None:
+                notes.append(
+                    f"{label} with the canaries: σ = {dpsgd.noise_multiplier:.3f}, q = {dpsgd.sample_rate:.4f}, "
+                    f"{dpsgd.steps} steps, accountant ε {dpsgd.epsilon():.3f}"
+                )
+            print(canary_rows[-1], flush=True)
 
-    overfit = {row[2].split()[0]: float(row[3]) for row in audits if row[0].startswith("over-fitted")}
-    dp_rows = [row for row in audits if row[0].startswith("DP-SGD")]
-    acceptance = overfit["LOSS"] >= 0.95 and overfit["RMIA"] >= 0.95
-    inside = all(row[-2] == "inside" for row in dp_rows)
+    def cell(label: str, attack: str, column: int) -> float:
+        return next(float(r[column]) for r in audits if r[0] == label and r[2].split()[0] == attack)
+
+    no_dp = [label for _, label, _, _, eps in targets if eps is None]
+    free = all(
+        cell(label, "EZ-MIA", column) >= max(cell(label, attack, column) for attack in ("LOSS", "Min-K%", "Ref"))
+        for label in no_dp
+        for column in (3, 5)
+    )
+    stronger = all(
+        cell(label, "EZ-MIA", column) >= max(cell(label, "LOSS", column), cell(label, "RMIA", column))
+        for label in no_dp
+        for column in (3, 5)
+    )
+    twice = cell("full, no DP", "EZ-MIA", 5) >= 2 * cell("full, no DP", "LOSS", 5)
+    dp_rows = [row for row in audits if "DP-SGD" in row[0]]
+    inside = all(row[-3] == "inside" and row[-1] == "consistent" for row in dp_rows)
+    false_claims = [row for row in canary_rows if "false" in row[2]]
+    caught = all(row[-1] == "contradicted" for row in false_claims if row[0].startswith("full"))
+    true_kept = all(row[-1] == "consistent" for row in canary_rows if "ledger" in row[2])
     minutes = (time.perf_counter() - started) / 60
     command = "benchmarks/language_model.py" + (" --quick" if args.quick else "")
     lines = [
         f"<!-- written by {command} in {minutes:.1f} min, {platform.processor() or platform.machine()}, "
         f"torch {torch.__version__}, 1 thread -->",
         "",
-        f"Tiny GPT-2 (2 layers, 128 wide, 1,000 tokens, random init), {n:,} member / {n:,} non-member / {n:,} population "
+        f"Tiny GPT-2 (2 layers, 128 wide, 1,000 tokens), {n:,} member / {n:,} non-member / {n:,} population "
         f"sequences of a random Markov chain ({SUCCESSORS} successors per token), 16–32 tokens padded to 32; expected "
         f"batch {BATCH}, Adam.",
         "",
-        "**CPU seconds per epoch** over the members (the second of two epochs, one torch thread; DP-SGD with σ = 1, "
-        "C = 1):",
+        "**CPU seconds per epoch** over the members (random init; the second of two epochs, one torch thread; DP-SGD "
+        "with σ = 1, C = 1):",
         "",
         "| fine-tuning | trainable parameters | no DP | DP-SGD hooks | DP-SGD ghost |",
         "|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in timing),
         "",
-        f"**Membership audits per sequence** ({n:,} members → {n:,} scores): over-fitted = full fine-tuning without DP "
-        f"for {args.overfit_epochs} epoch(s); DP-SGD = full fine-tuning, hooks, {args.dp_epochs} epoch(s), C = 1, "
-        f"δ = {DELTA:g}; RMIA offline, γ = 2, references trained with the target's recipe on halves of the population. "
-        "'ledger region': every reported point's Clopper–Pearson TPR lower limit is at most the accountant's add/remove "
-        "bound at its FPR upper limit.",
+        f"**Membership audits per sequence** ({n:,} members → {n:,} scores) of fine-tunes of a base pretrained on "
+        f"{args.pretraining:,} other sequences of the chain, on the members. LoRA r = 8 and full fine-tuning without DP; full "
+        f"fine-tuning with DP-SGD (hooks, C = 1, δ = {DELTA:g}). RMIA offline, γ = 2, references fine-tuned from the "
+        "base with the target's recipe on halves of the population; Ref (base) and EZ-MIA take the base itself as "
+        "their reference (LoRA: the model with its adapters disabled; full: the base checkpoint), no training. "
+        "'ledger region': every reported "
+        "point's Clopper–Pearson TPR lower limit is at most the accountant's add/remove bound at its FPR upper limit; "
+        "'verdict': the ledger tested as a claim (`claim=dpsgd.ledger`).",
         "",
         "| target | accountant ε | attack | AUC | TPR@0.1% | TPR@1% | TPR@10% | ledger region (add/remove) | "
-        "ledger TPR bound @ FPR⁺ (0.1% / 1% / 10%) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "ledger TPR bound @ FPR⁺ (0.1% / 1% / 10%) | verdict (true claim) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in audits),
         "",
+        f"**One-run canary audit** of the same four recipes fine-tuned on the members plus the "
+        f"{len(canaries.inserted())} inserted canaries (separate fits: the canaries would otherwise be a third of the "
+        f"data the membership audits measure): m = {args.canaries} random-token canaries of {lm.LENGTH} "
+        "tokens, each inserted with probability ½ (Steinke et al. 2023's game, black-box as in Panda et al. 2025), "
+        "scored by the base's minus the fine-tune's mean token loss; Steinke et al.'s binomial ε lower bound at "
+        "δ = 1e-5, α = 0.05 (Bonferroni over the guess counts) and its ceiling for m (all guesses right); the verdict "
+        "tests the claim at confidence 0.95. The fine-tunes without DP are tested against a claim of ε = 1 they cannot keep; the DP-SGD ones "
+        "against their own ledger.",
+        "",
+        "| target | accountant ε | claim tested | ε lower bound | ceiling for m | lower bound ÷ claimed ε | verdict |",
+        "|---|---|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in canary_rows),
+        "",
         *(f"- {note}" for note in notes),
-        f"- acceptance (over-fitted LOSS and RMIA AUC ≥ 0.95): {'yes' if acceptance else 'NO'}; every DP-SGD row inside "
-        f"the accountant's region: {'yes' if inside else 'NO'}",
+        f"- acceptance: EZ-MIA's AUC and TPR@1% at least those of every attack without reference training (LOSS, "
+        f"Min-K%, Ref) on the fine-tunes without DP: {'yes' if free else 'NO'}; at least LOSS's and RMIA's: "
+        f"{'yes' if stronger else 'NO'}; EZ-MIA's TPR@1% at least twice LOSS's on full fine-tuning: "
+        f"{'yes' if twice else 'NO'}; every DP-SGD row inside the accountant's region and its ledger consistent: "
+        f"{'yes' if inside else 'NO'}; the canaries contradict the false claim on full fine-tuning: "
+        f"{'yes' if caught else 'NO'}; the DP-SGD ledgers consistent with their canaries: {'yes' if true_kept else 'NO'}",
     ]
     Path(args.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
