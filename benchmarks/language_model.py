@@ -25,7 +25,7 @@ Members, non-members, population and the base's pretraining set are disjoint dra
   inserted with probability ½, scored by the base's minus the fine-tune's mean token loss; the fine-tunes without DP
   are tested against a false claim of ε = 1, the DP-SGD ones against their ledger.
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/language_model.py            # ~20 min on one CPU thread
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/language_model.py            # ~30 min on one CPU thread
     OMP_NUM_THREADS=1 python benchmarks/language_model.py --quick               # smaller, for a smoke run
 """
 

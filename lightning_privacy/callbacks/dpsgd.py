@@ -19,7 +19,7 @@ from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
-from lightning_privacy.dpsgd.exactness import MAX_EXAMPLES, ExactnessRecord
+from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling
 from lightning_privacy.dpsgd.run import DPSGDRun
 from lightning_privacy.dpsgd.sampling import is_empty_batch
@@ -155,7 +155,7 @@ class DPSGD(Callback, DPSGDRun):
         clipping_every_n_steps: int = 4,
         grad_sample_mode: str = "hooks",
         fix_modules: bool = False,
-        exactness_examples: Optional[int] = MAX_EXAMPLES,
+        exactness_examples: Optional[int] = 64,
     ) -> None:
         check_arguments(noise_multiplier, target_bayes_security, target_epsilon, epochs)
         self._accountant_given = accountant is not None  # (else a resumed checkpoint's accountant is kept)

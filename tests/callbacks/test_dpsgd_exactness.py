@@ -260,6 +260,7 @@ def test_checked_rows_and_reference_gradients_of_a_sample():
     assert torch.allclose(torch.cat([w for _, (w, _), _ in chunks]), every[picked])
     with pytest.raises(MisconfigurationException, match="exactness_examples"):
         DPSGD(noise_multiplier=1.0, exactness_examples=0)
+    assert DPSGD(noise_multiplier=1.0).exactness_examples == exactness.MAX_EXAMPLES == 64
 
 
 class ReducedLoss(FunctionalReuse):
