@@ -178,15 +178,20 @@ def _compare_rows(
     params: Sequence[torch.Tensor],
     names: Dict[int, str],
     losses: torch.Tensor,
-    got: Callable[[int, torch.Tensor, slice], torch.Tensor],
+    got: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
     describe: Callable[[str, int, float, float, float], str],
     *,
     rtol: float,
     norms_only: bool,
-    rows: Optional[torch.Tensor] = None,
-) -> Tuple[float, str]:
-    """Compare ``got(j, ref, index)`` (what DP-SGD clips for the examples ``index``) with the reference, for the
-    examples ``rows`` (default all) and every parameter."""
+    compared_with: str,
+    record: Optional[ExactnessRecord],
+    max_examples: Optional[int],
+    generator: Optional[torch.Generator],
+) -> None:
+    """Compare ``got(j, ref, index)`` (what DP-SGD clips for the examples ``index``) with the reference, for every
+    parameter and every example or ``max_examples`` of them (:func:`checked_rows`); record it in ``record`` as the
+    reference "compared with ``compared_with``"."""
+    rows = checked_rows(losses.numel(), max_examples, generator)
     worst, how = 0.0, "vmap"
     for index, grads, method in reference_gradients(losses, params, rows=rows):
         how, k = method, grads[0].shape[0] if grads else 0
@@ -212,7 +217,9 @@ def _compare_rows(
                         _name(names, param), int(index[i]), float(error[i]), float(relative[i]), float(ref[i].norm())
                     )
                 )
-    return worst, how
+    if record is not None:
+        checked = losses.numel() if rows is None else rows.numel()
+        record.add(f"{PER_EXAMPLE_REFERENCE} ({how}), compared with {compared_with}", checked, worst, losses.numel())
 
 
 def checked_rows(
@@ -254,16 +261,11 @@ def check_ghost_norms(
             "called several times"
         )
 
-    rows = checked_rows(losses.numel(), max_examples, generator)
-    worst, how = _compare_rows(
+    _compare_rows(
         params, names, losses, lambda j, ref, index: norms[params[j]].reshape(-1)[index.to(ref.device)], describe,
-        rtol=rtol, norms_only=True, rows=rows,
+        rtol=rtol, norms_only=True, compared_with="ghost clipping's norms", record=record, max_examples=max_examples,
+        generator=generator,
     )  # fmt: skip
-    if record is not None:
-        checked = losses.numel() if rows is None else rows.numel()
-        record.add(
-            f"{PER_EXAMPLE_REFERENCE} ({how}), compared with ghost clipping's norms", checked, worst, losses.numel()
-        )
 
 
 def check_per_example_gradients(
@@ -289,15 +291,11 @@ def check_per_example_gradients(
             f"gradient norm), so {BYPASS}: {FIXES}"
         )
 
-    rows = checked_rows(losses.numel(), max_examples, generator)
-    worst, how = _compare_rows(
+    _compare_rows(
         params, names, losses, lambda j, ref, index: samples[j][index.to(samples[j].device)], describe,
-        rtol=rtol, norms_only=False, rows=rows,
+        rtol=rtol, norms_only=False, compared_with="the per-example gradients", record=record,
+        max_examples=max_examples, generator=generator,
     )  # fmt: skip
-    if record is not None:
-        checked = losses.numel() if rows is None else rows.numel()
-        text = f"{PER_EXAMPLE_REFERENCE} ({how}), compared with the per-example gradients"
-        record.add(text, checked, worst, losses.numel())
 
 
 def check_summed_gradients(
