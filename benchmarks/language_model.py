@@ -51,7 +51,7 @@ import dp_lora_language_model as lm  # noqa: E402
 from lightning_privacy import DPSGD  # noqa: E402
 from lightning_privacy.audits import audit_membership  # noqa: E402
 from lightning_privacy.audits.lm_canaries import audit_language_model_canaries, language_model_canaries  # noqa: E402
-from lightning_privacy.functional.base_reference import base_logits, base_loss_difference  # noqa: E402
+from lightning_privacy.functional.base_reference import BaseLossDifferenceSignal  # noqa: E402
 from lightning_privacy.functional.sequence_loss import causal_lm_signal, min_k_percent_signal  # noqa: E402
 from lightning_privacy.references import train_references  # noqa: E402
 
@@ -120,23 +120,6 @@ def fine_tuned(base: str, kind: str, lr: float) -> lm.CausalLM:
     return lm.CausalLM(model_name=base, lora_rank=8 if kind == "lora" else 0, lr=lr)
 
 
-class BaseReference:
-    """The reference-calibrated LOSS score with the base as the one reference (Carlini et al. 2021's "Ref"): each
-    sequence's mean token loss under the fine-tune minus under the base (low = member-like), from
-    ``base_loss_difference``; ``base_model=None``: the fine-tune with its PEFT adapters disabled."""
-
-    kind = "score"
-
-    def __init__(self, base_model) -> None:
-        self.base_model = base_model
-
-    def __call__(self, model, batch):
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        with torch.no_grad():
-            base = base_logits(model, ids, mask, self.base_model)
-            return -base_loss_difference(model(ids, mask), base, ids, mask)
-
-
 def train_target(data, base: str, kind: str, *, epochs: int, lr: float, epsilon=None):
     torch.manual_seed(0)
     model = fine_tuned(base, kind, lr)
@@ -158,9 +141,11 @@ def train_target(data, base: str, kind: str, *, epochs: int, lr: float, epsilon=
     return model.eval(), dpsgd, time.process_time() - start
 
 
-def audit_rows(label, model, dpsgd, loaders, *, base: str, kind: str, epochs: int, lr: float, references: int):
-    """LOSS, Min-K%, RMIA (references fine-tuned from the base with the target's recipe) and EZ-MIA (against the base:
-    the adapters disabled for LoRA, the base checkpoint for full fine-tuning) on the members and non-members."""
+def audit_rows(
+    label, model, dpsgd, loaders, *, base: str, kind: str, base_model, epochs: int, lr: float, references: int
+):
+    """LOSS, Min-K%, Ref, RMIA (references fine-tuned from the base folder with the target's recipe) and EZ-MIA on the
+    members and non-members; ``base_model``: Ref's and EZ-MIA's reference (``None`` for LoRA: adapters disabled)."""
     member_loader, nonmember_loader, population_loader = loaders
     dp = None
     if dpsgd is not None:
@@ -175,14 +160,13 @@ def audit_rows(label, model, dpsgd, loaders, *, base: str, kind: str, epochs: in
         seed=0,
     )
     ref_seconds = time.process_time() - start
-    base_model = None if kind == "lora" else fine_tuned(base, "full", lr).eval()
     ledger = None if dpsgd is None else dpsgd.ledger
     epsilon = "—" if dpsgd is None else f"{dpsgd.epsilon():.2f}"
     rows = []
     for attack, signal_fn, name in (
         ("loss", causal_lm_signal, "LOSS (mean token loss)"),
         ("loss", min_k_percent_signal, "Min-K% (k = 20%)"),
-        ("loss", BaseReference(base_model), "Ref (base): LOSS minus the base's"),
+        ("loss", BaseLossDifferenceSignal(base_model), "Ref (base): LOSS minus the base's"),
         ("rmia", causal_lm_signal, f"RMIA offline, {references} ref"),
         ("ezmia", None, "EZ-MIA (base model)"),
     ):
@@ -210,9 +194,9 @@ def audit_rows(label, model, dpsgd, loaders, *, base: str, kind: str, epochs: in
     return rows, ref_seconds
 
 
-def canary_row(label, model, dpsgd, canaries, *, base: str, kind: str, claim):
-    """The one-run canary audit of this fine-tune: its ε lower bounds, their ceiling and the claim's verdict."""
-    base_model = None if kind == "lora" else fine_tuned(base, "full", 1e-3).eval()
+def canary_row(label, model, dpsgd, canaries, *, base_model, claim):
+    """The one-run canary audit of this fine-tune against ``base_model`` (``None`` for LoRA): its ε lower bound, its
+    ceiling and the claim's verdict."""
     accountant = None if dpsgd is None else dpsgd.epsilon()
     result = audit_language_model_canaries(
         model, canaries, delta=DELTA, base_model=base_model, claim=claim, accountant_epsilon=accountant
@@ -296,7 +280,16 @@ def main(argv=None) -> None:
                     f"ε {dpsgd.epsilon():.3f} ({dpsgd.ledger.epsilon_label})"
                 )
             rows, ref_seconds = audit_rows(
-                label, target, dpsgd, loaders, base=base, kind=kind, epochs=epochs, lr=lr, references=args.references
+                label,
+                target,
+                dpsgd,
+                loaders,
+                base=base,
+                kind=kind,
+                base_model=None if kind == "lora" else reference,
+                epochs=epochs,
+                lr=lr,
+                references=args.references,
             )
             notes.append(
                 f"{label}: {how}; {seconds:.0f} CPU s (its {args.references} reference model(s): {ref_seconds:.0f} CPU "
@@ -307,7 +300,11 @@ def main(argv=None) -> None:
         for kind, label, epochs, lr, epsilon in targets:  # the canary audits: the same recipes on members + canaries
             target, dpsgd, seconds = train_target(training, base, kind, epochs=epochs, lr=lr, epsilon=epsilon)
             claim = (1.0, DELTA) if dpsgd is None else dpsgd.ledger
-            canary_rows.append(canary_row(label, target, dpsgd, canaries, base=base, kind=kind, claim=claim))
+            canary_rows.append(
+                canary_row(
+                    label, target, dpsgd, canaries, base_model=None if kind == "lora" else reference, claim=claim
+                )
+            )
             if dpsgd is not None:
                 notes.append(
                     f"{label} with the canaries: σ = {dpsgd.noise_multiplier:.3f}, q = {dpsgd.sample_rate:.4f}, "

@@ -150,27 +150,16 @@ def language_model_canaries(
     return LanguageModelCanaries(input_ids, attention_mask, included, seed)
 
 
-class _Score:
-    """A ``signal_fn``-like callable: low = "included" (the audits' convention), from the model and its base."""
+def _signal(score: str, base_model: Any) -> Any:
+    """The ``signal_fn`` of ``score``: low = "included" (the audits' convention), from the model and its base."""
+    from lightning_privacy.functional.base_reference import BaseLossDifferenceSignal, ErrorZoneSignal
+    from lightning_privacy.functional.sequence_loss import causal_lm_signal
 
-    def __init__(self, score: str, base_model: Any) -> None:
-        from lightning_privacy.functional.base_reference import ErrorZoneSignal
-
-        self.score, self.base_model = score, base_model
-        self.error_zone = ErrorZoneSignal(base_model)
-
-    def __call__(self, model: Any, batch: Mapping[str, Tensor]) -> Tensor:
-        from lightning_privacy.functional.base_reference import base_logits, base_loss_difference
-        from lightning_privacy.functional.sequence_loss import _logits, causal_lm_signal
-
-        if self.score == "loss":
-            return causal_lm_signal(model, batch)
-        if self.score == "ezmia":
-            return self.error_zone(model, batch)
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        with torch.no_grad():
-            base = base_logits(model, ids, mask, self.base_model)
-            return -base_loss_difference(_logits(model, ids, mask), base, ids, mask)
+    if score == "loss":
+        return causal_lm_signal
+    if score == "ezmia":
+        return ErrorZoneSignal(base_model)
+    return BaseLossDifferenceSignal(base_model)
 
 
 def canary_scores(
@@ -198,7 +187,7 @@ def canary_scores(
     if score != "loss":
         check_base(model, base_model)
     loader = DataLoader(canaries.dataset(), batch_size=_int("batch_size", batch_size, 1), shuffle=False)
-    values, _ = signals_from_loader(model, loader, device=device, signal_fn=_Score(score, base_model))
+    values, _ = signals_from_loader(model, loader, device=device, signal_fn=_signal(score, base_model))
     return -values.double().numpy()
 
 

@@ -61,6 +61,7 @@ from lightning_privacy.functional.sequence_loss import (
 )
 
 __all__ = [
+    "BaseLossDifferenceSignal",
     "ErrorZoneParts",
     "ErrorZoneSignal",
     "adapter_models",
@@ -366,3 +367,35 @@ class ErrorZoneSignal:
     def __repr__(self) -> str:
         base = "adapters disabled" if self.base_model is None else type(self.base_model).__name__
         return f"ErrorZoneSignal(base={base})"
+
+
+class BaseLossDifferenceSignal:
+    """The base as the one reference of the LOSS score, as a ``signal_fn`` (kind ``"score"``): each sequence's mean
+    token loss under the fine-tuned model minus under its base, ``−``:func:`base_loss_difference` (low = member-like;
+    "Ref" in Carlini et al. 2021). The base is found as :class:`ErrorZoneSignal` finds it (``base_model``, else the
+    model with its PEFT adapters disabled).
+
+    Example::
+
+        >>> class TinyLM(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.embed, self.head = torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7)
+        ...     def forward(self, input_ids, attention_mask=None):
+        ...         return self.head(self.embed(input_ids))
+        >>> batch = {"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.tensor([[1, 1, 1]])}
+        >>> model = TinyLM()
+        >>> BaseLossDifferenceSignal(base_model=model)(model, batch)  # the model against itself: no gain
+        tensor([0.])
+    """
+
+    kind = "score"
+
+    def __init__(self, base_model: Any = None) -> None:
+        self.base_model = base_model
+
+    def __call__(self, model: Any, batch: Mapping[str, Any]) -> Tensor:
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            base = base_logits(model, ids, mask, self.base_model)
+            return -base_loss_difference(_logits(model, ids, mask), base, ids, mask)
