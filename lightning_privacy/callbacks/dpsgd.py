@@ -6,9 +6,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 from typing_extensions import override
@@ -20,7 +18,6 @@ from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
-from lightning_privacy.dpsgd.loaders import install_poisson_sampling
 from lightning_privacy.dpsgd.run import DPSGDRun
 from lightning_privacy.dpsgd.sampling import is_empty_batch
 from lightning_privacy.dpsgd.self_checks import SelfChecks
@@ -28,7 +25,6 @@ from lightning_privacy.dpsgd.settings import (
     check_arguments,
     check_choices,
     positive,
-    prepare_module,
     privacy_settings,
     seed,
 )
@@ -214,30 +210,7 @@ class DPSGD(Callback, DPSGDRun):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        # Reused for another module: that model's privacy starts at 0 (a checkpoint's ledger is loaded after setup).
-        # Fitted again on the same module: its privacy loss composes with what it already spent.
-        trained = self._module() if self._module is not None else None
-        if trained is not None and trained is not pl_module and self.ledger.steps:
-            self.ledger = PrivacyLedger(accountant=self.accountant_mechanism, delta=self.delta)
-        self._module = weakref.ref(pl_module)
-        install.check_trainer(trainer)
-        record = prepare_module(pl_module, fix_modules=self.fix_modules)
-        if record is not None:
-            self.fixed_modules = record
-        strategies.check_strategy(trainer)
-        if strategies.is_fsdp(trainer):
-            strategies.check_fsdp_settings(grad_sample_mode=self.grad_sample_mode, loss_reduction=self.loss_reduction)
-        if self.grad_sample_mode == "ghost":
-            checks.check_no_tied_parameters_for_ghost(pl_module)
-            if "16" in str(trainer.precision):
-                rank_zero_warn(
-                    f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
-                    "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
-                    "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
-                )
-        self.strategy_name, self.world_size = type(trainer.strategy).__name__, int(trainer.world_size)  # (saved)
-        self.sampling = strategies.resolve_sampling(trainer, self.sampling_seed, secure=self.secure_mode)
-        install_poisson_sampling(trainer, self)
+        install.prepare_fit(self, trainer, pl_module)
 
     # ----------------------------------------------------------------------------------- wiring
     @override
@@ -292,12 +265,11 @@ class DPSGD(Callback, DPSGDRun):
     def _log_clipping(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The epoch's ``dp/clip_fraction``, ``dp/grad_norm_median`` and ``dp/grad_norms`` histogram (every rank's
         norms; a collective call); the next epoch's record starts."""
-        norms = self._clipping.gathered(trainer, pl_module.device)
-        self._clipping.reset()
-        if norms.numel() == 0:
+        summary = self._clipping.epoch_summary(trainer, pl_module.device, self.max_grad_norm)
+        if summary is None:
             return
-        fraction = float((norms > self.max_grad_norm).to(torch.float64).mean())
-        for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, float(norms.median()))):
+        fraction, median, norms = summary
+        for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, median)):
             pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
         log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
 

@@ -168,6 +168,17 @@ class ClippingStats:
         norms = trainer.strategy.all_gather(padded).reshape(-1).cpu()
         return norms[~torch.isnan(norms)]
 
+    def epoch_summary(
+        self, trainer: Any, device: torch.device, max_grad_norm: float
+    ) -> Optional[Tuple[float, float, torch.Tensor]]:
+        """``(clip fraction, median norm, every rank's norms)`` of the epoch (a collective call), ``None`` without
+        norms; the next epoch's record starts."""
+        norms = self.gathered(trainer, device)
+        self.reset()
+        if norms.numel() == 0:
+            return None
+        return float((norms > max_grad_norm).to(torch.float64).mean()), float(norms.median()), norms
+
 
 #: Layers that normalise with statistics of the whole batch in training mode (LazyBatchNorm becomes one of them).
 _BATCH_STATISTICS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)

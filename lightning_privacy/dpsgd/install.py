@@ -1,6 +1,7 @@
 """DPSGD's wiring into a fit: the DP optimizer, Opacus' hooks and the backward per strategy, and their removal.
 
-:func:`install_dp_optimizer` is the body of ``DPSGD.on_fit_start``: it checks the optimizers, builds the Poisson
+:func:`prepare_fit` is the body of ``DPSGD.setup`` (checks, a fresh ledger for another module, the Poisson
+sampling); :func:`install_dp_optimizer` is the body of ``DPSGD.on_fit_start``: it checks the optimizers, builds the Poisson
 loader to learn the sample rate, plans σ where asked, attaches Opacus' per-example hooks (per-sample or ghost
 clipping, FSDP2's hook views), replaces the module's backward (:class:`~lightning_privacy.dpsgd.backward.PerExampleBackward`), wraps the
 optimizer in the strategy's DP optimizer class (:mod:`lightning_privacy.dpsgd.strategies`) with its noise source, and arms the self-checks.
@@ -10,9 +11,11 @@ optimizer in the strategy's DP optimizer class (:mod:`lightning_privacy.dpsgd.st
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
@@ -20,14 +23,16 @@ from lightning_privacy import _compat
 from lightning_privacy.dpsgd import checks, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
-from lightning_privacy.dpsgd.loaders import make_poisson_loader
+from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.dpsgd.self_checks import SelfChecks
-from lightning_privacy.dpsgd.settings import plan_noise_multiplier
+from lightning_privacy.dpsgd.settings import plan_noise_multiplier, prepare_module
+from lightning_privacy.ledger import PrivacyLedger
 
 __all__ = [
     "check_steps_accounted",
     "check_trainer",
     "install_dp_optimizer",
+    "prepare_fit",
     "record_step",
     "remove_dp_hooks",
 ]
@@ -41,6 +46,35 @@ def check_trainer(trainer: pl.Trainer) -> None:
             f"{trainer.accumulate_grad_batches})): Opacus rejects it with Poisson sampling. Use "
             "accumulate_grad_batches=1 and a larger batch size instead."
         )
+
+
+def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    """The body of ``DPSGD.setup`` for a fit: a fresh ledger for another module, the Trainer, module and strategy
+    checks, the strategy recorded, and the Poisson sampling installed (the sample rate is learned at fit start)."""
+    # Reused for another module: that model's privacy starts at 0 (a checkpoint's ledger is loaded after setup).
+    # Fitted again on the same module: its privacy loss composes with what it already spent.
+    trained = dp._module() if dp._module is not None else None
+    if trained is not None and trained is not pl_module and dp.ledger.steps:
+        dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.delta)
+    dp._module = weakref.ref(pl_module)
+    check_trainer(trainer)
+    record = prepare_module(pl_module, fix_modules=dp.fix_modules)
+    if record is not None:
+        dp.fixed_modules = record
+    strategies.check_strategy(trainer)
+    if strategies.is_fsdp(trainer):
+        strategies.check_fsdp_settings(grad_sample_mode=dp.grad_sample_mode, loss_reduction=dp.loss_reduction)
+    if dp.grad_sample_mode == "ghost":
+        checks.check_no_tied_parameters_for_ghost(pl_module)
+        if "16" in str(trainer.precision):
+            rank_zero_warn(
+                f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
+                "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
+                "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
+            )
+    dp.strategy_name, dp.world_size = type(trainer.strategy).__name__, int(trainer.world_size)  # (saved)
+    dp.sampling = strategies.resolve_sampling(trainer, dp.sampling_seed, secure=dp.secure_mode)
+    install_poisson_sampling(trainer, dp)
 
 
 def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
