@@ -124,6 +124,14 @@ def fit_offline_a(reference_losses: Any, inside: Any, *, signal: str = "membersh
     averaging both sides over each reference's training rows (IN) and its other rows (OUT) gives the ratio. It
     is near 1 for a model that generalises (IN and OUT alike) and near 0 for one that memorises (``Pr_IN ≈ 1``).
 
+    Not for sequence likelihoods: with ``signal="nll"`` the ratio is computed, but the correction it feeds is
+    additive on the probability scale. A language model's sequences have ``Pr = e^{−N}`` of e^{−30} or less while the
+    heaviest IN rows (short, memorised) put ``1 − a`` near 1e-12, so ``a·Pr_OUT + (1 − a) ≈ 1 − a`` for every
+    example, ``Pr(x)`` is one constant and RMIA falls back to thresholding ``N`` (measured: AUC 0.64 instead of 0.96
+    on a fine-tuned GPT-2). :func:`~lightning_privacy.audits.membership.audit_membership` uses ``a = 1`` there: an
+    IN likelihood that is the OUT one times a common factor, ``Pr_IN = c·Pr_OUT``, multiplies ``Pr(x)`` and
+    ``Pr(z)`` alike and cancels in RMIA's ratios, so no correction is lost.
+
     Args:
         reference_losses: ``(k, n)`` membership losses of ``k`` reference models on ``n`` rows.
         inside: ``(k, n)`` booleans, whether reference ``k`` trained on row ``i``.

@@ -409,7 +409,8 @@ def audit_membership(
         gamma: RMIA's γ ≥ 1.
         offline_a: RMIA's offline ``a`` in [0, 1]; ``None`` fits it on the references' population rows
             (:func:`~lightning_privacy.analysis.membership_attacks.fit_offline_a`), or 1 (no correction) when the
-            references' rows are unknown.
+            references' rows are unknown or the signal is a sequence likelihood (a language model's
+            ``signal_fn``: a fitted ``1 − a`` would outweigh every sequence's ``e^{−N}``).
         forward_fn: ``forward_fn(model, batch) -> (logits, target)``; default ``model(batch[0]), batch[1]``.
         device: where to run the models.
         warn: issue each of the result's warnings and ``outside`` sentences as a ``UserWarning``.
@@ -594,7 +595,13 @@ def _reference_scores(
     pop_inside = references.inside_population if same else None
     if not same:
         notes.append("the population is not the references' training population: every z counted as OUT")
-    if offline_a is None:
+    if offline_a is None and signal == "nll":
+        used_a = 1.0  # see fit_offline_a: on sequence likelihoods a fitted 1 − a outweighs every e^{−N}
+        notes.append(
+            "offline a = 1 (no correction) on sequence likelihoods: the linear correction's 1 − a is on the scale of "
+            "a probability and would outweigh every e^{−N}; a common factor between IN and OUT likelihoods cancels"
+        )
+    elif offline_a is None:
         used_a = attacks.fit_offline_a(pop_ref, pop_inside, signal=signal) if same else 1.0
         how = "fitted on the references' own rows" if same else "(no correction: the references' rows are unknown)"
         notes.append(f"offline a = {used_a:.3f} {how}")

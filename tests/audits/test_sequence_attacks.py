@@ -80,6 +80,30 @@ def test_rmia_on_sequence_likelihoods_equals_the_classification_path_fed_the_sam
         attacks.rmia_scores(tgt, ref, ptgt, pref, signal="mean")
 
 
+def test_a_fitted_offline_a_would_swamp_sequence_likelihoods_and_a_equal_to_one_keeps_rmia_sharp():
+    """Sequence likelihoods e^{−N} are tiny; a few short memorised IN rows make the fitted 1 − a larger than every
+    one of them, and ``a·Pr_OUT + (1 − a)`` becomes one constant: RMIA then ranks by N alone (LOSS on the summed
+    loss). With ``a = 1`` a common IN/OUT factor cancels and RMIA keeps the reference calibration."""
+    rng = np.random.default_rng(0)
+    k, n, m = 2, 400, 400
+    difficulty = lambda size: rng.uniform(20.0, 60.0, size=size)  # per-sequence N under a model that did not train on it
+    d_audit, d_pop = difficulty(n), difficulty(m)
+    member = np.arange(n) < n // 2
+    tgt = d_audit - 3.0 * member  # training on a sequence makes it e^3 times as likely
+    ref = np.stack([d_audit + rng.normal(0, 0.1, n) for _ in range(k)])  # offline: no reference trained on them
+    pinside = rng.random((k, m)) < 0.5
+    pref = np.stack([d_pop + rng.normal(0, 0.1, m) for _ in range(k)]) - 3.0 * pinside
+    pref[:, :4] = np.where(pinside[:, :4], 2.0, pref[:, :4])  # four short sequences the IN references memorised
+    ptgt = d_pop
+    a = attacks.fit_offline_a(pref, pinside, signal="nll")
+    assert 1.0 - a > np.exp(-tgt.min())  # the correction outweighs every audited likelihood
+    auc = lambda s: attacks.auc(s, member)
+    fitted = attacks.rmia_scores(tgt, ref, ptgt, pref, population_inside=pinside, offline_a=a, signal="nll")
+    exact = attacks.rmia_scores(tgt, ref, ptgt, pref, population_inside=pinside, offline_a=1.0, signal="nll")
+    assert auc(exact) > 0.99
+    assert auc(fitted) == pytest.approx(auc(attacks.loss_scores(tgt)), abs=0.02) and auc(fitted) < 0.7
+
+
 @pytest.fixture(scope="module")
 def lm_audit_setup():
     members, nonmembers, population = Sequences(96, seed=1), Sequences(96, seed=2), Sequences(192, seed=3)
@@ -117,7 +141,6 @@ def test_rmia_and_lira_read_each_sequences_likelihood_mean_token_loss_times_toke
     )
     both = [member_loader, nonmember_loader]
     pop_ref = np.stack([nll(r, [population_loader]) for r in references.models])
-    a = attacks.fit_offline_a(pop_ref, references.inside_population, signal="nll")
     want = attacks.rmia_scores(
         nll(model, both),
         np.stack([nll(r, both) for r in references.models]),
@@ -125,10 +148,11 @@ def test_rmia_and_lira_read_each_sequences_likelihood_mean_token_loss_times_toke
         pop_ref,
         inside=references.inside_targets,
         population_inside=references.inside_population,
-        offline_a=a,
+        offline_a=1.0,  # no offline correction on sequence likelihoods (the next test shows why)
         signal="nll",
     )
     np.testing.assert_allclose(rmia.scores, want, rtol=1e-9, atol=1e-12)
+    assert rmia.offline_a == 1.0 and any("offline a = 1 (no correction) on sequence likelihoods" in n for n in rmia.notes)
     assert rmia.num_references == 2 and rmia.variant == "online"
     assert rmia.to_dict()["num_members"] == 96 and rmia.to_dict()["num_nonmembers"] == 96  # sequences, not tokens
     assert rmia.auc > 0.9  # an over-fitted model: members far more likely under it than under the references
