@@ -86,7 +86,8 @@ def test_a_fitted_offline_a_would_swamp_sequence_likelihoods_and_a_equal_to_one_
     loss). With ``a = 1`` a common IN/OUT factor cancels and RMIA keeps the reference calibration."""
     rng = np.random.default_rng(0)
     k, n, m = 2, 400, 400
-    difficulty = lambda size: rng.uniform(20.0, 60.0, size=size)  # per-sequence N under a model that did not train on it
+    # per-sequence N under a model that did not train on it
+    difficulty = lambda size: rng.uniform(20.0, 60.0, size=size)
     d_audit, d_pop = difficulty(n), difficulty(m)
     member = np.arange(n) < n // 2
     tgt = d_audit - 3.0 * member  # training on a sequence makes it e^3 times as likely
@@ -152,7 +153,9 @@ def test_rmia_and_lira_read_each_sequences_likelihood_mean_token_loss_times_toke
         signal="nll",
     )
     np.testing.assert_allclose(rmia.scores, want, rtol=1e-9, atol=1e-12)
-    assert rmia.offline_a == 1.0 and any("offline a = 1 (no correction) on sequence likelihoods" in n for n in rmia.notes)
+    assert rmia.offline_a == 1.0 and any(
+        "offline a = 1 (no correction) on sequence likelihoods" in n for n in rmia.notes
+    )
     assert rmia.num_references == 2 and rmia.variant == "online"
     assert rmia.to_dict()["num_members"] == 96 and rmia.to_dict()["num_nonmembers"] == 96  # sequences, not tokens
     assert rmia.auc > 0.9  # an over-fitted model: members far more likely under it than under the references
