@@ -7,12 +7,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 from typing_extensions import override
 
 from lightning_privacy import names
-from lightning_privacy._validation import check_bool, check_int
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
@@ -21,14 +19,8 @@ from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.run import DPSGDRun
 from lightning_privacy.dpsgd.sampling import is_empty_batch
 from lightning_privacy.dpsgd.self_checks import SelfChecks
-from lightning_privacy.dpsgd.settings import (
-    check_arguments,
-    check_choices,
-    positive,
-    privacy_settings,
-    seed,
-)
-from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, PrivacyLedger
+from lightning_privacy.dpsgd.settings import privacy_settings, set_arguments
+from lightning_privacy.ledger import PrivacyLedger
 
 DEFAULT_DELTA = 1e-5  # (here, not imported: the API page shows a default defined in the module by its value)
 
@@ -153,41 +145,16 @@ class DPSGD(Callback, DPSGDRun):
         fix_modules: bool = False,
         exactness_examples: Optional[int] = 64,
     ) -> None:
-        check_arguments(noise_multiplier, target_bayes_security, target_epsilon, epochs)
-        self._accountant_given = accountant is not None  # (else a resumed checkpoint's accountant is kept)
-        accountant = DEFAULT_ACCOUNTANT if accountant is None else accountant
-        check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
-        self.max_grad_norm = positive("max_grad_norm", max_grad_norm)
-        self.grad_sample_mode = grad_sample_mode
-        self.fix_modules = check_bool("fix_modules", fix_modules, exc=MisconfigurationException)
-        self.exactness_examples = (
-            None
-            if exactness_examples is None
-            else check_int("exactness_examples", exactness_examples, minimum=1, exc=MisconfigurationException)
-        )
-        self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
-        self._planned = noise_multiplier is None
-        self.target_bayes_security = target_bayes_security
-        self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
-        self.epochs = epochs
-        self.delta = delta
-        self.accountant_mechanism = accountant
-        self.loss_reduction = loss_reduction
-        self.secure_mode = check_bool("secure_mode", secure_mode, exc=MisconfigurationException)
-        self.sampling_seed = seed("sampling_seed", sampling_seed, secure_mode, "the batches", "masks")
-        self.noise_seed = seed("noise_seed", noise_seed, secure_mode, "the noise", "noise")
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
+        set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)
         self.sampling = strategies.Sampling()
-        self.log_clipping = check_bool("log_clipping", log_clipping, exc=MisconfigurationException)
-        self.clipping_every_n_steps = check_int(
-            "clipping_every_n_steps", clipping_every_n_steps, minimum=1, exc=MisconfigurationException
-        )
         self._clipping = checks.ClippingStats()
         self._before_noise_hooks: List[Callable[[DPOptimizer], None]] = []
         self._param_names: Dict[int, str] = {}  # (this fit's parameter names, hooks, backward and self-checks:
         self._checks: Optional[SelfChecks] = None  # set in on_fit_start by dpsgd.install, removed at teardown)
         self._module: Optional[weakref.ref] = None  # the module of the last fit
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
-        self.ledger = PrivacyLedger(accountant=accountant, delta=delta)
+        self.ledger = PrivacyLedger(accountant=self.accountant_mechanism, delta=self.delta)
         self.sample_rate: Optional[float] = None
         self.dataset_size: Optional[int] = None  # rows Poisson-sampled (set with sample_rate; saved for the audits)
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)

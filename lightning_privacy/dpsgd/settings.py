@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.validators import ModuleValidator
 
 from lightning_privacy import names
-from lightning_privacy._validation import check_choice, check_int, check_open_unit, check_positive
+from lightning_privacy._validation import check_bool, check_choice, check_int, check_open_unit, check_positive
 from lightning_privacy.dpsgd.modules import (
     fix_modules_in_place,
     fixed_modules_record,
@@ -22,7 +22,7 @@ from lightning_privacy.dpsgd.modules import (
     incompatible_layers_message,
     replacements_warning,
 )
-from lightning_privacy.ledger import ACCOUNTANTS, PrivacyLedger
+from lightning_privacy.ledger import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger
 
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 
@@ -78,6 +78,51 @@ def seed(name: str, value: Optional[int], secure: bool, what: str, whose: str) -
             "fresh OS entropy every step); give one or the other"
         )
     return value
+
+
+def set_arguments(
+    dp: Any,
+    *,
+    noise_multiplier: Any,
+    max_grad_norm: Any,
+    target_bayes_security: Any,
+    target_epsilon: Any,
+    epochs: Any,
+    delta: Any,
+    accountant: Optional[str],
+    loss_reduction: Any,
+    secure_mode: Any,
+    sampling_seed: Optional[int],
+    noise_seed: Optional[int],
+    log_clipping: Any,
+    clipping_every_n_steps: Any,
+    grad_sample_mode: Any,
+    fix_modules: Any,
+    exactness_examples: Any,
+) -> None:
+    """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
+    value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
+    check_arguments(noise_multiplier, target_bayes_security, target_epsilon, epochs)
+    dp._accountant_given = accountant is not None  # (else a resumed checkpoint's accountant is kept)
+    accountant = DEFAULT_ACCOUNTANT if accountant is None else accountant
+    check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
+    bad = MisconfigurationException
+    dp.max_grad_norm = positive("max_grad_norm", max_grad_norm)
+    dp.grad_sample_mode = grad_sample_mode
+    dp.fix_modules = check_bool("fix_modules", fix_modules, exc=bad)
+    if exactness_examples is not None:
+        exactness_examples = check_int("exactness_examples", exactness_examples, minimum=1, exc=bad)
+    dp.exactness_examples = exactness_examples
+    dp.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
+    dp._planned = noise_multiplier is None
+    dp.target_bayes_security = target_bayes_security
+    dp.target_epsilon = None if target_epsilon is None else float(target_epsilon)
+    dp.epochs, dp.delta, dp.accountant_mechanism, dp.loss_reduction = epochs, delta, accountant, loss_reduction
+    dp.secure_mode = check_bool("secure_mode", secure_mode, exc=bad)
+    dp.sampling_seed = seed("sampling_seed", sampling_seed, secure_mode, "the batches", "masks")
+    dp.noise_seed = seed("noise_seed", noise_seed, secure_mode, "the noise", "noise")
+    dp.log_clipping = check_bool("log_clipping", log_clipping, exc=bad)
+    dp.clipping_every_n_steps = check_int("clipping_every_n_steps", clipping_every_n_steps, minimum=1, exc=bad)
 
 
 def seed_kind(value: Optional[int], secure: bool) -> str:
