@@ -6,9 +6,17 @@ canary j included independently with probability 1/2; after training the auditor
 guesses ("included" for the highest scores) become a lower bound on ε, with a verdict on a claimed guarantee —
 :func:`~lightning_privacy.audits.canary.audit_canaries` and :meth:`~lightning_privacy.claims.Claim.check_canaries`,
 the analysis the input and gradient canaries use. Panda et al. ("Privacy Auditing of Large Language Models", ICLR
-2025, arXiv 2503.06808) run this game on LM fine-tuning with canaries designed for LMs; ours are the simplest kind,
-sequences of tokens drawn uniformly at random (no model predicts them by chance, so a canary the fine-tuned model
-finds likely was trained on). Their stronger constructions (built on new or rare tokens) are not implemented here.
+2025, arXiv 2503.06808) run this game on LM fine-tuning with canaries designed for LMs. Two kinds here:
+
+- random-token canaries (the default): sequences of tokens drawn uniformly at random (no model predicts them by
+  chance, so a canary the fine-tuned model finds likely was trained on), scored over all their tokens;
+- new-token canaries (``secret_token_ids=``, Panda et al.'s strongest kind): a random prefix followed by a secret of
+  ``secret_length`` tokens drawn from ids that nothing but the canaries uses — tokens added to the tokenizer for the
+  audit, never in the fine-tuning data nor in the base's — and scored on the secret alone (``labels`` −100 on the
+  prefix). The base never saw those tokens and the training data never asks for them: the only rows that pull the
+  secret's probability up are the inserted canaries, so its loss moves for an included canary far more than for the
+  others (under LoRA the new tokens' own embedding rows are frozen: only the adapters can move them). Their search-token and bigram
+  constructions (rare tokens of the model's own vocabulary) are not implemented.
 
 Steps: :func:`language_model_canaries` draws the canaries and the inclusion vector from ``seed``;
 ``canaries.with_canaries(train_dataset)`` appends the included ones to the fine-tuning data (before DP-SGD's
@@ -60,14 +68,17 @@ SCORES = ("loss_difference", "ezmia", "loss")
 
 
 class _Rows(Dataset):
-    def __init__(self, input_ids: Tensor, attention_mask: Tensor) -> None:
-        self.input_ids, self.attention_mask = input_ids, attention_mask
+    def __init__(self, input_ids: Tensor, attention_mask: Tensor, labels: Optional[Tensor] = None) -> None:
+        self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def __getitem__(self, i: int) -> Mapping[str, Tensor]:
-        return {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i]}
+        row = {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i]}
+        if self.labels is not None:
+            row["labels"] = self.labels[i]
+        return row
 
 
 @dataclass
@@ -78,23 +89,31 @@ class LanguageModelCanaries:
         input_ids, attention_mask: ``[m, T]`` (right padding with ``pad_token_id`` beyond the canary's tokens).
         included: ``[m]`` bools, Bernoulli(1/2), drawn with the tokens before training.
         seed: the seed both were drawn from.
+        scored_from: the first position the audit scores (0: the whole canary; new-token canaries: the secret's).
     """
 
     input_ids: Tensor
     attention_mask: Tensor
     included: np.ndarray
     seed: int
+    scored_from: int = 0
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
     def dataset(self) -> Dataset:
-        """All m canaries as mappings ``{"input_ids", "attention_mask"}`` (in order), for scoring."""
-        return _Rows(self.input_ids, self.attention_mask)
+        """All m canaries as mappings ``{"input_ids", "attention_mask"}`` (in order), for scoring; with
+        ``scored_from > 0`` also ``labels``: the ids with −100 before ``scored_from`` (the prefix is not scored)."""
+        if self.scored_from == 0:
+            return _Rows(self.input_ids, self.attention_mask)
+        labels = self.input_ids.clone()
+        labels[:, : self.scored_from] = -100
+        return _Rows(self.input_ids, self.attention_mask, labels)
 
     def inserted(self) -> Dataset:
-        """The included canaries only (what the fine-tuning sees)."""
-        return Subset(self.dataset(), np.flatnonzero(self.included).tolist())
+        """The included canaries only, without ``labels`` (what the fine-tuning sees: every token trained on)."""
+        rows = _Rows(self.input_ids, self.attention_mask)
+        return Subset(rows, np.flatnonzero(self.included).tolist())
 
     def with_canaries(self, dataset: Dataset) -> Dataset:
         """``dataset`` followed by the included canaries, each once (``ConcatDataset``): build the training loader on it.
@@ -119,9 +138,23 @@ def language_model_canaries(
     exclude_token_ids: Sequence[int] = (),
     pad_to: Optional[int] = None,
     pad_token_id: int = 0,
+    secret_token_ids: Optional[Sequence[int]] = None,
+    secret_length: Optional[int] = None,
 ) -> LanguageModelCanaries:
     """Draw ``num_canaries`` canaries of ``length`` tokens uniform over the vocabulary (less ``exclude_token_ids``:
     the tokenizer's special tokens, padding) and their inclusion, each with probability 1/2, from ``seed``.
+
+    With ``secret_token_ids`` (new-token canaries, Panda et al. 2025): the last ``secret_length`` tokens of each canary
+    are drawn from those ids instead, the prefix from the rest of the vocabulary, and the audit scores the secret
+    alone. The ids must be ones the fine-tuning data never contains (tokens added to the tokenizer for the audit,
+    ``model.resize_token_embeddings`` after ``tokenizer.add_tokens``): a token the data also uses gets gradients from
+    every row, not only from the canaries.
+
+    Example (new tokens 96–99 of a vocabulary whose data uses 1–95)::
+
+        >>> c = language_model_canaries(4, vocab_size=100, length=6, secret_token_ids=range(96, 100), secret_length=2)
+        >>> bool((c.input_ids[:, 4:] >= 96).all() and (c.input_ids[:, :4] < 96).all()), c.scored_from
+        (True, 4)
 
     Args:
         num_canaries: m ≥ 1 (the bound's ceiling grows with m: hundreds to thousands for a useful audit).
@@ -131,6 +164,9 @@ def language_model_canaries(
         exclude_token_ids: ids never drawn (special tokens, the pad token).
         pad_to: total length of each row, right-padded with ``pad_token_id`` (mask 0); default ``length``.
         pad_token_id: the padding id.
+        secret_token_ids: the new tokens' ids (below ``vocab_size``, none excluded); ``None``: random-token canaries.
+        secret_length: tokens of the secret, 1 ≤ ``secret_length`` ≤ ``length`` − 2 (the prefix keeps two tokens);
+            required with ``secret_token_ids`` and only with them.
 
     Raises:
         ValueError: arguments out of range (named), or no token left to draw.
@@ -138,16 +174,44 @@ def language_model_canaries(
     m, vocab = _int("num_canaries", num_canaries, 1), _int("vocab_size", vocab_size, 2)
     length, seed = _int("length", length, 3), _int("seed", seed, 0)
     total = length if pad_to is None else _int("pad_to", pad_to, length)
-    allowed = np.setdiff1d(np.arange(vocab), np.asarray(list(exclude_token_ids), dtype=np.int64))
+    excluded = np.asarray(list(exclude_token_ids), dtype=np.int64)
+    secret = _secret(secret_token_ids, secret_length, vocab=vocab, length=length, excluded=excluded)
+    allowed = np.setdiff1d(np.arange(vocab), np.concatenate([excluded, secret]))
     if allowed.size == 0:
         raise ValueError(f"`exclude_token_ids` leaves no token of the vocabulary ({vocab}) to draw canaries from")
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     tokens = rng.choice(allowed, size=(m, length))
     included = rng.random(m) < 0.5
+    scored_from = 0
+    if secret.size:  # (drawn after the inclusion: random-token canaries of a seed stay what they were)
+        scored_from = length - int(secret_length)
+        tokens[:, scored_from:] = rng.choice(secret, size=(m, int(secret_length)))
     input_ids = torch.full((m, total), int(pad_token_id), dtype=torch.long)
     input_ids[:, :length] = torch.from_numpy(tokens)
     attention_mask = (torch.arange(total)[None, :] < length).long().repeat(m, 1)
-    return LanguageModelCanaries(input_ids, attention_mask, included, seed)
+    return LanguageModelCanaries(input_ids, attention_mask, included, seed, scored_from)
+
+
+def _secret(
+    ids: Optional[Sequence[int]], secret_length: Optional[int], *, vocab: int, length: int, excluded: np.ndarray
+) -> np.ndarray:
+    """The new tokens' ids, checked against the vocabulary, the excluded ids and ``secret_length``."""
+    if ids is None:
+        if secret_length is not None:
+            raise ValueError(f"`secret_length` ({secret_length!r}) is for new-token canaries: pass `secret_token_ids`")
+        return np.zeros(0, dtype=np.int64)
+    secret = np.unique(np.asarray(list(ids), dtype=np.int64))
+    if secret.size == 0 or secret.min() < 0 or secret.max() >= vocab:
+        raise ValueError(f"Expected `secret_token_ids` to be ids in [0, {vocab}), but got {list(ids)!r}")
+    if np.isin(secret, excluded).any():
+        raise ValueError(
+            f"`secret_token_ids` and `exclude_token_ids` share {np.intersect1d(secret, excluded).tolist()}"
+        )
+    if secret_length is None:
+        raise ValueError("new-token canaries need `secret_length` (tokens of the secret at the end of each canary)")
+    if _int("secret_length", secret_length, 1) > length - 2:
+        raise ValueError(f"Expected `secret_length` <= length - 2 = {length - 2}, but got {secret_length!r}")
+    return secret
 
 
 def _signal(score: str, base_model: Any) -> Any:

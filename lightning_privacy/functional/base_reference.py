@@ -395,7 +395,7 @@ class BaseLossDifferenceSignal:
         self.base_model = base_model
 
     def __call__(self, model: Any, batch: Mapping[str, Any]) -> Tensor:
-        ids, mask = batch["input_ids"], batch["attention_mask"]
+        ids, mask, labels = _batch_parts(batch, "BaseLossDifferenceSignal")  # (labels −100: tokens not scored)
         with torch.no_grad():
             base = base_logits(model, ids, mask, self.base_model)
-            return -base_loss_difference(_logits(model, ids, mask), base, ids, mask)
+            return -base_loss_difference(_logits(model, ids, mask), base, labels, mask)

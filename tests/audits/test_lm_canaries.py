@@ -18,7 +18,7 @@ from lightning_privacy.audits.lm_canaries import (
     canary_scores,
     language_model_canaries,
 )
-from lightning_privacy.functional.sequence_loss import causal_lm_signal
+from lightning_privacy.functional.sequence_loss import causal_lm_signal, causal_lm_token_losses
 
 pytest.importorskip("peft")
 from tests.callbacks._language_models import LENGTH, PAD, VOCAB, PaddedSequences, TinyCausalLM  # noqa: E402
@@ -101,3 +101,64 @@ def test_a_dp_fine_tune_stays_consistent_with_its_ledger():
     assert 1.0 < epsilon < 3.0  # measured: 1.85
     result = audit_language_model_canaries(model, canaries, delta=1e-5, claim=dpsgd.ledger, accountant_epsilon=epsilon)
     assert result.verdict == "consistent" and result.epsilon_lower <= epsilon  # measured: 0.0 at this size
+
+
+SECRET = (29, 30, 31)  # new tokens: the fine-tuning data below never uses them
+
+
+def _data_without_the_new_tokens():
+    data = PaddedSequences(32, seed=1)
+    data.ids = torch.where(data.ids >= min(SECRET), data.ids - 10, data.ids)
+    assert not torch.isin(data.ids, torch.tensor(SECRET)).any()
+    return data
+
+
+def _new_token_canaries(seed: int = 0):
+    return language_model_canaries(
+        M, vocab_size=VOCAB, length=LENGTH, seed=seed, exclude_token_ids=[PAD], secret_token_ids=SECRET, secret_length=4
+    )
+
+
+def test_new_token_canaries_end_in_a_secret_of_new_tokens_and_only_the_secret_is_scored():
+    canaries, plain = _new_token_canaries(), _canaries()
+    assert canaries.scored_from == LENGTH - 4 and plain.scored_from == 0
+    assert torch.isin(canaries.input_ids[:, -4:], torch.tensor(SECRET)).all()
+    assert not torch.isin(canaries.input_ids[:, :-4], torch.tensor([PAD, *SECRET])).any()
+    assert np.array_equal(canaries.included, plain.included)  # the same seed draws the same inclusion
+    assert torch.equal(canaries.dataset()[0]["labels"][: LENGTH - 4], torch.full((LENGTH - 4,), -100))
+    assert "labels" not in canaries.inserted()[0]  # training sees every token of an inserted canary
+    model = TinyCausalLM("llama", lora=True, seed=0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    base = TinyCausalLM("llama", lora=True, seed=0)  # lora_B = 0: the base
+    ids, mask = canaries.input_ids, canaries.attention_mask
+    with torch.no_grad():
+        by_hand = []
+        for m in (base, model):  # the mean loss of the 4 secret tokens, from the per-token losses
+            per_token, _ = causal_lm_token_losses(m(input_ids=ids, attention_mask=mask), ids, mask)
+            by_hand.append(per_token[:, LENGTH - 5 :].mean(1))
+    np.testing.assert_allclose(canary_scores(model, canaries), (by_hand[0] - by_hand[1]).double().numpy(), atol=1e-5)
+    for bad, match in (
+        (dict(secret_length=2), "`secret_length` .* pass `secret_token_ids`"),
+        (dict(secret_token_ids=[31], secret_length=None), "need `secret_length`"),
+        (dict(secret_token_ids=[32], secret_length=1), r"`secret_token_ids` to be ids in \[0, 32\)"),
+        (dict(secret_token_ids=[0, 31], secret_length=1), r"share \[0\]"),
+        (dict(secret_token_ids=[31], secret_length=LENGTH - 1), "`secret_length` <= length - 2"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            language_model_canaries(4, vocab_size=VOCAB, length=LENGTH, exclude_token_ids=[PAD], **bad)
+
+
+def test_new_token_canaries_are_memorised_by_a_full_fine_tune_and_contradict_a_small_claim():
+    canaries = _new_token_canaries()
+    torch.manual_seed(0)
+    model = TinyCausalLM("llama", lora=False, seed=0)
+    base = TinyCausalLM("llama", lora=False, seed=0).eval()
+    model.configure_optimizers = lambda: torch.optim.Adam(model.parameters(), 0.01)
+    data = DataLoader(canaries.with_canaries(_data_without_the_new_tokens()), batch_size=16, shuffle=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(max_epochs=30, **QUIET).fit(model, data)
+    result = audit_language_model_canaries(model.eval(), canaries, delta=1e-5, base_model=base, claim=(0.05, 1e-5))
+    assert 0.3 < result.epsilon_lower <= result.ceiling and result.verdict == "contradicted"
