@@ -135,3 +135,36 @@ def test_the_language_model_example_loads_its_model_from_a_save_pretrained_folde
     lm = example.CausalLM(str(tmp_path / "gpt2"), lora_rank=4)
     batch = example.MarkovSequences(2, seed=0)[:2]
     assert lm(**batch).shape == (2, example.LENGTH, example.VOCAB)
+
+
+def test_audit_epsilon_star_scores_a_save_pretrained_folder_offline(tmp_path, audit, capsys):
+    """``audit epsilon-star --model DIR``: the folder's sequence losses, the same Epsilon* as the library's on them."""
+    from lightning_privacy.audits import audit_epsilon_star
+    from lightning_privacy.functional.sequence_loss import causal_lm_signal
+
+    saved = _saved("gpt2", tmp_path / "tuned").eval()
+
+    def run(*args):
+        code = cli.main(["audit", "epsilon-star", *map(str, args)])
+        captured = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
+
+    done = run("--model", tmp_path / "tuned", *DATA, "--signal", SIGNAL, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["num_members"] == 16 and out["model"] == str(tmp_path / "tuned") and out["checkpoint"] is None
+    import lm_lp_folder  # the datamodule the `audit` fixture wrote and put on sys.path
+
+    dm = lm_lp_folder.Sequences()
+    want = audit_epsilon_star(saved, dm.train_dataloader(), dm.val_dataloader(), signal_fn=causal_lm_signal, warn=False)
+    assert out["audit/epsilon_star"] == want.to_dict()["audit/epsilon_star"]
+    for args, message in (
+        (("--checkpoint", "x.ckpt"), "it holds the weights, so drop `--checkpoint`"),
+        (("--member-losses", "m.npy", "--nonmember-losses", "n.npy"), "give it or loss files, not both"),
+    ):
+        refused = run("--model", tmp_path / "tuned", *DATA, "--signal", SIGNAL, *args)
+        assert refused.returncode == 2 and message in refused.stderr and refused.stderr.count("\n") == 1
+    refused = run("--model", tmp_path / "tuned", "--signal", SIGNAL)
+    assert refused.returncode == 2 and "name the sequences it is audited on with `--datamodule" in refused.stderr
+    no_signal = run("--model", tmp_path / "tuned", *DATA)
+    assert no_signal.returncode == 2 and "causal_lm_signal" in no_signal.stderr

@@ -12,6 +12,10 @@ size are refused. The checkpoint is read by torch's weights-only loader: a file 
 weights is refused. The modules ``DPSGD(fix_modules=True)`` replaced in training are replaced the same way
 before the weights are loaded (``--fix-modules`` for a checkpoint that does not record them).
 
+From a folder ``save_pretrained`` wrote (a causal LM, PEFT adapters too, read offline): ``--model DIR`` with
+``--datamodule`` naming the sequences (members from its ``train_dataloader()``, non-members from its
+``val_dataloader()``) and ``--signal`` (e.g. ``causal_lm_signal``); no ``--checkpoint``, no ledger.
+
 From files: ``--member-losses F --nonmember-losses F`` (``.npy``, or ``.csv``/``.txt`` with one value a
 line; low loss = looks like a member), e.g. losses computed by another framework.
 
@@ -44,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--checkpoint", default=None, help="Lightning checkpoint (.ckpt) or state_dict file")
     source.add_argument("--member-losses", default=None, help="losses of members: .npy, or .csv/.txt one a line")
     source.add_argument("--nonmember-losses", default=None, help="losses of non-members (same formats)")
-    io.add_model_arguments(parser, "model and data (with --checkpoint)")
+    io.add_model_arguments(parser, "model and data (with --checkpoint, or --model DIR)", pretrained=True)
     parser.add_argument(
         "--delta",
         type=float,
@@ -65,6 +69,21 @@ def _warn(message: str) -> None:
     print(f"lightning-privacy audit epsilon-star: warning: {message}", file=sys.stderr)
 
 
+def _check_folder(args: argparse.Namespace, files: tuple) -> None:
+    """``--model DIR`` (a save_pretrained folder) holds the weights: refuse what contradicts it, naming the flag."""
+    if args.checkpoint is not None:
+        raise ValueError(
+            f"`--model` {args.model!r} is a folder (save_pretrained): it holds the weights, so drop `--checkpoint`"
+        )
+    if files != (None, None):
+        raise ValueError(f"`--model` {args.model!r} is a model to score: give it or loss files, not both")
+    if args.datamodule is None:
+        raise ValueError(
+            f"`--model` {args.model!r} is a folder (save_pretrained): name the sequences it is audited on with "
+            "`--datamodule module:Class` (members from its train_dataloader(), non-members from its val_dataloader())"
+        )
+
+
 def audit(args: argparse.Namespace) -> dict:
     """The audit ``args`` ask for, as a dict of plain values (``ValueError`` with a one-line message)."""
     from lightning_privacy.audits import audit_epsilon_star, audit_epsilon_star_from_losses
@@ -73,22 +92,27 @@ def audit(args: argparse.Namespace) -> dict:
     if args.delta is not None and not 0.0 < args.delta < 0.5:
         raise ValueError(f"`--delta` must be in the open interval (0, 0.5), got {args.delta!r}")
     files = (args.member_losses, args.nonmember_losses)
-    if args.checkpoint is None and None in files:
+    folder = io.is_pretrained_folder(args.model)
+    if folder:
+        _check_folder(args, files)
+    elif args.checkpoint is None and None in files:
         raise ValueError("give `--checkpoint`, or both `--member-losses` and `--nonmember-losses`")
     if args.checkpoint is not None and files != (None, None):
         raise ValueError("give either `--checkpoint` or loss files, not both")
-    if args.checkpoint is None and args.signal is not None:
+    if args.checkpoint is None and args.signal is not None and not folder:
         raise ValueError("`--signal` scores a checkpoint's examples: give `--checkpoint`, not loss files")
-    if args.checkpoint is None:
+    if args.checkpoint is None and not folder:
         members = io.read_values(args.member_losses, "--member-losses")
         nonmembers = io.read_values(args.nonmember_losses, "--nonmember-losses")
         result = audit_epsilon_star_from_losses(members, nonmembers, delta=args.delta, warn=False)
         source = {"member_losses": args.member_losses, "nonmember_losses": args.nonmember_losses}
     else:
-        model_class = io.load_class(args.model, "--model")
         signal_fn = io.load_signal(args.signal)
         dm_args = io.datamodule_args(args)
-        model, contents = io.load_checkpoint_model(args, model_class, warn=_warn)
+        if folder:  # the weights and nothing else: no DP-SGD state, so no ledger and no member count to check
+            model, contents = io.load_pretrained(args.model, "--model"), {}
+        else:
+            model, contents = io.load_checkpoint_model(args, io.load_class(args.model, "--model"), warn=_warn)
         dm = io.datamodule(
             args.datamodule, stage_test=args.nonmembers == "test", contents=contents, warn=_warn, **dm_args
         )
@@ -103,6 +127,8 @@ def audit(args: argparse.Namespace) -> dict:
             model, members, nonmembers, delta=args.delta, warn=False, ledger=ledger, signal_fn=signal_fn
         )
         source = {"checkpoint": args.checkpoint, "datamodule": type(dm).__name__, "nonmembers": args.nonmembers}
+        if folder:
+            source["model"] = args.model
     if "parametric" not in result.details:
         raise ValueError("; ".join(result.notes))
     return {**result.to_dict(), **source}
