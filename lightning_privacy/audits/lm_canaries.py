@@ -14,8 +14,11 @@ the analysis the input and gradient canaries use. Panda et al. ("Privacy Auditin
   ``secret_length`` tokens drawn from ids that nothing but the canaries uses — tokens added to the tokenizer for the
   audit, never in the fine-tuning data nor in the base's — and scored on the secret alone (``labels`` −100 on the
   prefix). The base never saw those tokens and the training data never asks for them: the only rows that pull the
-  secret's probability up are the inserted canaries, so its loss moves for an included canary far more than for the
-  others (under LoRA the new tokens' own embedding rows are frozen: only the adapters can move them). Their search-token and bigram
+  secret's probability up are the inserted canaries. Given at least m × ``secret_length`` ids, no two canaries share
+  a secret token, so training on one canary raises its own secret and nobody else's; with fewer, tokens are shared
+  (``secret_tokens_shared``) and an included canary also raises the secrets of excluded ones, which costs the audit
+  power. Under LoRA
+  the new tokens' own embedding rows are frozen: only the adapters can move them. Their search-token and bigram
   constructions (rare tokens of the model's own vocabulary) are not implemented.
 
 Steps: :func:`language_model_canaries` draws the canaries and the inclusion vector from ``seed``;
@@ -90,6 +93,7 @@ class LanguageModelCanaries:
         included: ``[m]`` bools, Bernoulli(1/2), drawn with the tokens before training.
         seed: the seed both were drawn from.
         scored_from: the first position the audit scores (0: the whole canary; new-token canaries: the secret's).
+        secret_tokens_shared: new-token canaries with fewer ids than m × secret length: some secrets share tokens.
     """
 
     input_ids: Tensor
@@ -97,6 +101,7 @@ class LanguageModelCanaries:
     included: np.ndarray
     seed: int
     scored_from: int = 0
+    secret_tokens_shared: bool = False
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -145,8 +150,9 @@ def language_model_canaries(
     the tokenizer's special tokens, padding) and their inclusion, each with probability 1/2, from ``seed``.
 
     With ``secret_token_ids`` (new-token canaries, Panda et al. 2025): the last ``secret_length`` tokens of each canary
-    are drawn from those ids instead, the prefix from the rest of the vocabulary, and the audit scores the secret
-    alone. The ids must be ones the fine-tuning data never contains (tokens added to the tokenizer for the audit,
+    are drawn from those ids instead — without replacement, each canary's its own, when there are at least
+    ``num_canaries × secret_length`` of them, else with replacement (``secret_tokens_shared``, a weaker audit) — the
+    prefix from the rest of the vocabulary, and the audit scores the secret alone. The ids must be ones the fine-tuning data never contains (tokens added to the tokenizer for the audit,
     ``model.resize_token_embeddings`` after ``tokenizer.add_tokens``): a token the data also uses gets gradients from
     every row, not only from the canaries.
 
@@ -182,14 +188,15 @@ def language_model_canaries(
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     tokens = rng.choice(allowed, size=(m, length))
     included = rng.random(m) < 0.5
-    scored_from = 0
+    scored_from, shared = 0, False
     if secret.size:  # (drawn after the inclusion: random-token canaries of a seed stay what they were)
-        scored_from = length - int(secret_length)
-        tokens[:, scored_from:] = rng.choice(secret, size=(m, int(secret_length)))
+        scored_from, k = length - int(secret_length), int(secret_length)
+        shared = secret.size < m * k  # else every canary's secret tokens are its own
+        tokens[:, scored_from:] = rng.choice(secret, size=m * k, replace=shared).reshape(m, k)
     input_ids = torch.full((m, total), int(pad_token_id), dtype=torch.long)
     input_ids[:, :length] = torch.from_numpy(tokens)
     attention_mask = (torch.arange(total)[None, :] < length).long().repeat(m, 1)
-    return LanguageModelCanaries(input_ids, attention_mask, included, seed, scored_from)
+    return LanguageModelCanaries(input_ids, attention_mask, included, seed, scored_from, shared)
 
 
 def _secret(

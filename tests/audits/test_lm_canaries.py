@@ -122,6 +122,9 @@ def _new_token_canaries(seed: int = 0):
 def test_new_token_canaries_end_in_a_secret_of_new_tokens_and_only_the_secret_is_scored():
     canaries, plain = _new_token_canaries(), _canaries()
     assert canaries.scored_from == LENGTH - 4 and plain.scored_from == 0
+    assert canaries.secret_tokens_shared  # 3 ids for 64 canaries × 4 tokens
+    own = language_model_canaries(5, vocab_size=40, length=6, secret_token_ids=range(30, 40), secret_length=2)
+    assert not own.secret_tokens_shared and own.input_ids[:, 4:].unique().numel() == 10  # no token in two secrets
     assert torch.isin(canaries.input_ids[:, -4:], torch.tensor(SECRET)).all()
     assert not torch.isin(canaries.input_ids[:, :-4], torch.tensor([PAD, *SECRET])).any()
     assert np.array_equal(canaries.included, plain.included)  # the same seed draws the same inclusion
