@@ -66,12 +66,15 @@ def test_the_base_as_reference_beats_loss_and_rmia_with_references_from_scratch_
     assert "EZ-MIA's TPR@1% at least twice LOSS's on full fine-tuning: yes" in text
 
 
-def test_what_the_guide_says_about_ezmia_against_the_trained_references_holds():
-    # two reference fine-tunes buy RMIA more than EZ-MIA's free reference gives; the base's loss difference is close
+def test_what_the_guide_says_about_ezmia_against_the_references_fine_tuned_from_the_base_holds():
+    # two reference fine-tunes of the base buy RMIA more than EZ-MIA's free reference gives; Ref is close to RMIA
     for target in ("LoRA, no DP", "full, no DP"):
-        assert _cell(target, "RMIA", "AUC") > _cell(target, "EZ-MIA", "AUC")
-        assert _cell(target, "RMIA", "AUC") - _cell(target, "Ref", "AUC") < 0.01
-    assert "at least LOSS's and RMIA's: NO" in RESULTS.read_text(encoding="utf-8")
+        assert _cell(target, TUNED, "AUC") > _cell(target, "EZ-MIA", "AUC")
+        assert _cell(target, TUNED, "TPR@1%") > _cell(target, "EZ-MIA", "TPR@1%")
+        assert _cell(target, TUNED, "AUC") - _cell(target, "Ref", "AUC") < 0.01
+    text = RESULTS.read_text(encoding="utf-8")
+    assert "- measured, not accepted: EZ-MIA at least Ref (the base's plain loss difference): no;" in text
+    assert "minus EZ-MIA: LoRA, no DP: AUC +0.012, TPR@1% +0.093; full, no DP: AUC +0.015, TPR@1% +0.186" in text
 
 
 def test_every_dp_row_is_inside_the_accountants_region_and_its_ledger_consistent():
@@ -88,14 +91,66 @@ def test_every_dp_row_is_inside_the_accountants_region_and_its_ledger_consistent
 
 
 def test_the_canary_audit_contradicts_the_false_claim_and_keeps_the_true_ones():
-    rows = {row["target"]: row for row in _table("| target | accountant ε | claim tested |")}
-    assert set(rows) == {"LoRA, no DP", "full, no DP", "full, DP-SGD ε = 8", "full, DP-SGD ε = 1"}
-    full = rows["full, no DP"]
-    assert full["claim tested"].startswith("ε = 1.00") and full["verdict"] == "contradicted"
-    assert 1.0 < float(full["ε lower bound"]) <= float(full["ceiling for m"])
-    for target in ("full, DP-SGD ε = 8", "full, DP-SGD ε = 1"):
-        row = rows[target]
-        assert row["verdict"] == "consistent", row
-        lower, accountant = float(row["ε lower bound"]), float(row["accountant ε"])
-        assert 0.0 <= lower <= accountant  # a valid lower bound never exceeds a true upper bound
-        assert abs(float(row["lower bound ÷ claimed ε"]) - lower / accountant) < 2e-3
+    table = _table("| canaries | target | accountant ε | claim tested |")
+    rows = {(row["canaries"], row["target"]): row for row in table}
+    kinds = {kind for kind, _ in rows}
+    assert kinds == {"random tokens", "new-token secret (1 of 32)"} and len(rows) == 8
+    for kind in kinds:
+        full = rows[(kind, "full, no DP")]
+        assert full["claim tested"].startswith("ε = 1.00") and full["verdict"] == "contradicted", kind
+        assert 1.0 < float(full["ε lower bound"]) <= float(full["ceiling for m"])
+        for target in ("full, DP-SGD ε = 8", "full, DP-SGD ε = 1"):
+            row = rows[(kind, target)]
+            assert row["verdict"] == "consistent", row
+            lower, accountant = float(row["ε lower bound"]), float(row["accountant ε"])
+            assert 0.0 <= lower <= accountant  # a valid lower bound never exceeds a true upper bound
+            assert abs(float(row["lower bound ÷ claimed ε"]) - lower / accountant) < 2e-3
+
+
+BASES = RESULTS.with_name("language_model_bases.md")
+
+
+def _bases() -> list:
+    lines = BASES.read_text(encoding="utf-8").splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("| base | target |"))
+    columns = [c.strip() for c in lines[at].strip("|").split("|")]
+    rows = []
+    for line in lines[at + 2 :]:
+        if not line.startswith("|"):
+            break
+        row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
+        rows.append({k: tuple(map(float, v.split(" / "))) if " / " in v else v for k, v in row.items()})
+    return rows
+
+
+def test_base_zero_of_the_bases_table_is_the_benchmarks_own_base():
+    pairs = (
+        ("LOSS", "LOSS"),
+        ("Ref (base)", "Ref"),
+        ("RMIA, 2 ref fine-tuned from the base", TUNED),
+        ("RMIA, 2 ref from scratch", SCRATCH),
+        ("EZ-MIA", "EZ-MIA"),
+    )
+    for row in (r for r in _bases() if r["base"] == "0"):
+        for column, attack in pairs:
+            assert row[column] == (_cell(row["target"], attack, "AUC"), _cell(row["target"], attack, "TPR@1%")), column
+
+
+def test_over_four_bases_the_base_attacks_beat_loss_and_references_from_scratch_and_ezmia_doubles_loss():
+    rows = _bases()
+    assert {r["base"] for r in rows} == {"0", "1", "2", "3"} and len(rows) == 8
+    for row in rows:
+        for mine in ("EZ-MIA", "Ref (base)"):
+            for other in ("LOSS", "RMIA, 2 ref from scratch"):
+                assert row[mine][0] >= row[other][0] and row[mine][1] >= row[other][1], (row["base"], mine, other)
+        assert row["RMIA, 2 ref fine-tuned from the base"][0] > row["EZ-MIA"][0]  # by AUC, on every base
+        if row["target"] == "full, no DP":
+            assert row["EZ-MIA"][1] >= 2 * row["LOSS"][1], row["base"]
+
+
+def test_the_guide_quotes_the_bases_tables_ranges():
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "language_models.md").read_text(encoding="utf-8")
+    text = " ".join(guide.split())
+    for target, words in (("full, no DP", "on full fine-tuning"), ("LoRA, no DP", "under LoRA")):
+        ratios = [float(r["EZ-MIA ÷ LOSS @1%"]) for r in _bases() if r["target"] == target]
+        assert f"{min(ratios):.1f}–{max(ratios):.1f}×" in text and words in text

@@ -312,6 +312,11 @@ def check_summed_gradients(
     worst, examples = 0.0, 0
     pairs = [(p, s) for p, s in zip(params, samples) if p.grad is not None and s.shape[0] > 0]
     scale = math.sqrt(sum(float(p.grad.to(torch.float64).pow(2).sum()) for p, _ in pairs))  # the batch gradient
+    if pairs:  # ... or, where the examples' gradients cancel in it, a typical example's whole gradient (÷ the batch
+        # under "mean"): autograd's float32 sum of terms of that size rounds at ~1e-7 of it, which is no bypass
+        squares = sum(s.to(torch.float64).reshape(s.shape[0], -1).pow(2).sum(1) for _, s in pairs)
+        divisor = squares.numel() if loss_reduction == "mean" else 1
+        scale = max(scale, float(squares.sqrt().mean()) / divisor * squares.numel() ** 0.5)
     for param, sample in pairs:
         examples = int(sample.shape[0])
         sample = sample.to(torch.float64)
