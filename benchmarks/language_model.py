@@ -363,8 +363,8 @@ def main(argv=None) -> None:
             print(*rows, sep="\n", flush=True)
         for what, drawn in canary_sets:  # the canary audits: the same recipes on members + canaries
             start, start_model = (base, reference) if drawn is canaries else (extended, extended_reference)
+            training = drawn.with_canaries(members)
             for kind, label, epochs, lr, epsilon in targets:
-                training = drawn.with_canaries(members)
                 target, dpsgd, seconds = train_target(training, start, kind, epochs=epochs, lr=lr, epsilon=epsilon)
                 claim = (1.0, DELTA) if dpsgd is None else dpsgd.ledger
                 row = canary_row(
@@ -382,7 +382,8 @@ def main(argv=None) -> None:
         return next(float(r[column]) for r in audits if r[0] == label and r[2].startswith(attack))
 
     no_dp = [label for _, label, _, _, eps in targets if eps is None]
-    scratch_rmia, tuned_rmia = f"RMIA offline, {args.references} ref {SCRATCH}", f"RMIA offline, {args.references} ref"
+    rmia = f"RMIA offline, {args.references} ref"
+    scratch_rmia, tuned = f"{rmia} {SCRATCH}", f"{rmia} {FINE_TUNED}"
 
     def beats(attack: str, others) -> bool:  # AUC and TPR@1% at least every other's, on both fine-tunes without DP
         return all(cell(t, attack, c) >= max(cell(t, o, c) for o in others) for t in no_dp for c in (3, 5))
@@ -390,7 +391,6 @@ def main(argv=None) -> None:
     baselines = ("LOSS", "Min-K%", scratch_rmia)
     base_attacks = all(beats(attack, baselines) for attack in ("EZ-MIA", "Ref"))
     ez_over_ref = beats("EZ-MIA", ("Ref",))
-    tuned = f"{tuned_rmia} {FINE_TUNED}"
     tuned_over_ez = [
         f"{t}: AUC {cell(t, tuned, 3) - cell(t, 'EZ-MIA', 3):+.3f}, TPR@1% {cell(t, tuned, 5) - cell(t, 'EZ-MIA', 5):+.3f}"
         for t in no_dp

@@ -17,9 +17,8 @@ the analysis the input and gradient canaries use. Panda et al. ("Privacy Auditin
   secret's probability up are the inserted canaries. Given at least m × ``secret_length`` ids, no two canaries share
   a secret token, so training on one canary raises its own secret and nobody else's; with fewer, tokens are shared
   (``secret_tokens_shared``) and an included canary also raises the secrets of excluded ones, which costs the audit
-  power. Under LoRA
-  the new tokens' own embedding rows are frozen: only the adapters can move them. Their search-token and bigram
-  constructions (rare tokens of the model's own vocabulary) are not implemented.
+  power. Under LoRA the new tokens' own embedding rows are frozen: only the adapters can move them. Their
+  search-token and bigram constructions (rare tokens of the model's own vocabulary) are not implemented.
 
 Steps: :func:`language_model_canaries` draws the canaries and the inclusion vector from ``seed``;
 ``canaries.with_canaries(train_dataset)`` appends the included ones to the fine-tuning data (before DP-SGD's
@@ -152,9 +151,10 @@ def language_model_canaries(
     With ``secret_token_ids`` (new-token canaries, Panda et al. 2025): the last ``secret_length`` tokens of each canary
     are drawn from those ids instead — without replacement, each canary's its own, when there are at least
     ``num_canaries × secret_length`` of them, else with replacement (``secret_tokens_shared``, a weaker audit) — the
-    prefix from the rest of the vocabulary, and the audit scores the secret alone. The ids must be ones the fine-tuning data never contains (tokens added to the tokenizer for the audit,
-    ``model.resize_token_embeddings`` after ``tokenizer.add_tokens``): a token the data also uses gets gradients from
-    every row, not only from the canaries.
+    prefix from the rest of the vocabulary, and the audit scores the secret alone. The ids must be ones the
+    fine-tuning data never contains (tokens added to the tokenizer for the audit, ``model.resize_token_embeddings``
+    after ``tokenizer.add_tokens``): a token the data also uses gets gradients from every row, not only from the
+    canaries.
 
     Example (new tokens 96–99 of a vocabulary whose data uses 1–95)::
 

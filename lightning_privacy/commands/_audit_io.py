@@ -158,6 +158,20 @@ def is_pretrained_folder(spec: Optional[str]) -> bool:
     return spec is not None and spec != "init" and Path(spec).is_dir()
 
 
+def check_pretrained_folder_options(args: Any) -> None:
+    """``--model DIR`` (a save_pretrained folder) holds the weights: refuse ``--checkpoint`` beside it and a missing
+    ``--datamodule`` (the sequences it is audited on), one line naming the flag."""
+    if args.checkpoint is not None:
+        raise ValueError(
+            f"`--model` {args.model!r} is a folder (save_pretrained): it holds the weights, so drop `--checkpoint`"
+        )
+    if args.datamodule is None:
+        raise ValueError(
+            f"`--model` {args.model!r} is a folder (save_pretrained): name the sequences it is audited on with "
+            "`--datamodule module:Class` (members from its train_dataloader(), non-members from its val_dataloader())"
+        )
+
+
 def load_pretrained(path: str, option: str = "--model") -> Any:
     """The causal LM a ``save_pretrained`` folder holds, read offline (``local_files_only=True``), in eval mode.
 

@@ -69,21 +69,6 @@ def _warn(message: str) -> None:
     print(f"lightning-privacy audit epsilon-star: warning: {message}", file=sys.stderr)
 
 
-def _check_folder(args: argparse.Namespace, files: tuple) -> None:
-    """``--model DIR`` (a save_pretrained folder) holds the weights: refuse what contradicts it, naming the flag."""
-    if args.checkpoint is not None:
-        raise ValueError(
-            f"`--model` {args.model!r} is a folder (save_pretrained): it holds the weights, so drop `--checkpoint`"
-        )
-    if files != (None, None):
-        raise ValueError(f"`--model` {args.model!r} is a model to score: give it or loss files, not both")
-    if args.datamodule is None:
-        raise ValueError(
-            f"`--model` {args.model!r} is a folder (save_pretrained): name the sequences it is audited on with "
-            "`--datamodule module:Class` (members from its train_dataloader(), non-members from its val_dataloader())"
-        )
-
-
 def audit(args: argparse.Namespace) -> dict:
     """The audit ``args`` ask for, as a dict of plain values (``ValueError`` with a one-line message)."""
     from lightning_privacy.audits import audit_epsilon_star, audit_epsilon_star_from_losses
@@ -94,7 +79,9 @@ def audit(args: argparse.Namespace) -> dict:
     files = (args.member_losses, args.nonmember_losses)
     folder = io.is_pretrained_folder(args.model)
     if folder:
-        _check_folder(args, files)
+        if files != (None, None):
+            raise ValueError(f"`--model` {args.model!r} is a model to score: give it or loss files, not both")
+        io.check_pretrained_folder_options(args)
     elif args.checkpoint is None and None in files:
         raise ValueError("give `--checkpoint`, or both `--member-losses` and `--nonmember-losses`")
     if args.checkpoint is not None and files != (None, None):

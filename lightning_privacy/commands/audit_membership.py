@@ -167,16 +167,7 @@ def _check_options(args: argparse.Namespace) -> None:
     from lightning_privacy.commands import _audit_io as io
 
     if io.is_pretrained_folder(args.model):
-        if args.checkpoint is not None:
-            raise ValueError(
-                f"`--model` {args.model!r} is a folder (save_pretrained): it holds the weights, so drop `--checkpoint`"
-            )
-        if args.datamodule is None:
-            raise ValueError(
-                f"`--model` {args.model!r} is a folder (save_pretrained): name the sequences it is audited on with "
-                "`--datamodule module:Class` (members from its train_dataloader(), non-members from its "
-                "val_dataloader())"
-            )
+        io.check_pretrained_folder_options(args)
         if args.attack in ("rmia", "lira"):
             raise ValueError(
                 f"`--attack {args.attack}` trains reference models with a Lightning Trainer, which a save_pretrained "
