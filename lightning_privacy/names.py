@@ -20,6 +20,8 @@ DP_PLANNED_EPOCHS = "dp/planned_epochs"
 DP_GRAD_SAMPLE_MODE = "dp/grad_sample_mode"  # "hooks" (per-sample gradients) or "ghost" (ghost clipping)
 DP_SAMPLING_SEED = "dp/sampling_seed"  # the Poisson masks' seed: secret / fixed / secure (never the seed itself)
 DP_NOISE_SEED = "dp/noise_seed"  # the noise's seed: secret / fixed / secure (never the seed itself)
+DP_EXPECTED_BATCH_SIZE = "dp/expected_batch_size"  # the public constant the noised clipped sum is divided by
+DP_SAMPLE_RATE_SOURCE = "dp/sample_rate_source"  # "1/len(train loader)" or "argument" (what q makes public)
 
 # Clipping telemetry (per epoch, opt-in; data-dependent, not covered by the DP guarantee)
 DP_CLIP_FRACTION = "dp/clip_fraction"  # share of per-sample gradients whose norm exceeded C

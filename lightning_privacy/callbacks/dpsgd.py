@@ -70,6 +70,16 @@ class DPSGD(Callback, DPSGDRun):
         exactness_examples: examples the exactness check compares on each of the two self-checked steps; a larger
             batch has that many drawn uniformly (each costs about one backward pass of the whole batch). ``None``
             compares every example. A use of a parameter the hooks miss reaches every example that makes it.
+        sample_rate: q, each row's probability of joining a step's batch. ``None`` (default): ``1 / len(loader)``,
+            as Opacus' ``make_private``, which makes the number of batches per epoch public (a neighbour with one
+            row fewer can have another q where N crosses a multiple of the batch size). A given q does not depend
+            on the training set: with ``Trainer(max_steps=...)`` the released mechanism is then the same function
+            for a dataset and each add/remove neighbour, as the ε stated for them assumes.
+        expected_batch_size: the public constant each step's noised clipped sum is divided by (mean reduction).
+            ``None`` (default): the train loader's ``batch_size`` (required for a loader without one, e.g. an Opacus
+            ``DPDataLoader``). Never computed from the private training set: Opacus' ``int(len(dataset) · q)`` gives
+            63 for 6,399 rows and 64 for 6,400 at batch 64, so the noise's scale in the weights would tell the two
+            neighbours apart. Under DDP/FSDP2 each rank divides by ``expected_batch_size / world_size``.
         secure_mode: draw the Poisson masks from the OS CSPRNG (``os.urandom``) and the noise as Opacus' secure mode
             does (four Gaussian draws per coordinate against floating-point attacks) from a generator reseeded with
             fresh OS entropy every step (slower).
@@ -91,7 +101,9 @@ class DPSGD(Callback, DPSGDRun):
 
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
-        sample_rate: the Poisson sample rate (known from ``on_fit_start``).
+        sample_rate: the Poisson sample rate (the argument, or known from ``on_fit_start``).
+        expected_batch_size: the divisor of the noised clipped sum in use (the argument, or the loader's
+            ``batch_size`` from ``on_fit_start``); saved in the checkpoint and shown in the statement.
         dataset_size: rows of the training set the Poisson sampling draws from (known with ``sample_rate``).
         fixed_modules: the modules ``fix_modules=True`` replaced, as ``{"name", "old", "new"}`` strings; saved with
             ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
@@ -144,6 +156,8 @@ class DPSGD(Callback, DPSGDRun):
         grad_sample_mode: str = "hooks",
         fix_modules: bool = False,
         exactness_examples: Optional[int] = 64,
+        sample_rate: Optional[float] = None,
+        expected_batch_size: Optional[float] = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)
@@ -155,7 +169,10 @@ class DPSGD(Callback, DPSGDRun):
         self._module: Optional[weakref.ref] = None  # the module of the last fit
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
         self.ledger = PrivacyLedger(accountant=self.accountant_mechanism, delta=self.delta)
-        self.sample_rate: Optional[float] = None
+        self.sample_rate: Optional[float] = self.sample_rate_argument  # (else known at fit start)
+        self.sample_rate_origin: Optional[str] = None
+        self.expected_batch_size: Optional[float] = self.expected_batch_size_argument  # (else the loader's batch size)
+        self.loader_batch_size: Optional[int] = None
         self.dataset_size: Optional[int] = None  # rows Poisson-sampled (set with sample_rate; saved for the audits)
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit

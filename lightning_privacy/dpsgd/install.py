@@ -25,7 +25,7 @@ from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.dpsgd.self_checks import SelfChecks
-from lightning_privacy.dpsgd.settings import plan_noise_multiplier, prepare_module
+from lightning_privacy.dpsgd.settings import dp_divisor, plan_noise_multiplier, prepare_module
 from lightning_privacy.ledger import PrivacyLedger
 
 __all__ = [
@@ -125,7 +125,10 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         exactness_examples=dp.exactness_examples,
         sharded=fsdp,
     )
-    expected_batch_size = int(len(loader.dataset) * dp.sample_rate)
+    # The divisor of the noised sum: a public constant, never computed from the private N (dpsgd.settings.dp_divisor);
+    # each rank divides its share by 1/W of it, so the ranks' average is the whole step's sum / divisor.
+    dp.expected_batch_size = dp_divisor(dp, dp.loader_batch_size, dataset_size=len(loader.dataset))
+    expected_batch_size = dp.expected_batch_size
     if strategies.is_distributed(trainer):
         expected_batch_size /= trainer.world_size
     dp_optimizer = cls(

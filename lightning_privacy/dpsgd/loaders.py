@@ -34,8 +34,11 @@ def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
 def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn: bool = True) -> PoissonDataLoader:
     """Convert one train loader; records (and checks) ``callback.sample_rate``, and records ``callback.dataset_size``.
 
-    The sample rate is ``1 / len(loader)`` (the expected batch is the loader's batch size, as Opacus'
-    ``make_private``), or an Opacus ``DPDataLoader``'s own rate; an epoch has ``len(loader)`` steps.
+    The sample rate is ``DPSGD(sample_rate=...)`` where given, else ``1 / len(loader)`` (the expected batch is the
+    loader's batch size, as Opacus' ``make_private``) or an Opacus ``DPDataLoader``'s own rate; an epoch has
+    ``len(loader)`` steps. ``1 / len(loader)`` makes the number of batches public: a neighbour with one row fewer
+    has another q where ``N`` crosses a multiple of the batch size. The loader's ``batch_size`` is recorded as
+    ``callback.loader_batch_size``, the default divisor of the noised sum (:func:`~lightning_privacy.dpsgd.settings.dp_divisor`).
     """
     if isinstance(loader, PoissonDataLoader):
         return loader
@@ -53,8 +56,18 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
         ) from err
     if isinstance(loader, DPDataLoader):
         sample_rate, replaced = float(loader.sample_rate), "Opacus' DPDataLoader sampler"
+        origin = "DPDataLoader.sample_rate"
     else:
         sample_rate, replaced = 1.0 / steps, replaced_sampler_name(loader)
+        origin = "1/len(train loader)"
+    given = getattr(callback, "sample_rate_argument", None)
+    if given is not None:  # DPSGD(sample_rate=q): q fixed without the dataset size (strict add/remove)
+        if isinstance(loader, DPDataLoader) and abs(given - sample_rate) > 1e-12:
+            raise MisconfigurationException(
+                f"DPSGD(sample_rate={given!r}) and the train loader, an Opacus DPDataLoader of sample_rate "
+                f"{sample_rate!r}, disagree: give one of them."
+            )
+        sample_rate, origin = given, "argument"
     if warn and replaced is not None:
         rank_zero_warn(
             f"DPSGD replaces the train loader's {replaced} by its own Poisson sampling (each row of the whole "
@@ -66,7 +79,8 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
             f"The train loader changed its length between reloads (sample rate {callback.sample_rate:.6g} -> "
             f"{sample_rate:.6g}); DPSGD keeps one sample rate per run."
         )
-    callback.sample_rate = sample_rate
+    callback.sample_rate, callback.sample_rate_origin = sample_rate, origin
+    callback.loader_batch_size = None if isinstance(loader, DPDataLoader) else loader.batch_size  # (the divisor)
     callback.dataset_size = len(loader.dataset)  # the whole training set (every rank's share), saved for audits
     sampler = PoissonBatchSampler(
         num_samples=len(loader.dataset),

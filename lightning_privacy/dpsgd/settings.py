@@ -6,6 +6,7 @@ Everything here takes plain values or a ``torch.nn.Module`` (no Trainer), so it 
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -99,6 +100,8 @@ def set_arguments(
     grad_sample_mode: Any,
     fix_modules: Any,
     exactness_examples: Any,
+    sample_rate: Any = None,
+    expected_batch_size: Any = None,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -123,6 +126,45 @@ def set_arguments(
     dp.noise_seed = seed("noise_seed", noise_seed, secure_mode, "the noise", "noise")
     dp.log_clipping = check_bool("log_clipping", log_clipping, exc=bad)
     dp.clipping_every_n_steps = check_int("clipping_every_n_steps", clipping_every_n_steps, minimum=1, exc=bad)
+    if sample_rate is not None and (
+        isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Real) or not 0 < sample_rate <= 1
+    ):
+        raise bad(f"`sample_rate` must be a number in (0, 1], got {sample_rate!r}")
+    dp.sample_rate_argument = None if sample_rate is None else float(sample_rate)
+    dp.expected_batch_size_argument = check_positive("expected_batch_size", expected_batch_size, exc=bad, optional=True)
+
+
+def dp_divisor(dp: Any, loader_batch_size: Optional[int], *, dataset_size: int) -> float:
+    """The public constant the step's noised clipped sum is divided by (mean reduction), over all ranks.
+
+    ``DPSGD(expected_batch_size=...)`` where given, else the train loader's ``batch_size``: a hyper-parameter, never
+    computed from the private training set. (Opacus' ``make_private`` divides by ``int(len(dataset) · q)``, which
+    differs between a dataset and its neighbour with one row fewer whenever ``N·q`` is within ``q`` of an integer —
+    ``N`` a multiple of the batch size — so the noise's scale in the released weights tells them apart.) A
+    ``batch_size`` of ``None`` (an Opacus ``DPDataLoader``, a ``batch_sampler``) must be replaced by the argument.
+    A divisor far from the expected batch ``N·q`` only rescales the learning rate; it warns once.
+    """
+    if dp.expected_batch_size_argument is not None:
+        divisor = float(dp.expected_batch_size_argument)
+    elif loader_batch_size is None:
+        raise MisconfigurationException(
+            "DPSGD divides the noised clipped sum by a public constant, the train loader's `batch_size`, but this "
+            "train loader has none (an Opacus DPDataLoader or a custom `batch_sampler`): give "
+            "DPSGD(expected_batch_size=...), e.g. the batch size the loader was built for. (The number of rows times "
+            "the sample rate would depend on the private dataset size.)"
+        )
+    else:
+        divisor = float(loader_batch_size)
+    expected = dataset_size * float(dp.sample_rate)
+    if expected > 0 and not 0.5 <= divisor / expected <= 2.0:
+        rank_zero_warn(
+            f"DPSGD divides each step's noised clipped sum by {divisor:g} (the "
+            f"{'`expected_batch_size` argument' if dp.expected_batch_size_argument is not None else 'loader batch_size'}"
+            f"), while the expected Poisson batch is {expected:.4g} rows (sample rate {float(dp.sample_rate):.4g}): "
+            "the update is scaled by their ratio, as a learning rate would be. Give DPSGD(expected_batch_size=...) "
+            "near the expected batch if that is not intended (it must not be computed from the private data)."
+        )
+    return divisor
 
 
 def seed_kind(value: Optional[int], secure: bool) -> str:
@@ -130,6 +172,14 @@ def seed_kind(value: Optional[int], secure: bool) -> str:
     if secure:
         return "secure (OS CSPRNG every step)"
     return "fixed (reproducible, not secret)" if value is not None else "secret (OS entropy per fit)"
+
+
+def sample_rate_source(dp: Any) -> str:
+    """Where q came from, which says what it makes public: the argument (nothing about the data), an Opacus
+    ``DPDataLoader``'s own rate, or ``1/len(train loader)`` (the number of batches per epoch, hence ⌈N/batch⌉)."""
+    if dp.sample_rate_argument is not None:
+        return "argument"
+    return getattr(dp, "sample_rate_origin", None) or "1/len(train loader)"
 
 
 def privacy_settings(dp: Any) -> Dict[str, Any]:
@@ -143,6 +193,8 @@ def privacy_settings(dp: Any) -> Dict[str, Any]:
         names.DP_GRAD_SAMPLE_MODE: dp.grad_sample_mode,
         names.DP_SAMPLING_SEED: seed_kind(dp.sampling_seed, dp.secure_mode),
         names.DP_NOISE_SEED: seed_kind(dp.noise_seed, dp.secure_mode),
+        names.DP_EXPECTED_BATCH_SIZE: dp.expected_batch_size,
+        names.DP_SAMPLE_RATE_SOURCE: sample_rate_source(dp),
     }
     if dp.target_bayes_security is not None:
         settings[names.DP_TARGET_BAYES_SECURITY] = float(dp.target_bayes_security)

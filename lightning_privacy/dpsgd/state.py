@@ -45,6 +45,10 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         # fit records its own in setup and when its train loader is built
         "fixed_modules": [dict(entry) for entry in dp.fixed_modules],
         "dataset_size": dp.dataset_size,
+        # the public constant the noised clipped sum was divided by (over all ranks), and whether q was given
+        # (else q = 1/len(train loader), which makes the number of batches public)
+        "expected_batch_size": dp.expected_batch_size,
+        "sample_rate_given": dp.sample_rate_argument is not None,
         # the recipe, for audits that retrain like the run (reference models) and report its δ
         "delta": dp.delta,
         "loss_reduction": dp.loss_reduction,
