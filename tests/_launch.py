@@ -69,13 +69,26 @@ def run_ddp(target: str, tmp_path: Path, *, nprocs: int = 2, nnodes: int = 1, **
     for node, (proc, out) in enumerate(zip(procs, outputs)):
         (tmp_path / f"torchrun-node{node}.log").write_text(out)
         if proc.returncode != 0:
-            errors = [line for line in out.splitlines() if "Error" in line or "Exception" in line]
-            raise AssertionError(
-                f"torchrun exited with {proc.returncode} (output in {tmp_path}/torchrun-node{node}.log); errors:\n"
-                + "\n".join(dict.fromkeys(errors[:20]))
-            )
+            raise AssertionError(failure_report(proc.returncode, out, tmp_path / f"torchrun-node{node}.log"))
     world = nprocs * nnodes
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+KEPT_LINES = 400  # of a failed launch's output in the test's message (the whole output is in the log file)
+
+
+def failure_report(returncode: int, output: str, log: Path) -> str:
+    """A failed launch, as the test's message: torchrun's root-cause section (each failed rank's exit code or signal
+    and, through ``record``, its traceback) first, then the output's last lines, every rank's included."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Root Cause" in line or "Failures:" in line), None)
+    cause = lines[max(0, start - 2) :] if start is not None else []
+    return (
+        f"torchrun exited with {returncode} (whole output in {log}).\n"
+        + ("torchrun's failure summary:\n" + "\n".join(cause[:120]) + "\n" if cause else "")
+        + f"last {KEPT_LINES} lines of the output:\n"
+        + "\n".join(lines[-KEPT_LINES:])
+    )
 
 
 def _main(spec_path: str) -> None:
@@ -99,5 +112,7 @@ def _main(spec_path: str) -> None:
 
 
 if __name__ == "__main__":
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     torch.set_num_threads(1)
-    _main(sys.argv[1])
+    record(_main)(sys.argv[1])  # a rank's exception reaches torchrun's root-cause section with its traceback

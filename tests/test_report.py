@@ -38,6 +38,8 @@ def test_report_numbers_equal_the_callbacks(fitted):
     assert float(_value(report, "clipping norm C")) == pytest.approx(dpsgd.max_grad_norm)
     assert float(_value(report, "sample rate p")) == pytest.approx(dpsgd.sample_rate, rel=1e-5)
     assert int(_value(report, "optimizer steps")) == dpsgd.steps > 0
+    assert float(_value(report, "divisor of the noised sum")) == dpsgd.expected_batch_size == tiny_loader().batch_size
+    assert "number of batches per epoch is treated as public" in report  # p = 1/len(loader): what it makes public
     assert float(_value(report, f"ε at δ = {dpsgd.delta:g}")) == pytest.approx(dpsgd.epsilon(), rel=1e-3)
     final = monitor.final
     assert float(_value(report, f"ε at δ = {dpsgd.delta:g}")) >= dpsgd.epsilon()  # an upper bound, rounded up

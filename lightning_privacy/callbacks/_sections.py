@@ -51,7 +51,13 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
         (
             "sample rate p",
             "—" if rate is None else f"{rate:.6g}",
-            "each example joins a batch with probability p (Poisson)",
+            "each example joins a batch with probability p (Poisson); " + _rate_note(cb),
+        ),
+        (
+            "divisor of the noised sum",
+            "—" if getattr(cb, "expected_batch_size", None) is None else f"{cb.expected_batch_size:g}",
+            "each step applies (clipped sum + noise) / this public constant (the loader's batch size or "
+            "`expected_batch_size`), never computed from the private dataset size",
         ),
         ("optimizer steps", str(cb.steps), "DP-SGD steps recorded by the accountant"),
         (
@@ -65,6 +71,16 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
     if cb.ledger.steps and not any(getattr(c, "draws_mia_region", False) for c in trainer.callbacks):
         section.figures.append(_region(cb.ledger))
     return section
+
+
+def _rate_note(cb: Any) -> str:
+    """What p treats as public: nothing about the data when given, else the number of batches per epoch."""
+    if getattr(cb, "sample_rate_argument", None) is not None:
+        return "given as DPSGD(sample_rate=...), independent of the dataset size"
+    return (
+        "p = 1/len(train loader), so the number of batches per epoch is treated as public (the ε covers add/remove "
+        "neighbours with the same number of batches; DPSGD(sample_rate=...) fixes p without it)"
+    )
 
 
 def _seed_rows(settings: dict) -> List[tuple]:
