@@ -28,6 +28,7 @@ __all__ = [
     "FIXED_MODULES",
     "build_model",
     "dpsgd_state",
+    "dpsgd_state_digest",
     "fixable_module_names",
     "fixed_modules",
     "load_checkpoint",
@@ -198,6 +199,28 @@ def dpsgd_state(checkpoint: Any) -> Optional[Mapping[str, Any]]:
     if len(states) > 1:
         raise ValueError(f"the checkpoint holds {len(states)} DPSGD states: which one trained the model is unknown")
     return states[0] if states else None
+
+
+def dpsgd_state_digest(state: Mapping[str, Any]) -> str:
+    """``"sha256:<hex>"`` of a DPSGD state's canonical JSON (sorted keys, every key but ``"digest"``).
+
+    DPSGD saves it beside its state; :func:`lightning_privacy.statement.privacy_statement` recomputes it. A mismatch
+    shows an edit made after saving (by hand or by a program that did not recompute it); anyone who edits the state
+    can recompute the digest too, so it is a check against accidents, not a signature.
+
+    Example::
+
+        >>> dpsgd_state_digest({"max_grad_norm": 1.0, "noise_multiplier": 1.5})[:14]
+        'sha256:90313f2'
+        >>> dpsgd_state_digest({"noise_multiplier": 1.5, "max_grad_norm": 1.0, "digest": "x"})[:14]
+        'sha256:90313f2'
+    """
+    import hashlib
+    import json
+
+    body = {key: value for key, value in state.items() if key != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=True, default=repr)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def privacy_ledger(checkpoint: Any, *, delta: float = 1e-5) -> Any:

@@ -10,6 +10,7 @@ from typing import Any, Dict
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_privacy.checkpoints import dpsgd_state_digest
 from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, PrivacyLedger, accountant_label
 
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
@@ -31,8 +32,9 @@ def state_key_fields(dp: Any) -> Dict[str, Any]:
 
 
 def dpsgd_state(dp: Any) -> Dict[str, Any]:
-    """The state a checkpoint keeps of the DPSGD ``dp``: the ledger, the recipe, and what loading and auditing need."""
-    return {
+    """The state a checkpoint keeps of the DPSGD ``dp``: the ledger, the recipe, and what loading and auditing need,
+    sealed by a digest of them (:func:`~lightning_privacy.checkpoints.dpsgd_state_digest`)."""
+    state = {
         "version": STATE_VERSION,
         "accountant": dp.accountant_mechanism,
         "ledger": dp.ledger.state_dict(),
@@ -58,6 +60,8 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         "strategy": dp.strategy_name,
         "world_size": dp.world_size,
     }
+    state["digest"] = dpsgd_state_digest(state)  # the statement recomputes it: an edit after saving shows
+    return state
 
 
 def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
