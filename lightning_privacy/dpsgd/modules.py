@@ -128,6 +128,13 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
                 "output (meta-pytorch/opacus#825); examples stay apart, so DP holds, but the layer computes another "
                 "function than the nn.MultiheadAttention it replaces (same weights, different outputs)"
             )
+        if isinstance(sub, nn.BatchNorm1d) and isinstance(new, nn.GroupNorm) and new.num_groups == new.num_channels:
+            caveat = (
+                f"{name}: GroupNorm({new.num_groups}, {new.num_channels}) normalises each channel on its own, so on "
+                f"[batch, {new.num_channels}] features (no length dimension) every output is its bias and the layer "
+                "erases its input (meta-pytorch/opacus#567); on such features use nn.LayerNorm"
+                f"({new.num_channels}) or GroupNorm(1, {new.num_channels}) in the model instead"
+            )
         fresh = not _same_values(_fingerprint(new), before)
         replaced.append(Replacement(name, type(sub).__name__, type(new).__name__, caveat, fresh))
     return replaced
@@ -199,6 +206,10 @@ def incompatible_layers(module: nn.Module) -> List[Incompatible]:
     """
     found: List[Incompatible] = []
     for name, sub in trainable_modules(module):
+        embedding = _embedding_reason(sub)
+        if embedding is not None:
+            found.append(Incompatible(name or "(the module itself)", type(sub).__name__, None, embedding))
+            continue
         validator = ModuleValidator.VALIDATORS.get(type(sub))
         errors = validator(sub) if validator is not None else []
         if (
@@ -220,6 +231,31 @@ def incompatible_layers(module: nn.Module) -> List[Incompatible]:
         reason = _REASONS.get(type(sub)) or str(errors[0]).split(". ")[0].rstrip(".")  # Opacus' first sentence
         found.append(Incompatible(name or "(the module itself)", kind, replacement, reason))
     return found
+
+
+def _embedding_reason(layer: nn.Module) -> Optional[str]:
+    """Why an embedding layer cannot be trained by DP-SGD in any mode, or None (Opacus validates none of these)."""
+    if not isinstance(layer, (nn.Embedding, nn.EmbeddingBag)):
+        return None
+    if layer.max_norm is not None:
+        return (
+            f"max_norm={layer.max_norm!r} renormalises the looked-up rows of the weight in place during the forward "
+            "pass, outside DP-SGD's clipping and noise: after one step a row's norm says whether any example "
+            "contained its token. Remove max_norm (normalise the layer's output instead, e.g. "
+            "`F.normalize(emb(x), dim=-1) * r`)"
+        )
+    if layer.scale_grad_by_freq:
+        return (
+            "scale_grad_by_freq=True divides each row's gradient by how often its index occurs in the whole batch, so "
+            "one example's gradient depends on the other examples (and Opacus' per-example gradients ignore the "
+            "scaling): use scale_grad_by_freq=False"
+        )
+    if isinstance(layer, nn.EmbeddingBag) and layer.mode == "max":
+        return (
+            "mode='max' has no exact per-example gradient in Opacus (its sampler treats the bag as a sum): use "
+            "mode='sum' or mode='mean'"
+        )
+    return None
 
 
 def _padding_reason(conv: nn.Module) -> str:
