@@ -27,7 +27,7 @@ TOP_LEVEL = {
     "sampling": "dpsgd",  # re-exports dpsgd.sampling
     "noise": "dpsgd",  # re-exports dpsgd.noise
     "figures": "audits",  # the callbacks' matplotlib figures (the audits' region and ROC axes)
-    "statement": "callbacks",  # the privacy statement of a run or checkpoint
+    "statement": "callbacks",  # the privacy statement of a run or checkpoint (a package: reading, checks, renderings)
     "ledger": "functional",  # PrivacyLedger (Opacus accountants)
     "claims": "functional",  # Claim (the ledger)
     "checkpoints": "functional",  # load_checkpoint (Opacus fixers, the ledger)
@@ -113,15 +113,19 @@ def test_layers_import_only_downwards(layer):
 
 def test_top_level_modules_import_only_downwards():
     """Every top-level module has a layer (``TOP_LEVEL``) and imports nothing above it; those in ``analysis`` load no
-    torch, Lightning or Opacus."""
+    torch, Lightning or Opacus. A package placed in ``TOP_LEVEL`` (``statement/``) sits in one layer, every module of
+    it."""
     tops = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    tops = sorted([*tops, *(name for name in TOP_LEVEL if (PACKAGE / name / "__init__.py").is_file())])
     assert sorted(TOP_LEVEL) == tops, "give each top-level module a layer in TOP_LEVEL"
     wrong = []
     for stem, layer in TOP_LEVEL.items():
-        for name in _imports(ast.parse((PACKAGE / f"{stem}.py").read_text(encoding="utf-8"))):
-            heavy = layer == "analysis" and name.split(".")[0] in ("torch", "lightning", "opacus")
-            if heavy or _above(name, layer):
-                wrong.append(f"{stem}.py ({layer}) imports {name}")
+        package = PACKAGE / stem
+        for file in sorted(package.rglob("*.py")) if package.is_dir() else [PACKAGE / f"{stem}.py"]:
+            for name in _imports(ast.parse(file.read_text(encoding="utf-8"))):
+                heavy = layer == "analysis" and name.split(".")[0] in ("torch", "lightning", "opacus")
+                if heavy or _above(name, layer):
+                    wrong.append(f"{file.relative_to(PACKAGE)} ({layer}) imports {name}")
     assert not wrong, "\n".join(wrong)
 
 

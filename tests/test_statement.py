@@ -27,10 +27,11 @@ from lightning_privacy import (
     names,
     privacy_statement,
 )
+from lightning_privacy.checkpoints import dpsgd_state_digest
 from lightning_privacy.report import privacy_report, privacy_report_html
 from lightning_privacy.reporting import down, up
 from lightning_privacy.statement import FPRS, PrivacyStatement
-from tests.callbacks._tiny import N, tiny_dataset, tiny_loader, tiny_module, trainer
+from tests.callbacks._tiny import BATCH, N, tiny_dataset, tiny_loader, tiny_module, trainer
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,7 @@ TOP_KEYS = [
     "format_version",
     "source",
     "differentially_private",
+    "consistency",
     "summary",
     "mechanism",
     "guarantee",
@@ -113,11 +115,14 @@ def test_the_statement_of_a_checkpoint_equals_the_runs_ledger_and_monitor(fitted
         "lightning_checkpoint": True,
     }
     assert statement.differentially_private and data["differentially_private"] is True
+    assert data["consistency"] == {"status": "consistent", "problems": [], "notes": [], "digest": "verified"}
     m, g = data["mechanism"], data["guarantee"]
     assert m["noise_multiplier"] == dpsgd.noise_multiplier == 1.5
     assert m["sample_rate"] == dpsgd.sample_rate
     assert m["steps"] == dpsgd.steps == 16
     assert m["max_grad_norm"] == dpsgd.max_grad_norm and m["delta"] == dpsgd.delta
+    # the public divisor of the noised sum (the loader's batch_size), and q = 1/len(train loader) (not given)
+    assert m["expected_batch_size"] == dpsgd.expected_batch_size == BATCH and m["sample_rate_given"] is False
     assert m["accountant"] == "pld" and m["relation"] == "replace"
     assert m["history"] == [list(segment) for segment in dpsgd.ledger.history]
     assert m["dataset_size"] == dpsgd.dataset_size == N
@@ -212,8 +217,10 @@ def test_json_round_trip(fitted):
         "name",
         "noise_multiplier",
         "sample_rate",
+        "sample_rate_given",
         "steps",
         "max_grad_norm",
+        "expected_batch_size",
         "delta",
         "accountant",
         "relation",
@@ -294,12 +301,13 @@ def test_fixed_seeds_the_gdp_accountant_and_an_old_state_are_named(fitted):
     checkpoint = torch.load(fitted["last"], weights_only=True)
     key, state = next((k, s) for k, s in checkpoint["callbacks"].items() if k.startswith("DPSGD"))
     state.update(sampling_seed=0, noise_seed=3)
+    state["digest"] = dpsgd_state_digest(state)  # as DPSGD would have saved it with these seeds
     data = privacy_statement(checkpoint).to_dict()
     assert data["source"]["kind"] == "checkpoint dict"
     assert (data["mechanism"]["sampling_seed"], data["mechanism"]["noise_seed"]) == ("fixed", "fixed")
     assert sum("fixed seed" in s for s in data["not_covered"]) == 2
     state.update(accountant="gdp", ledger={**state["ledger"], "accountant": "gdp"})
-    del state["delta"]
+    del state["delta"], state["digest"]  # an older state: no δ, no digest
     statement = privacy_statement(checkpoint)
     data = statement.to_dict()
     assert data["mechanism"]["accountant"] == "gdp" and data["mechanism"]["delta"] == 1e-5

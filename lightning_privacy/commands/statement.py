@@ -7,9 +7,16 @@ bounds at FPR 0.001 / 0.01 / 0.1, the audits the checkpoint holds with their ver
 numbers do not cover. ``--json`` prints it as one JSON object (stable keys, ``format_version``), ``--markdown`` as a
 model card's section with its YAML metadata block (Hugging Face's README.md); the default is text for a terminal.
 
+Before it states a guarantee the statement checks the DPSGD state: every field it uses is well-formed, and σ, q, C
+and the steps agree across the state, its key, its ledger and the checkpoint's ``global_step``, and with the digest
+DPSGD saved (:mod:`lightning_privacy.statement.consistency`).
+
 Exit status: 0 with the statement, also for a checkpoint without DP-SGD (the statement then says there is no
-guarantee and states no ε); 3 for that checkpoint under ``--require-dp`` (for release pipelines); 2 for a missing or
-unreadable file, named in one ``error:`` line on stderr.
+guarantee and states no ε); 3 for that checkpoint, or one whose DPSGD state took no step, under ``--require-dp`` (for
+release pipelines); 2 for a missing or unreadable file or a malformed field (one ``error:`` line on stderr naming the
+file, the field and its value, nothing on stdout), and 2 for an inconsistent DPSGD state, with or without
+``--require-dp``: the statement is printed (its ``consistency`` says ``"inconsistent"`` and it states no guarantee),
+then one ``error:`` line per disagreement, naming both values.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import sys
 NAME = "statement"
 HELP = "A checkpoint's privacy statement for release: mechanism, ε, β*_MIA, TPR bounds, audits, versions."
 NO_DP_STATUS = 3  # --require-dp and the checkpoint holds no DP-SGD step
+ERROR_STATUS = 2  # an unreadable file, a malformed field, or an inconsistent DPSGD state
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,18 +50,36 @@ def run(args: argparse.Namespace) -> int:
     try:
         statement = privacy_statement(args.checkpoint)
     except (OSError, ValueError) as err:
-        print(f"lightning-privacy statement: error: {err}", file=sys.stderr)
-        return 2
+        print(f"lightning-privacy statement: error: {_one_line(err)}", file=sys.stderr)
+        return ERROR_STATUS
+    except Exception as err:  # a field no check foresaw: still one line, never a traceback
+        print(
+            f"lightning-privacy statement: error: checkpoint {args.checkpoint!r}: could not be read "
+            f"({type(err).__name__}: {_one_line(err)})",
+            file=sys.stderr,
+        )
+        return ERROR_STATUS
     if args.json:
         print(statement.to_json())
     elif args.markdown:
         print(statement.to_markdown(), end="")
     else:
         print(statement.to_text())
+    consistency = statement.consistency
+    if consistency is not None and consistency["status"] != "consistent":
+        for problem in consistency["problems"]:
+            print(
+                f"lightning-privacy statement: error: {args.checkpoint}: inconsistent DPSGD state: {problem}",
+                file=sys.stderr,
+            )
+        return ERROR_STATUS
     if args.require_dp and not statement.differentially_private:
-        print(
-            f"lightning-privacy statement: error: --require-dp: {args.checkpoint} holds no DP-SGD step",
-            file=sys.stderr,
-        )
+        what = "holds no DP-SGD step" if consistency is None else "holds a DPSGD state that took no step"
+        print(f"lightning-privacy statement: error: --require-dp: {args.checkpoint} {what}", file=sys.stderr)
         return NO_DP_STATUS
     return 0
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception's message on one line (``str(err)`` of a KeyError is its quoted key; newlines are joined)."""
+    return " ".join(str(err).split()) or type(err).__name__
