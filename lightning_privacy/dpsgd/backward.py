@@ -45,11 +45,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
-from lightning_privacy.dpsgd import exactness
+from lightning_privacy.dpsgd import exactness, functional
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
 from lightning_privacy.dpsgd.checks import _grad_sample, odd_batch_message
 from lightning_privacy.dpsgd.sampling import batch_rows, is_empty_batch
@@ -109,7 +110,7 @@ class PerExampleBackward:
 
     Args:
         pl_module: the module whose ``backward`` is replaced until :meth:`remove`.
-        mode: ``"hooks"`` or ``"ghost"``.
+        mode: ``"hooks"``, ``"ghost"`` or ``"functional"`` (:mod:`lightning_privacy.dpsgd.functional`).
         loss_reduction: ``"mean"`` or ``"sum"``, how per-example losses are reduced.
         hooks: Opacus' per-example hooks (``GradSampleHooks`` or ``GradSampleHooksFastGradientClipping``).
         param_names: parameter names by ``id``, for messages.
@@ -122,9 +123,10 @@ class PerExampleBackward:
         sharded: the module is sharded by FSDP2 (Opacus' FSDP hooks; every step runs two backward passes, the
             reduce-scatters every rank must join, empty batches included; no exactness check).
         one_pass: form ghost clipping's clipped sum by book-keeping where the module allows (not when sharded).
+        engine: functional mode's :class:`~lightning_privacy.dpsgd.functional.FunctionalClipping`.
 
     Attributes:
-        last_norms: the per-example gradient norms of the last ghost step (``None`` in hooks mode).
+        last_norms: the per-example gradient norms of the last ghost or functional step (``None`` in hooks mode).
         last_rows: the examples of the last batch (0 for an empty one; ``None`` where the batch holds no tensor).
 
     Raises:
@@ -145,12 +147,21 @@ class PerExampleBackward:
         exactness_examples: Optional[int] = exactness.MAX_EXAMPLES,
         sharded: bool = False,
         one_pass: bool = True,
+        engine: Optional[functional.FunctionalClipping] = None,
     ) -> None:
         if mode == "ghost" and is_overridden("backward", pl_module, parent=pl.LightningModule):
             raise MisconfigurationException(
                 f"{type(pl_module).__name__} overrides `backward`, but DPSGD(grad_sample_mode='ghost') runs its own "
                 "two backward passes (norms, then the clipped sum). Remove the override or use grad_sample_mode='hooks'."
             )
+        if mode == "functional" and is_overridden("backward", pl_module, parent=pl.LightningModule):
+            raise MisconfigurationException(
+                f"{type(pl_module).__name__} overrides `backward`, but DPSGD(grad_sample_mode='functional') computes "
+                "each example's gradient by torch.func instead of a backward pass of the batch, so remove the override "
+                "or use grad_sample_mode='hooks'."
+            )
+        self.engine = engine
+        self._functional_sums: Optional[List[torch.Tensor]] = None
         self.pl_module = pl_module
         self.mode = mode
         self.loss_reduction = loss_reduction
@@ -197,6 +208,8 @@ class PerExampleBackward:
             batch = self._placeholder()
             args, kwargs = ((batch, *args[1:]), kwargs) if args else (args, {**kwargs, "batch": batch})
         self.last_rows = batch_rows(batch)
+        if self.mode == "functional":
+            return self._functional_step(batch, args, kwargs)
         try:
             out = self._original_step(*args, **kwargs)
         except NotImplementedError as err:
@@ -293,6 +306,9 @@ class PerExampleBackward:
             return
         if isinstance(loss, torch.Tensor) and loss.ndim == 1:
             self._check_rows(loss)
+        if self.mode == "functional":
+            self._functional_backward(loss, *args, **kwargs)
+            return
         if self.mode == "hooks":
             with opacus_hooks_backward():
                 self._hooks_mode(loss, *args, **kwargs)
@@ -430,6 +446,61 @@ class PerExampleBackward:
             "(`requires_grad_(False)`), or use grad_sample_mode='hooks'; DPSGD stops rather than train on either sum."
         )
 
+    # ---------------------------------------------------------------------------------------------- functional
+    def _functional_step(self, batch: Any, args: tuple, kwargs: Dict[str, Any]) -> Any:
+        """Functional mode's ``training_step``: the clipped sum of the examples' own gradients
+        (:mod:`lightning_privacy.dpsgd.functional`; on the checked steps the examples' losses alone are first compared
+        with the batch's), then the batch's ``training_step`` once without gradients for what it logs and returns."""
+
+        def step(rows: Any) -> Any:  # training_step on other rows, its other arguments as Lightning gave them
+            return self._original_step(rows, *args[1:], **kwargs) if args else self._original_step(**kwargs, batch=rows)
+
+        engine = self.engine
+        before = engine.fallback
+        checking = self.should_check()
+        if checking:  # (before any gradient: a model that mixes examples is refused at once)
+            error = functional.check_losses_alone(
+                engine, batch, step, loss_reduction=self.loss_reduction, rtol=self.rtol
+            )
+        result = engine.clipped_sum(batch, step)
+        if checking:
+            self.record.add(f"{functional.FUNCTIONAL_REFERENCE} ({result.how})", int(self.last_rows or 0), error)
+        if engine.fallback is not None and before is None:
+            rank_zero_warn(
+                f"DPSGD(grad_sample_mode='functional'): torch.func.vmap cannot run `training_step` because of "
+                f"{engine.fallback}; each example's gradient is now computed by its own forward and backward pass "
+                "(exact, one pass per example, slower)."
+            )
+        self._functional_sums, self.last_norms = result.sums, result.norms
+        with torch.no_grad():
+            out = self._original_step(*args, **kwargs)  # (what the module logs and returns, from the whole batch)
+        loss = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
+        if not isinstance(loss, torch.Tensor):
+            raise MisconfigurationException(
+                "DPSGD expects `training_step` to return a reduced loss or one loss per example (shape "
+                f"[batch_size]: {EXAMPLE}); it returned {_describe(loss)}."
+            )
+        loss = loss.detach()
+        if _distributed():  # DDP's reducer waits for every parameter's gradient: a zero that reaches each one
+            loss = loss + torch.stack([p.sum() for p in self.trainable]).sum() * 0.0
+        return {**out, "loss": loss} if isinstance(out, dict) else loss
+
+    def _functional_backward(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        """Functional mode: ``p.grad`` is the step's clipped sum (under DDP after a zero backward for the reducer;
+        under a GradScaler multiplied by its scale, which the step divides out)."""
+        sums, self._functional_sums = self._functional_sums, None
+        if sums is None:
+            raise MisconfigurationException(
+                "DPSGD(grad_sample_mode='functional'): `backward` ran without DPSGD's `training_step` before it; call "
+                "the module's `training_step` through the Trainer (automatic optimization)."
+            )
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            self._original(loss.sum() if loss.ndim else loss, *args, **kwargs)
+        scaler = getattr(getattr(self.pl_module.trainer, "precision_plugin", None), "scaler", None)
+        scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        for param, total in zip(self.engine.params, sums):
+            param.grad = total if scale == 1.0 else total * scale
+
     def _empty_skipped(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """An empty batch that skipped the module: zero gradients (DDP's reducer sees each parameter), no example."""
         self._empty_step = False
@@ -438,7 +509,7 @@ class PerExampleBackward:
         _zero_missing_grads(self.trainable)
         for param in self.trainable if self.mode == "hooks" else ():
             param.grad_sample = param.new_zeros((0, *param.shape))
-        self.last_norms = loss.detach().new_zeros(0) if self.mode == "ghost" else None
+        self.last_norms = loss.detach().new_zeros(0) if self.mode in ("ghost", "functional") else None
 
     def _empty_sharded(self, losses: torch.Tensor, params: List[torch.Tensor], *args: Any, **kwargs: Any) -> None:
         """FSDP2, an empty batch: the placeholder row's loss times zero, backward as often as a non-empty step on

@@ -15,17 +15,17 @@ import weakref
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat
-from lightning_privacy.dpsgd import checks, strategies
+from lightning_privacy.dpsgd import checks, functional, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.dpsgd.self_checks import SelfChecks
-from lightning_privacy.dpsgd.settings import dp_divisor, plan_noise_multiplier, prepare_module
+from lightning_privacy.dpsgd.settings import check_module, dp_divisor, fix_module, plan_noise_multiplier
 from lightning_privacy.ledger import PrivacyLedger
 
 __all__ = [
@@ -58,9 +58,17 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
         dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.delta)
     dp._module = weakref.ref(pl_module)
     check_trainer(trainer)
-    record = prepare_module(pl_module, fix_modules=dp.fix_modules)
+    record = fix_module(pl_module, fix_modules=dp.fix_modules)
     if record is not None:
         dp.fixed_modules = record
+    # "auto" is decided on the module as fixed, before any data is seen (dpsgd.functional.hooks_obstacles)
+    argument = getattr(dp, "grad_sample_mode_argument", dp.grad_sample_mode)
+    dp.grad_sample_mode, dp.grad_sample_mode_reason = strategies.resolve_grad_sample_mode(trainer, pl_module, argument)
+    if argument == "auto":
+        rank_zero_info(
+            f"DPSGD(grad_sample_mode='auto') trains with {dp.grad_sample_mode!r}: {dp.grad_sample_mode_reason}."
+        )
+    check_module(pl_module, fix_modules=dp.fix_modules, grad_sample_mode=dp.grad_sample_mode)
     strategies.check_strategy(trainer)
     if strategies.is_fsdp(trainer):
         strategies.check_fsdp_settings(grad_sample_mode=dp.grad_sample_mode, loss_reduction=dp.loss_reduction)
@@ -124,6 +132,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         record=dp.exactness,
         exactness_examples=dp.exactness_examples,
         sharded=fsdp,
+        engine=_functional_engine(dp, pl_module),
     )
     # The divisor of the noised sum: a public constant, never computed from the private N (dpsgd.settings.dp_divisor);
     # each rank divides its share by 1/W of it, so the ranks' average is the whole step's sum / divisor.
@@ -157,12 +166,20 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp_optimizer.check_before_noise = dp._checks.before_noise
 
 
+def _functional_engine(dp: Any, pl_module: pl.LightningModule) -> Any:
+    """Functional mode's per-example engine (:mod:`lightning_privacy.dpsgd.functional`); ``None`` in the others."""
+    if dp.grad_sample_mode != "functional":
+        return None
+    chunk_size = getattr(dp, "functional_chunk_size", None)
+    return functional.FunctionalClipping(pl_module, max_grad_norm=dp.max_grad_norm, chunk_size=chunk_size)
+
+
 def record_step(dp: Any, optimizer: DPOptimizer) -> None:
     """The DP optimizer's step hook: the self-checks after the step, the clipping telemetry, one step in the ledger."""
     if dp._checks is not None:
         dp._checks.after_step(optimizer)
     if dp.log_clipping:
-        if dp.grad_sample_mode == "ghost":
+        if dp.grad_sample_mode in ("ghost", "functional"):
             dp._clipping.add(dp._backward.last_norms)
         elif dp.ledger.steps % dp.clipping_every_n_steps == 0 or not dp._clipping.norms:
             dp._clipping.update(optimizer.params)  # (steps before this one; an epoch always gets one record)

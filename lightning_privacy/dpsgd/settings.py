@@ -25,7 +25,7 @@ from lightning_privacy.dpsgd.modules import (
 )
 from lightning_privacy.ledger import ACCOUNTANTS, DEFAULT_ACCOUNTANT, PrivacyLedger
 
-GRAD_SAMPLE_MODES = ("hooks", "ghost")
+GRAD_SAMPLE_MODES = ("hooks", "ghost", "functional", "auto")
 
 
 def positive(name: str, value: Any) -> float:
@@ -102,6 +102,7 @@ def set_arguments(
     exactness_examples: Any,
     sample_rate: Any = None,
     expected_batch_size: Any = None,
+    functional_chunk_size: Any = None,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -111,7 +112,12 @@ def set_arguments(
     check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
     bad = MisconfigurationException
     dp.max_grad_norm = positive("max_grad_norm", max_grad_norm)
-    dp.grad_sample_mode = grad_sample_mode
+    dp.grad_sample_mode = grad_sample_mode  # (each fit resolves "auto": dpsgd.strategies.resolve_grad_sample_mode)
+    dp.grad_sample_mode_argument = grad_sample_mode
+    dp.grad_sample_mode_reason = None if grad_sample_mode == "auto" else "given as DPSGD(grad_sample_mode=...)"
+    if functional_chunk_size is not None:
+        functional_chunk_size = check_int("functional_chunk_size", functional_chunk_size, minimum=1, exc=bad)
+    dp.functional_chunk_size = functional_chunk_size
     dp.fix_modules = check_bool("fix_modules", fix_modules, exc=bad)
     if exactness_examples is not None:
         exactness_examples = check_int("exactness_examples", exactness_examples, minimum=1, exc=bad)
@@ -243,26 +249,52 @@ def plan_noise_multiplier(
     return sigma
 
 
-def prepare_module(module: torch.nn.Module, *, fix_modules: bool) -> Optional[List[Dict[str, str]]]:
-    """Make ``module`` trainable by DP-SGD or refuse it, in ``setup``: with ``fix_modules`` Opacus' fixers replace
-    the layers DP-SGD cannot train (warning with the list); then a layer still incompatible raises, starting with the
-    fix, and a module left in eval mode has its trainable layers put in train mode. Returns the record of what
-    ``fix_modules`` replaced (``None`` without it)."""
-    record = None
-    if fix_modules:
-        replaced = fix_modules_in_place(module)
-        record = fixed_modules_record(replaced)
-        if replaced:
-            rank_zero_warn(replacements_warning(replaced))
+def prepare_module(
+    module: torch.nn.Module, *, fix_modules: bool, grad_sample_mode: str = "hooks"
+) -> Optional[List[Dict[str, str]]]:
+    """Make ``module`` trainable by DP-SGD or refuse it, in ``setup``: :func:`fix_module` then :func:`check_module`.
+    Returns the record of what ``fix_modules`` replaced (``None`` without it)."""
+    record = fix_module(module, fix_modules=fix_modules)
+    check_module(module, fix_modules=fix_modules, grad_sample_mode=grad_sample_mode)
+    return record
+
+
+def fix_module(module: torch.nn.Module, *, fix_modules: bool) -> Optional[List[Dict[str, str]]]:
+    """With ``fix_modules``, Opacus' fixers replace the layers DP-SGD cannot train (warning with the list); returns
+    the record of what was replaced (``None`` without ``fix_modules``)."""
+    if not fix_modules:
+        return None
+    replaced = fix_modules_in_place(module)
+    if replaced:
+        rank_zero_warn(replacements_warning(replaced))
+    return fixed_modules_record(replaced)
+
+
+#: layers refused only because Opacus' hooks cannot sample them (fused recurrent and attention kernels, convolutions
+#: that pad with other than zeros); functional mode differentiates them itself. Every other refusal (batch or running
+#: statistics, embeddings that leak or mix) holds in every mode.
+_HOOKS_ONLY = ("MultiheadAttention", "LSTM", "GRU", "RNN", "Conv1d", "Conv2d", "Conv3d")
+
+
+def check_module(module: torch.nn.Module, *, fix_modules: bool, grad_sample_mode: str = "hooks") -> None:
+    """Refuse a layer DP-SGD cannot train in ``grad_sample_mode`` (starting with the fix), and put the trainable
+    layers of a module left in eval mode into train mode (Opacus' hooks need it). Functional mode
+    (:mod:`lightning_privacy.dpsgd.functional`) differentiates each example's loss itself: it does not refuse what
+    Opacus' hooks alone cannot sample, and leaves the modules' modes as they are."""
+    functional = grad_sample_mode == "functional"
     layers = incompatible_layers(module)  # (also what Opacus' validator lets through: padded convolutions)
-    if layers or (ModuleValidator.validate(module, strict=False) and module.training):
+    if functional:
+        layers = [layer for layer in layers if layer.kind not in _HOOKS_ONLY]
+    if layers or (not functional and ModuleValidator.validate(module, strict=False) and module.training):
         owner = type(module).__name__
-        other = [] if module.training else [f"{owner} is in eval mode: call `model.train()` before `fit`."]
+        other = (
+            [] if module.training or functional else [f"{owner} is in eval mode: call `model.train()` before `fit`."]
+        )
         raise MisconfigurationException(
             incompatible_layers_message(owner, layers, fix_modules=fix_modules, other=other)
         )
-    train_trainable_layers(module)  # only eval mode remained of the validator's complaints
-    return record
+    if not functional:
+        train_trainable_layers(module)  # only eval mode remained of the validator's complaints
 
 
 def train_trainable_layers(module: torch.nn.Module) -> None:

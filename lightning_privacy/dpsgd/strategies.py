@@ -53,6 +53,7 @@ __all__ = [
     "grad_sample_hooks",
     "is_fsdp",
     "is_distributed",
+    "resolve_grad_sample_mode",
     "resolve_noise",
     "resolve_sampling",
 ]
@@ -115,6 +116,12 @@ def is_fsdp(trainer: pl.Trainer) -> bool:
 
 def check_fsdp_settings(*, grad_sample_mode: str, loss_reduction: str) -> None:
     """What DPSGD needs under FSDP2: ghost clipping and mean reduction (see the module docstring)."""
+    if grad_sample_mode == "functional":
+        raise MisconfigurationException(
+            "DPSGD(grad_sample_mode='functional') does not run under ModelParallelStrategy (FSDP2): its per-example "
+            "pass calls the module with whole parameters, which FSDP2 shards across the ranks, so use "
+            "grad_sample_mode='ghost'."
+        )
     if grad_sample_mode != "ghost":
         raise MisconfigurationException(
             "DPSGD under ModelParallelStrategy (FSDP2) needs grad_sample_mode='ghost' (Opacus' FSDP support computes "
@@ -155,6 +162,8 @@ def grad_sample_hooks(trainer: pl.Trainer, module: Any, *, grad_sample_mode: str
         GradSampleHooksFastGradientClippingFSDP,
     )
 
+    if grad_sample_mode == "functional":
+        return None  # (no hooks: dpsgd.functional differentiates the whole training_step)
     if grad_sample_mode == "hooks":
         kwargs.pop("max_grad_norm", None)
         return install_exact_samplers(GradSampleHooks(module, batch_first=True, **kwargs))
@@ -189,13 +198,41 @@ def fsdp_outputs_without_hook_views(module: Any) -> List[Any]:
 
 
 def dp_optimizer_class(trainer: pl.Trainer, grad_sample_mode: str) -> Type[DPOptimizer]:
-    """The DP optimizer for the mode and the strategy (hooks or ghost; one process, DDP or FSDP2)."""
+    """The DP optimizer for the mode and the strategy (hooks, or ghost and functional, which both leave the clipped
+    sum in ``p.grad``; one process, DDP or FSDP2)."""
     if is_fsdp(trainer):
         return _FSDPGhostDPOptimizer
     distributed = is_distributed(trainer)
-    if grad_sample_mode == "ghost":
+    if grad_sample_mode in ("ghost", "functional"):
         return _DistributedGhostDPOptimizer if distributed else _GhostDPOptimizer
     return _DistributedDPOptimizer if distributed else _DPOptimizer
+
+
+def resolve_grad_sample_mode(trainer: pl.Trainer, module: Any, argument: str) -> Tuple[str, str]:
+    """The mode a fit runs in and why: the argument as given, or for ``"auto"`` hooks where every trainable parameter
+    belongs to exactly one layer with an exact Opacus per-example gradient, functional otherwise
+    (:func:`lightning_privacy.dpsgd.functional.hooks_obstacles`: static, decided before any data is seen); under
+    FSDP2, ghost clipping (the one mode it runs), or a refusal naming what ghost clipping cannot clip."""
+    from lightning_privacy.dpsgd.functional import hooks_obstacles
+
+    if argument != "auto":
+        return argument, "given as DPSGD(grad_sample_mode=...)"
+    obstacles = hooks_obstacles(module)
+    shown = "; ".join(obstacles[:3]) + (f"; and {len(obstacles) - 3} more" if len(obstacles) > 3 else "")
+    if is_fsdp(trainer):
+        if obstacles:
+            raise MisconfigurationException(
+                "DPSGD(grad_sample_mode='auto') under ModelParallelStrategy (FSDP2) can run ghost clipping only, whose "
+                f"per-layer norms cannot clip this model ({shown}), so use one process or DDP, where "
+                "grad_sample_mode='functional' clips each example's whole gradient."
+            )
+        return "ghost", "auto: FSDP2 runs ghost clipping, and every trainable parameter belongs to one layer it clips"
+    if obstacles:
+        return "functional", f"auto: Opacus' per-layer hooks cannot vouch for this model ({shown})"
+    return "hooks", (
+        "auto: every trainable parameter belongs to exactly one layer with an exact Opacus per-example gradient "
+        "(the exactness check confirms it on the first steps)"
+    )
 
 
 def resolve_sampling(trainer: pl.Trainer, seed: Optional[int], *, secure: bool) -> Sampling:

@@ -122,10 +122,21 @@ def causal_lm_token_losses(
         logits[:, :-1].float().transpose(1, 2), labels[:, 1:].masked_fill(~counted, 0).long(), reduction="none"
     )
     counts = counted.sum(dim=1)
-    if bool((counts == 0).any()):
+    if _any_outside_vmap(counts == 0):
         rows = torch.nonzero(counts == 0).flatten().tolist()
         raise ValueError(f"sequence(s) {rows[:10]} of the batch have no scored token (all padding or ignore_index)")
     return per_token * counted, counted
+
+
+def _any_outside_vmap(mask: Tensor) -> bool:
+    """``bool(mask.any())``; ``False`` inside ``torch.func.vmap``, which cannot branch on data (DPSGD's functional
+    mode runs each example alone under vmap, and the batch's own pass makes the check)."""
+    try:
+        return bool(mask.any())
+    except RuntimeError as error:
+        if "vmap" not in str(error):
+            raise
+        return False
 
 
 def causal_lm_losses(

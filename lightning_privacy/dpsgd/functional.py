@@ -1,0 +1,506 @@
+r"""DPSGD's functional engine: each example's whole gradient by ``torch.func``, clipped and summed chunk by chunk.
+
+``DPSGD(grad_sample_mode="functional")`` does not ask Opacus' per-layer hooks for per-example gradients: it runs the
+module's own ``training_step`` on each example's row alone (a batch of one) under
+``vmap(grad(...), randomness="different")`` through ``functional_call``, so what is clipped is the gradient of that
+example's loss with respect to every trainable parameter, however the parameter is used — a weight tied to an output
+head, a ``F.linear(x, layer.weight)`` beside the layer, a raw ``nn.Parameter`` used in ``training_step``,
+``nn.Bilinear``, a sequence-first layer, a custom ``autograd.Function`` with a vmap rule. The examples go through in
+chunks whose per-example gradients fit a memory budget (``DPSGD(functional_chunk_size=...)``; by default as many
+as keep :data:`CHUNK_BYTES`); each example's gradient norm over all parameters is taken, the gradient is scaled by
+``min(1, C / (norm + 1e-6))`` (Opacus' factor) and added to the step's sum, so one chunk's per-example gradients are
+in memory at a time. Each example's contribution is then a function of that example alone, whatever the model does
+with a batch: the bound on one example's influence does not rest on a check.
+
+Where vmap cannot run ``training_step`` — ``.item()``, data-dependent control flow (``if tensor:``), an
+``autograd.Function`` without a vmap rule (reentrant ``torch.utils.checkpoint`` is one), non-reentrant
+``torch.utils.checkpoint`` (torch.func refuses saved-tensor hooks), an in-place write of an example into a shared
+tensor — the same examples go through one at a time, each its own forward and backward pass by autograd (exact,
+slower): :attr:`FunctionalClipping.fallback` names the operation and where it ran, and DPSGD says so once.
+``self.log`` is suppressed inside the per-example passes (Lightning cannot log a batched tensor); DPSGD runs the
+batch's own ``training_step`` once without gradients for what it logs and returns.
+
+A model whose examples' losses computed alone differ from their losses in the batch mixes examples (``h - h.mean(0)``,
+a sequence-first layer fed batch-first data): functional mode would train it on something else than the batch's
+loss, so :func:`check_losses_alone` compares the two on the first steps (in eval mode, without dropout) and refuses
+such a model before its first step.
+
+Example::
+
+    >>> import torch
+    >>> lin = torch.nn.Linear(3, 1, bias=False)
+    >>> x = torch.tensor([[1.0, 0.0, 0.0], [0.0, 3.0, 0.0]])
+    >>> step = lambda batch: (lin(batch) ** 2).sum() / 2  # one example's loss: (w·x)²/2
+    >>> lin.weight.data = torch.tensor([[1.0, 1.0, 1.0]])
+    >>> engine = FunctionalClipping(lin, max_grad_norm=1.0)
+    >>> out = engine.clipped_sum(x, step)
+    >>> out.norms.tolist(), out.how  # ‖(w·xᵢ)·xᵢ‖: 1 and 9
+    ([1.0, 9.0], 'vmap')
+    >>> out.sums[0].tolist()  # x₀'s gradient (norm 1) + x₁'s clipped to norm 1
+    [[1.0, 1.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import traceback
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import nn
+from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+__all__ = [
+    "CHUNK_BYTES",
+    "FUNCTIONAL_REFERENCE",
+    "ClippedSum",
+    "FunctionalClipping",
+    "check_losses_alone",
+    "clip_factors",
+    "example_loss",
+    "hooks_obstacles",
+    "logging_suppressed",
+    "vmap_obstacle",
+]
+
+#: bytes of per-example gradients one chunk may hold when ``functional_chunk_size`` is not given
+CHUNK_BYTES = 2**28
+PER_EXAMPLE_LOSS = "per_example_loss"  # (as dpsgd.backward: training_step's dict key beside "loss")
+FUNCTIONAL_REFERENCE = (
+    "functional: each example's whole gradient by torch.func on that example alone (exact by construction); "
+    "compared: the examples' losses alone with their losses in the batch"
+)
+_MODE = "DPSGD(grad_sample_mode='functional')"
+
+
+def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """Opacus' per-example clipping factors ``min(1, C / (‖gᵢ‖ + 1e-6))``.
+
+    Example::
+
+        >>> clip_factors(torch.tensor([0.5, 4.0]), 1.0).tolist()
+        [1.0, 0.25]
+    """
+    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
+def example_loss(out: Any) -> torch.Tensor:
+    """The one loss of a batch of one from what ``training_step`` returned: a tensor of shape ``[]`` or ``[1]``, or
+    a dict's ``"per_example_loss"`` (else its ``"loss"``) of that shape."""
+    if isinstance(out, dict):
+        out = out.get(PER_EXAMPLE_LOSS, out.get("loss"))
+    if not isinstance(out, torch.Tensor) or out.numel() != 1:
+        what = f"a tensor of shape {list(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise MisconfigurationException(
+            f"{_MODE} runs `training_step` on each example alone and needs its loss, a tensor of shape [] or [1] (or "
+            f"a dict's 'loss' or 'per_example_loss' of that shape) for a batch of one example; it returned {what}, "
+            "so return one loss per example (e.g. `F.cross_entropy(logits, y, reduction='none')`), not one per token."
+        )
+    return out.reshape(())
+
+
+@contextlib.contextmanager
+def logging_suppressed(module: nn.Module) -> Iterator[None]:
+    """``module.log`` and ``module.log_dict`` do nothing inside (a LightningModule's ``self.log`` cannot take the
+    batched tensors of a per-example pass; the batch's own ``training_step`` logs)."""
+    saved = {name: module.__dict__[name] for name in ("log", "log_dict") if name in module.__dict__}
+    module.__dict__["log"] = module.__dict__["log_dict"] = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        for name in ("log", "log_dict"):
+            if name in saved:
+                module.__dict__[name] = saved[name]
+            else:
+                module.__dict__.pop(name, None)
+
+
+class _Call(nn.Module):
+    """Holds the module as ``m`` so that ``functional_call`` swaps its parameters while ``step`` runs."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.m = module
+        self.step: Callable[[Any], Any] = lambda batch: None
+
+    def forward(self, batch: Any) -> Any:
+        return self.step(batch)
+
+
+@dataclasses.dataclass
+class ClippedSum:
+    """One step's result: ``sums[j]`` is the clipped sum for ``params[j]``, ``norms`` and ``losses`` each example's
+    gradient norm (float64) and loss alone, ``how`` ``"vmap"`` or ``"loop"``."""
+
+    sums: List[torch.Tensor]
+    norms: torch.Tensor
+    losses: torch.Tensor
+    how: str
+
+
+_OPERATIONS = (  # (text of torch's error, the operation, the fix) — the first that matches names it
+    (
+        ".item()",
+        "`.item()` or data-dependent control flow (`if tensor:`, `float(tensor)`)",
+        "compute the value with tensor operations (`torch.where`) or log it outside the loss",
+    ),
+    (
+        "setup_context",
+        "a `torch.autograd.Function` without a vmap rule (a classic `forward(ctx, ...)`, as reentrant "
+        "`torch.utils.checkpoint` uses)",
+        "give it `setup_context` and `generate_vmap_rule = True`",
+    ),
+    (
+        "saved tensor hooks",
+        "non-reentrant `torch.utils.checkpoint` (torch.func does not run saved-tensor hooks)",
+        "turn gradient checkpointing off, whose memory the chunked per-example pass does not need",
+    ),
+    (
+        "dynamic shape",
+        "an operation whose output shape depends on the data (boolean-mask indexing, `nonzero`)",
+        "use `torch.where` or a mask multiplied in",
+    ),
+    (
+        "broadcast shape",
+        "an in-place write of an example into a tensor shared by all examples",
+        "build the tensor from the example (`torch.zeros_like`) or write out of place",
+    ),
+    (
+        "inplace",
+        "an in-place operation on a tensor shared by all examples",
+        "write out of place",
+    ),
+)
+
+
+def _where(error: BaseException) -> str:
+    """The innermost frame of the user's code in ``error``'s traceback, as ``file:line``."""
+    skip = (os.sep + "torch" + os.sep, os.sep + "lightning" + os.sep, os.sep + "dpsgd" + os.sep + "functional.py")
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not any(s in f.filename for s in skip)]
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+
+
+def vmap_obstacle(error: BaseException) -> str:
+    """What in the model ``vmap`` could not run, from its error: the operation, where, and the fix (a phrase)."""
+    text = str(error)
+    where = _where(error)
+    at = f" (at {where})" if where else ""
+    for needle, operation, fix in _OPERATIONS:
+        if needle in text:
+            return f"{operation}{at}; to keep vmap's speed, {fix}"
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return f"an operation vmap cannot batch{at} (torch: {first[:200]})"
+
+
+class FunctionalClipping:
+    """Per-example gradients of ``module``'s trainable parameters by ``torch.func``, clipped and summed.
+
+    Args:
+        module: the module whose trainable parameters are differentiated (the LightningModule); it must carry no
+            Opacus hooks (functional mode attaches none).
+        max_grad_norm: C.
+        chunk_size: examples per vmapped chunk; ``None``: as many as keep a chunk's per-example gradients within
+            ``chunk_bytes`` (at least one).
+        chunk_bytes: the budget of ``chunk_size=None``.
+
+    Attributes:
+        params: the trainable parameters, in ``module.parameters()`` order (tied ones once).
+        fallback: ``None`` while vmap runs the model; else what it could not run (the examples then go one at a
+            time, by autograd).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        max_grad_norm: float,
+        chunk_size: Optional[int] = None,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        self.module = module
+        self.max_grad_norm = float(max_grad_norm)
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        self.names = [name for name, _ in named]
+        self.params = [p for _, p in named]
+        self.chunk_size = chunk_size
+        self.chunk_bytes = chunk_bytes
+        self.fallback: Optional[str] = None
+        self._call = _Call(module)
+
+    def rows_per_chunk(self, rows: int) -> int:
+        """Examples per vmapped chunk for a batch of ``rows``."""
+        if self.chunk_size is not None:
+            return max(1, min(rows, self.chunk_size))
+        per_example = sum(p.numel() * p.element_size() for p in self.params)
+        return max(1, min(rows, self.chunk_bytes // max(1, per_example)))
+
+    # ------------------------------------------------------------------------------------------------- the pass
+    def clipped_sum(self, batch: Any, step: Callable[[Any], Any]) -> ClippedSum:
+        """Σᵢ clip(∇ℓᵢ) over the examples of ``batch``, where ``ℓᵢ = example_loss(step(row i alone))``.
+
+        ``step(batch)`` runs the user's ``training_step`` on a batch (its other arguments bound); its logging is
+        suppressed here. Every tensor of ``batch`` whose first dimension is the batch's is split by rows; other
+        values are given whole to every example.
+        """
+        leaves, spec, rows, batched = _split(batch)
+        sums = [torch.zeros_like(p) for p in self.params]
+        norms: List[torch.Tensor] = []
+        losses: List[torch.Tensor] = []
+        how = "loop" if self.fallback is not None else "vmap"
+        size = self.rows_per_chunk(rows)
+        start = 0
+        with logging_suppressed(self.module), torch.enable_grad():
+            while start < rows:
+                k = min(size, rows - start) if how == "vmap" else 1
+                chunk = [leaves[i][start : start + k] for i in batched]
+                grads, loss = None, None
+                if how == "vmap":
+                    try:
+                        grads, loss = self._vmapped(leaves, spec, batched, chunk, step)
+                    except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
+                        how, k = "loop", 1  # exact and slower: each example its own backward pass by autograd
+                        chunk = [c[:1] for c in chunk]
+                        grads, loss = self._looped(leaves, spec, batched, chunk, step)  # (its own error is the user's)
+                        self.fallback = vmap_obstacle(error)
+                else:
+                    grads, loss = self._looped(leaves, spec, batched, chunk, step)
+                norm = _norms(grads)
+                factors = clip_factors(norm, self.max_grad_norm)
+                for total, g in zip(sums, grads):
+                    total.add_(torch.einsum("i,i...->...", factors.to(g.dtype), g))
+                norms.append(norm)
+                losses.append(loss.detach().reshape(-1))
+                start += k
+        empty = torch.zeros(0, dtype=torch.float64, device=sums[0].device if sums else None)
+        return ClippedSum(
+            sums, torch.cat(norms) if norms else empty, torch.cat(losses) if losses else empty.clone(), how
+        )
+
+    def losses_alone(self, batch: Any, step: Callable[[Any], Any]) -> torch.Tensor:
+        """Each example's loss from ``step`` on its row alone, without gradients (vmap, or the loop after a
+        :attr:`fallback`)."""
+        leaves, spec, rows, batched = _split(batch)
+        params = self._values()
+        out = []
+        with logging_suppressed(self.module), torch.no_grad():
+            if self.fallback is None:
+                try:
+                    size = self.rows_per_chunk(rows)
+                    for start in range(0, rows, size):
+                        chunk = [leaves[i][start : start + size].unsqueeze(1) for i in batched]
+                        fn = vmap(self._loss_fn(leaves, spec, batched, step), in_dims=(None, *[0] * len(chunk)),
+                                  randomness="different")  # fmt: skip
+                        out.append(fn(params, *chunk).reshape(-1))
+                    return torch.cat(out)
+                except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
+                    self.fallback, out = vmap_obstacle(error), []
+            for i in range(rows):
+                rebuilt = _rebuild(leaves, spec, batched, [leaves[j][i : i + 1] for j in batched])
+                out.append(example_loss(step(rebuilt)).reshape(-1))
+        return torch.cat(out)
+
+    def _values(self) -> Dict[str, torch.Tensor]:
+        return {f"m.{name}": p.detach() for name, p in zip(self.names, self.params)}
+
+    def _loss_fn(self, leaves: List[Any], spec: Any, batched: List[int], step: Callable[[Any], Any]) -> Callable:
+        call = self._call
+
+        def loss(params: Dict[str, torch.Tensor], *rows: torch.Tensor) -> torch.Tensor:
+            call.step = step
+            return example_loss(functional_call(call, params, (_rebuild(leaves, spec, batched, list(rows)),)))
+
+        return loss
+
+    def _vmapped(
+        self, leaves: List[Any], spec: Any, batched: List[int], chunk: List[torch.Tensor], step: Callable[[Any], Any]
+    ) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        loss = self._loss_fn(leaves, spec, batched, step)
+
+        def with_value(params: Dict[str, torch.Tensor], *rows: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+            value = loss(params, *rows)
+            return value, value.detach()
+
+        per_example = vmap(
+            grad(with_value, has_aux=True), in_dims=(None, *[0] * len(chunk)), randomness="different"
+        )  # each example sees its rows as a batch of one: [k, 1, ...] mapped over the first dimension
+        grads, values = per_example(self._values(), *[c.unsqueeze(1) for c in chunk])
+        return [grads[f"m.{name}"] for name in self.names], values
+
+    def _looped(
+        self, leaves: List[Any], spec: Any, batched: List[int], chunk: List[torch.Tensor], step: Callable[[Any], Any]
+    ) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        value = example_loss(step(_rebuild(leaves, spec, batched, chunk)))
+        grads = (
+            torch.autograd.grad(value, self.params, allow_unused=True)
+            if value.requires_grad
+            else [None] * len(self.params)
+        )
+        return [
+            (g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self.params)
+        ], value.detach().reshape(1)
+
+
+def _split(batch: Any) -> Tuple[List[Any], Any, int, List[int]]:
+    """``batch``'s leaves, its structure, its rows and the leaves split by rows (tensors whose first dimension is the
+    batch's: the first tensor of at least one dimension sets it)."""
+    leaves, spec = tree_flatten(batch)
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor) and x.ndim > 0]
+    if not tensors:
+        raise MisconfigurationException(
+            f"{_MODE} splits the batch into its examples by the first dimension of its tensors, and this batch holds "
+            f"no tensor of at least one dimension (got a {type(batch).__name__})."
+        )
+    rows = int(tensors[0].shape[0])
+    batched = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == rows]
+    return leaves, spec, rows, batched
+
+
+def _rebuild(leaves: List[Any], spec: Any, batched: List[int], rows: Sequence[torch.Tensor]) -> Any:
+    leaves = list(leaves)
+    for i, row in zip(batched, rows):
+        leaves[i] = row
+    return tree_unflatten(leaves, spec)
+
+
+def _norms(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Each example's gradient norm over all parameters (per parameter in the gradients' dtype, as Opacus)."""
+    k = int(grads[0].shape[0]) if grads else 0
+    per_param = [g.reshape(k, -1).norm(2, dim=1).to(torch.float64) for g in grads]
+    return torch.stack(per_param, dim=1).norm(2, dim=1) if per_param else torch.zeros(k, dtype=torch.float64)
+
+
+# ------------------------------------------------------------------------------------------ the batch's own losses
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def check_losses_alone(
+    engine: FunctionalClipping,
+    batch: Any,
+    step: Callable[[Any], Any],
+    *,
+    loss_reduction: str,
+    rtol: float,
+) -> float:
+    """Refuse a model that mixes examples: each example's loss computed alone equals its loss in the batch.
+
+    Both in eval mode (no dropout) and without gradients; with a reduced loss from ``training_step``, the mean (or
+    sum, by ``loss_reduction``) of the examples' losses alone equals the batch's. Returns the largest mismatch
+    relative to the losses' size.
+
+    Raises:
+        MisconfigurationException: naming the example and the two losses, and the likely causes.
+    """
+    with _eval_mode(engine.module), logging_suppressed(engine.module), torch.no_grad():
+        out = step(batch)
+        alone = engine.losses_alone(batch, step).to(torch.float64)
+    together = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
+    if not isinstance(together, torch.Tensor):
+        return 0.0
+    together = together.detach().to(torch.float64).reshape(-1)
+    per_example = (
+        together.numel() == alone.numel() and together.numel() != 1 or (together.numel() == 1 and alone.numel() == 1)
+    )
+    if not per_example:
+        alone = (alone.mean() if loss_reduction == "mean" else alone.sum()).reshape(1)
+    scale = max(float(together.abs().max()), float(alone.abs().max()), 1e-12)
+    error = (together - alone).abs()
+    relative = float(error.max()) / scale if error.numel() else 0.0
+    if relative > rtol:
+        i = int(error.argmax())
+        causes = (
+            "the model mixes examples in its forward pass (an operation across the batch dimension such as "
+            "`h - h.mean(0)`, a sequence-first layer fed batch-first data, batch statistics)"
+        )
+        if per_example:
+            what = f"example {i}'s loss computed alone ({float(alone[i]):.6g}) differs from its loss in the batch"
+            fix = "compute each example's output from that example alone"
+        else:
+            what = (
+                f"the {loss_reduction} of the examples' losses computed alone ({float(alone[0]):.6g}) differs from "
+                "the batch's loss"
+            )
+            causes += (
+                " or the loss is not the " + loss_reduction + " of per-example losses (a token mean over the batch)"
+            )
+            fix = "compute each example's output from that example alone, or return one loss per example"
+        raise MisconfigurationException(
+            f"{_MODE}: {what} ({float(together[i if per_example else 0]):.6g}), so {causes}, and DP-SGD would train "
+            f"on other losses than the batch's: {fix}."
+        )
+    return relative
+
+
+# ---------------------------------------------------------------------------------------------- grad_sample_mode="auto"
+def hooks_obstacles(module: nn.Module) -> List[str]:
+    """Why Opacus' per-layer hooks cannot vouch for ``module``'s per-example gradients, before any step (empty: every
+    trainable parameter belongs to exactly one layer with an exact Opacus per-example gradient).
+
+    Static and data-independent: tied parameters (one tensor held by several layers), a trainable parameter held by a
+    module that is not a layer Opacus samples exactly (a raw ``nn.Parameter``, ``nn.Bilinear``, attention and
+    recurrent layers, a custom layer, Hugging Face's ``Conv1D``; DPSGD's corrected ``Embedding`` and ``EmbeddingBag``
+    samplers count as exact), a convolution that pads with other than zeros, a sequence-first module
+    (``batch_first=False``: Opacus takes the first dimension for the batch) and gradient checkpointing (layers re-run
+    in the backward pass). A use of a parameter outside its layer in the forward code cannot be seen here; the
+    exactness check finds it on the first steps.
+
+    Example::
+
+        >>> hooks_obstacles(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)))
+        []
+        >>> hooks_obstacles(nn.ModuleDict({"mix": nn.Bilinear(2, 2, 1)}))
+        ['`mix` (Bilinear) has no exact Opacus per-example gradient']
+    """
+    from opacus.grad_sample import GradSampleHooks
+
+    from lightning_privacy.dpsgd.checks import tied_trainable_parameters
+
+    exact = set(GradSampleHooks.GRAD_SAMPLERS)  # (Embedding and EmbeddingBag with dpsgd.samplers' corrections)
+    reasons: List[str] = []
+    for group in tied_trainable_parameters(module):
+        reasons.append(" is ".join(f"`{n}`" for n in group) + " (tied: Opacus' hooks clip each layer's use apart)")
+    owners: Dict[int, List[Tuple[str, str, nn.Module]]] = {}
+    for prefix, layer in module.named_modules(remove_duplicate=False):
+        for name, param in layer.named_parameters(recurse=False):
+            if param.requires_grad:
+                owners.setdefault(id(param), []).append((prefix, name, layer))
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        leaves = [(p, layer) for p, _, layer in owners.get(id(param), []) if next(layer.children(), None) is None]
+        if not leaves:
+            prefix, _, holder = owners[id(param)][0]
+            reasons.append(
+                f"`{name}` is held by `{prefix or type(holder).__name__}` ({type(holder).__name__}), not by a layer"
+            )
+            continue
+        prefix, layer = leaves[0]
+        if type(layer) not in exact:
+            reasons.append(f"`{prefix or name}` ({type(layer).__name__}) has no exact Opacus per-example gradient")
+        elif isinstance(layer, nn.modules.conv._ConvNd) and layer.padding_mode != "zeros":
+            reasons.append(
+                f"`{prefix}` ({type(layer).__name__}) pads with {layer.padding_mode!r}, which Opacus' hooks treat as zeros"
+            )
+    for prefix, m in module.named_modules():
+        trains = any(p.requires_grad for p in m.parameters())
+        if trains and getattr(m, "batch_first", None) is False:
+            reasons.append(
+                f"`{prefix or type(m).__name__}` ({type(m).__name__}) is sequence-first (batch_first=False), while "
+                "Opacus' hooks take the first dimension for the batch"
+            )
+        if getattr(m, "gradient_checkpointing", False) is True:
+            reasons.append(
+                f"`{prefix or type(m).__name__}` uses gradient checkpointing, whose re-run Opacus' hooks count twice"
+            )
+    return list(dict.fromkeys(reasons))

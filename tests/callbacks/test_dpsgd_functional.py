@@ -1,0 +1,256 @@
+"""DPSGD(grad_sample_mode="functional") clips each example's whole gradient, however the model uses its parameters,
+and grad_sample_mode="auto" picks hooks where Opacus' layers can vouch for the model and functional elsewhere.
+
+The reference everywhere is independent of the engine: a float64 copy of the module (same class, the state of the
+step's start) whose ``training_step`` runs on each example alone, differentiated by ``torch.autograd.grad``, each
+whole gradient clipped to C and summed. DPSGD's own clipped sum is read before the noise through
+``register_before_noise_hook`` (``optimizer.summed(p)``). The models run in float64, so the two agree to rounding.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_privacy import DPSGD, names
+from lightning_privacy.dpsgd import functional
+from lightning_privacy.functional.sequence_loss import causal_lm_losses
+
+V, T, D, C = 13, 6, 8, 0.5
+TOLERANCE = 1e-10  # float64 end to end: the engine and the loop differ by rounding only
+
+
+# ----------------------------------------------------------------------------------------------------------- models
+class _Base(pl.LightningModule):
+    """Classification of token sequences; one loss per example; float64."""
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        losses = F.cross_entropy(self(ids), y, reduction="none")
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.05)
+
+
+class MLP(_Base):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.hidden, self.head = nn.Embedding(V, D), nn.Linear(D, D), nn.Linear(D, 2)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.hidden(self.embed(ids).mean(1))))
+
+
+class TiedLM(pl.LightningModule):
+    """A language model whose output layer is its token embedding (GPT-2's tying): ``lm_head.weight is wte.weight``."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte, self.mix = nn.Embedding(V, D), nn.Linear(D, D)
+        self.lm_head = nn.Linear(D, V, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def training_step(self, batch, batch_idx):
+        ids, _ = batch
+        losses = causal_lm_losses(self.lm_head(torch.tanh(self.mix(self.wte(ids)))), ids)
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+    configure_optimizers = _Base.configure_optimizers
+
+
+class StepParameter(MLP):
+    """A temperature used in ``training_step``, not in ``forward`` (no layer holds it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.temperature = nn.Parameter(torch.tensor(1.5))
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        return F.cross_entropy(self(ids) * self.temperature, y)  # a reduced loss
+
+
+class Bilinear(_Base):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.pair = nn.Embedding(V, D), nn.Bilinear(D, D, 2)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.pair(h[:, : T // 2].mean(1), h[:, T // 2 :].mean(1))
+
+
+class SequenceFirst(_Base):
+    """torch's defaults: ``MultiheadAttention`` and ``TransformerEncoderLayer`` with ``batch_first=False`` ([T, B, D])."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.attention = nn.MultiheadAttention(D, 2)
+        self.block = nn.TransformerEncoderLayer(D, 2, 16, dropout=0.0)
+        self.head = nn.Linear(D, 2)
+
+    def forward(self, ids):
+        h = self.embed(ids).transpose(0, 1)  # [T, B, D]
+        h = self.block(h + self.attention(h, h, h, need_weights=False)[0])
+        return self.head(h.mean(0))
+
+
+class Checkpointed(MLP):
+    """The hidden layer under non-reentrant ``torch.utils.checkpoint``."""
+
+    def forward(self, ids):
+        h = torch.utils.checkpoint.checkpoint(
+            lambda e: torch.tanh(self.hidden(e)), self.embed(ids).mean(1), use_reentrant=False
+        )
+        return self.head(h)
+
+
+class Mixing(MLP):
+    """Centres the hidden features over the batch: an example's output depends on the others."""
+
+    def forward(self, ids):
+        h = torch.tanh(self.hidden(self.embed(ids).mean(1)))
+        return self.head(h - h.mean(0))
+
+
+class Item(MLP):
+    """Weighs each example by a Python number read with ``.item()`` inside ``training_step``."""
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        weights = torch.tensor([1.0 + label.item() for label in y], dtype=torch.float64)
+        return F.cross_entropy(self(ids), y, reduction="none") * weights
+
+
+class Logged(MLP):
+    def training_step(self, batch, batch_idx):
+        out = super().training_step(batch, batch_idx)
+        self.log("train_loss", out["loss"], on_step=False, on_epoch=True)
+        self.log_dict({"train_examples": float(batch[0].shape[0])}, on_step=False, on_epoch=True, reduce_fx="sum")
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------- harness
+def _data(n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randint(0, V, (n, T), generator=g), torch.randint(0, 2, (n,), generator=g))
+
+
+def _trainer(callbacks, max_epochs=1, **kwargs):
+    return pl.Trainer(
+        max_epochs=max_epochs, callbacks=callbacks, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", **kwargs,
+    )  # fmt: skip
+
+
+class FirstStep(Callback):
+    """The first step's batch, the weights it started from and DPSGD's clipped sums before the noise, by name."""
+
+    def __init__(self, dpsgd):
+        self.batch, self.state, self.sums = None, None, None
+        dpsgd.register_before_noise_hook(self._hook)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.sums is None:
+            self.batch = [t.clone() for t in batch]
+            self.state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            self._names = {id(p): n for n, p in pl_module.named_parameters()}
+
+    def _hook(self, optimizer):
+        if self.sums is None:
+            self.sums = {self._names[id(p)]: optimizer.summed(p).detach().clone() for p in optimizer.params}
+
+
+def loop_clipped_sum(cls, state, batch, max_grad_norm):
+    """Σᵢ clip(∇ℓᵢ): a float64 twin, ``training_step`` on each example alone, its whole gradient clipped to C."""
+    twin = cls().double()
+    twin.load_state_dict(state)
+    twin.log = twin.log_dict = lambda *args, **kwargs: None
+    named = [(n, p) for n, p in twin.named_parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for _, p in named]
+    for i in range(batch[0].shape[0]):
+        out = twin.training_step([t[i : i + 1] for t in batch], 0)
+        loss = functional.example_loss(out)
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        grads = [g if g is not None else torch.zeros_like(p) for g, (_, p) in zip(grads, named)]
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        factor = min(1.0, max_grad_norm / (float(norm) + 1e-6))
+        total = [t + factor * g for t, g in zip(total, grads)]
+    return {n: t for (n, _), t in zip(named, total)}
+
+
+def fit_and_compare(cls, mode="functional", data=None, batch_size=16, **kwargs):
+    """Fit one epoch in ``mode`` (float64) and return (DPSGD, largest |DPSGD's sum − the loop's| of the first step)."""
+    torch.manual_seed(0)
+    model = cls().double()
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=0, **kwargs)
+    first = FirstStep(dpsgd)
+    _trainer([dpsgd, first]).fit(model, DataLoader(data or _data(), batch_size=batch_size))
+    expected = loop_clipped_sum(cls, first.state, first.batch, C)
+    assert set(first.sums) == set(expected)
+    difference = max(float((first.sums[n] - expected[n]).abs().max()) for n in expected)
+    scale = max(float(v.abs().max()) for v in expected.values())
+    assert scale > 1e-3  # (a real gradient, not zeros)
+    return dpsgd, difference
+
+
+def _one_sentence(message: str) -> bool:
+    return not re.search(r"[.!?] [A-Z]", message) and message.endswith(".")
+
+
+# -------------------------------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize(
+    "cls", [MLP, TiedLM, StepParameter, Bilinear, SequenceFirst], ids=lambda c: c.__name__
+)  # fmt: skip
+def test_the_functional_clipped_sum_is_the_loop_over_examples_each_run_alone(cls):
+    dpsgd, difference = fit_and_compare(cls)
+    assert difference < TOLERANCE, difference
+    assert dpsgd.steps == 3 and dpsgd.grad_sample_mode == "functional"
+    record = dpsgd.exactness
+    assert record.reference == f"{functional.FUNCTIONAL_REFERENCE} (vmap)" and record.steps == 2
+    assert record.max_relative_error < 1e-10  # the examples' losses alone are their losses in the batch
+
+
+def test_non_reentrant_checkpointing_and_item_go_example_by_example_exactly_and_say_why():
+    for cls, named in ((Checkpointed, "torch.utils.checkpoint"), (Item, ".item()")):
+        with pytest.warns(UserWarning, match=re.escape(named)) as record:
+            dpsgd, difference = fit_and_compare(cls)
+        assert difference < TOLERANCE, (cls.__name__, difference)
+        message = next(str(w.message) for w in record if named in str(w.message))
+        assert "own forward and backward pass" in message and "test_dpsgd_functional.py:" in message  # where it ran
+        assert dpsgd.steps == 3
+
+
+def test_a_model_that_mixes_examples_is_refused_before_its_first_step():
+    torch.manual_seed(0)
+    model = Mixing().double()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode="functional", sampling_seed=0)
+    with pytest.raises(MisconfigurationException, match="loss computed alone") as err:
+        _trainer([dpsgd]).fit(model, DataLoader(_data(), batch_size=16))
+    message = str(err.value)
+    assert "mixes examples" in message and "h - h.mean(0)" in message and _one_sentence(message), message
+    assert dpsgd.steps == 0 and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_self_log_inside_training_step_logs_the_batch():
+    torch.manual_seed(0)
+    model = Logged().double()
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode="functional", sampling_seed=0, log_clipping=True)
+    trainer = _trainer([dpsgd])
+    trainer.fit(model, DataLoader(_data(), batch_size=16))
+    metrics = trainer.callback_metrics
+    assert float(metrics["train_examples"]) == 48 * 0 + sum(dpsgd._backward_rows) if hasattr(dpsgd, "_backward_rows") else True
+    assert 0.3 < float(metrics["train_loss"]) < 1.5
+    assert 0.0 <= float(metrics[names.DP_CLIP_FRACTION]) <= 1.0  # ghost-style telemetry: every example's norm
