@@ -246,8 +246,7 @@ class DPSGD(Callback, DPSGDRun):
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         install.check_steps_accounted(self, trainer)
-        # dp/exactness_error: the largest relative mismatch found, over the ranks (logged by every rank or none)
-        if self._checks is not None and self._checks.exactness_compared:
+        if self.exactness.steps:  # dp/exactness_error: the largest relative mismatch found, over the ranks
             pl_module.log(
                 names.DP_EXACTNESS_ERROR, self.exactness.max_relative_error, on_step=False, on_epoch=True,
                 sync_dist=True, reduce_fx="max",

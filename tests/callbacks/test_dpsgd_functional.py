@@ -10,7 +10,6 @@ whole gradient clipped to C and summed. DPSGD's own clipped sum is read before t
 from __future__ import annotations
 
 import re
-import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -251,6 +250,10 @@ def test_self_log_inside_training_step_logs_the_batch():
     trainer = _trainer([dpsgd])
     trainer.fit(model, DataLoader(_data(), batch_size=16))
     metrics = trainer.callback_metrics
-    assert float(metrics["train_examples"]) == 48 * 0 + sum(dpsgd._backward_rows) if hasattr(dpsgd, "_backward_rows") else True
+    assert (
+        float(metrics["train_examples"]) == 48 * 0 + sum(dpsgd._backward_rows)
+        if hasattr(dpsgd, "_backward_rows")
+        else True
+    )
     assert 0.3 < float(metrics["train_loss"]) < 1.5
     assert 0.0 <= float(metrics[names.DP_CLIP_FRACTION]) <= 1.0  # ghost-style telemetry: every example's norm
