@@ -8,17 +8,23 @@ It holds
 - the DP-SGD history: an accountant that records every optimizer step; its ε at δ is the run's ε. The default,
   ``"pld"`` (:class:`PLDAccountant`), is the package's own pessimistic privacy-loss distribution for add/remove — the
   distribution :class:`~lightning_privacy.claims.Claim`, β* and the TPR bounds come from — so ε is a certified upper
-  bound (within 1e-4 of dp_accounting's pessimistic PLD, tested) and one accountant speaks for the whole run.
-  Opacus' ``"rdp"`` (0.2.0's default: looser, 4.56 where the PLD certifies 4.18 for σ = 2, q = 0.1, 300 steps),
-  ``"prv"`` and ``"gdp"`` (an approximation, not a bound) stay available by name;
+  bound and one accountant speaks for the whole run. Measured over 30 runs (q 0.004–0.05, 500–5,000 steps, ε
+  0.5–8; ``benchmarks/results/accountant_accuracy.md``): at most +6.1e-6 (δ = 1e-5) and +5.8e-3 (δ = 1e-8) above
+  dp_accounting's pessimistic PLD on the same grid and never below it; at most +2.2e-3 and +5.8e-3 above it at its
+  default grid 1e-4 (the ledger's grid is p/σ/10 within [1e-5, 1e-3]; at δ = 1e-8 the round-off allowances added to
+  δ dominate). Opacus' ``"rdp"`` (0.2.0's default: looser, 4.56 where the PLD certifies 4.18 for σ = 2, q = 0.1, 300
+  steps), ``"prv"`` and ``"gdp"`` (an approximation, not a bound) stay available by name;
 - the safe Bayes security against membership inference: 1 − δ(ε = 0) of the composed mechanism (Cherubin et al.
-  2024, Prop. 8) from a pessimistic privacy-loss distribution (PLD) that is composed incrementally — the steps taken
-  since the last read are composed onto the stored PLD as one chunk, so a read costs one convolution, not a
-  recomposition of the whole history. The chunks are saved, and a resumed ledger recomposes the same chunks in the
-  same order (the same value to the last digit);
+  2024, Prop. 8) from a pessimistic privacy-loss distribution (PLD);
 - the paper's closed form beside it (Cor. 7; an approximation that can overstate security);
 - predictions for the budget stopper (how many more steps keep β* or ε within a budget) and the one calibration
   routine (σ for a β* or ε target) that the planner, ``DPSGD(target_…)`` and the stopper share.
+
+Both PLDs are composed one chunk per run of steps at one (σ, p), in order: the runs that ended are composed once onto
+a stored PLD, the current one onto a copy when a value is read (its self-composition is a function of its length
+alone). So ε, β* and the TPR bounds after T steps do not depend on when or how often they were read, nor on a resume
+from a checkpoint: the same number to the last digit (``tests/test_accountant.py``). A resumed ledger recomposes
+them from its history; the saved chunks (the runs) are checked against it.
 """
 
 from __future__ import annotations
@@ -58,29 +64,123 @@ def accountant_label(mechanism: str) -> str:
     return _LABELS.get(mechanism, f"{mechanism} accountant (add/remove)")
 
 
-def _pending_of(history: Sequence[Segment], composed: int) -> List[Segment]:
-    """The steps of ``history`` after its first ``composed`` ones, as run-length segments in the order taken."""
-    left = sum(int(t) for _, _, t in history) - composed
+def _runs(history: Sequence[Segment]) -> List[Segment]:
+    """``history`` as runs: adjacent segments of one (σ, p) merged, empty ones dropped (a function of the steps)."""
     out: List[Segment] = []
-    for sigma, rate, count in reversed(history):
-        if left <= 0:
-            break
-        take = min(int(count), left)
-        out.append((float(sigma), float(rate), take))
-        left -= take
-    return out[::-1]
+    for sigma, rate, count in history:
+        if int(count) <= 0:
+            continue
+        if out and out[-1][:2] == (float(sigma), float(rate)):
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + int(count))
+        else:
+            out.append((float(sigma), float(rate), int(count)))
+    return out
+
+
+def _extends(before: Sequence[Segment], after: Sequence[Segment]) -> bool:
+    """Whether the runs ``after`` are the runs ``before`` with steps added at the end (never fewer or others)."""
+    if not before:
+        return True
+    if len(after) < len(before) or list(after[: len(before) - 1]) != list(before[:-1]):
+        return False
+    last, same = before[-1], after[len(before) - 1]
+    return same[:2] == last[:2] and same[2] >= last[2]
+
+
+def _check_chunks(chunks: Sequence[Sequence[float]], history: Sequence[Segment], key: str) -> None:
+    """A saved ledger's chunks (``[p, σ, steps(, sensitivity)]``) must be steps of its history, in its order."""
+    try:
+        saved = _runs([(float(c[1]), float(c[0]), int(c[2])) for c in chunks])
+    except (TypeError, ValueError, IndexError) as err:
+        raise RuntimeError(f"Privacy ledger state's {key!r} is not a list of [p, σ, steps]: {chunks!r}") from err
+    if not _extends(saved, _runs(history)):
+        raise RuntimeError(
+            f"Privacy ledger state's {key!r} ({saved}) are not the steps of its history ({_runs(history)}): "
+            "refusing to restart accounting"
+        )
+
+
+class _RunPLD:
+    """The pessimistic PLD of a history, composed one chunk per run (a stretch of steps at one (σ, p)), in order.
+
+    The runs before the last are composed once onto a stored PLD; the last, still growing, is composed onto a copy
+    of it when a value is read (its k-fold self-composition is a function of k alone: cached squares, one product
+    per set bit of k). So the value depends on the history only — not on when or how often it was read, nor on a
+    resume — and a read costs a few convolutions of the run's size.
+    """
+
+    def __init__(self, relation: str) -> None:
+        self.relation = relation
+        self._closed: Any = None  # ComposedPLD of every run before the last, one chunk per run
+        self._seen: List[Segment] = []  # the runs of the last history read (privacy state never goes back)
+        self._value: Optional[Tuple[Tuple[int, Segment], Any]] = None  # (key, ComposedPLD of every run)
+
+    def _empty(self) -> Any:
+        from lightning_privacy.analysis.composition import ComposedPLD
+
+        return ComposedPLD(relation=self.relation)
+
+    def _runs_of(self, history: Sequence[Segment]) -> List[Segment]:
+        runs = _runs(history)
+        if not _extends(self._seen, runs):
+            seen, now = sum(t for *_, t in self._seen), sum(t for *_, t in runs)
+            raise RuntimeError(
+                f"The accountant's history ({now} steps: {runs}) does not continue the one composed before ({seen} "
+                f"steps: {self._seen}): the history was rewritten; privacy state must never go back."
+            )
+        self._seen = runs
+        if self._closed is None:
+            self._closed = self._empty()
+        for sigma, rate, count in runs[len(self._closed.chunks) : -1]:  # runs that ended since the last read
+            self._closed.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
+        return runs
+
+    def pld(self, history: Sequence[Segment]) -> Any:
+        """The composed PLD of ``history`` (read-only; an empty one before the first step)."""
+        runs = self._runs_of(history)
+        if not runs:
+            return self._empty()
+        key = (len(runs), runs[-1])
+        if self._value is None or self._value[0] != key:
+            sigma, rate, count = runs[-1]
+            self._value = (key, self._closed.after(sample_rate=rate, noise_multiplier=sigma, steps=count))
+        return self._value[1]
+
+    def pld_after(self, history: Sequence[Segment], steps: int, *, noise_multiplier: float, sample_rate: float) -> Any:
+        """The composed PLD of ``history`` with ``steps`` more steps at (σ, p): the value a read will report then."""
+        runs = self._runs_of(history)
+        sigma, rate = float(noise_multiplier), float(sample_rate)
+        if steps <= 0:
+            return self.pld(history)
+        if runs and runs[-1][:2] == (sigma, rate):  # the last run grows
+            return self._closed.after(sample_rate=rate, noise_multiplier=sigma, steps=runs[-1][2] + steps)
+        return self.pld(history).after(sample_rate=rate, noise_multiplier=sigma, steps=steps)  # the last run ends
+
+    def bayes_security_after(
+        self, history: Sequence[Segment], steps: int, *, noise_multiplier: float, sample_rate: float
+    ) -> float:
+        """β* of :meth:`pld_after` without its last convolution (never above the value a read will report)."""
+        runs = self._runs_of(history)
+        sigma, rate = float(noise_multiplier), float(sample_rate)
+        if steps <= 0:
+            return self.pld(history).bayes_security()
+        if runs and runs[-1][:2] == (sigma, rate):
+            return self._closed.bayes_security_after(
+                sample_rate=rate, noise_multiplier=sigma, steps=runs[-1][2] + steps
+            )
+        return self.pld(history).bayes_security_after(sample_rate=rate, noise_multiplier=sigma, steps=steps)
 
 
 class PLDAccountant(IAccountant):
     """Opacus' accountant interface over the package's pessimistic privacy-loss distribution, for add/remove.
 
     Records steps as Opacus' accountants do (run-length ``history``, the DP optimizer's step hook works unchanged);
-    :meth:`get_epsilon` composes the steps taken since the last read onto the stored
-    :class:`~lightning_privacy.analysis.composition.ComposedPLD` (one chunk per read: a read every epoch costs one
-    convolution, not a recomposition) and returns its ε at δ, an upper bound on the mechanism's true ε (discretised
-    by connect-the-dots, truncated and rounded on the safe side; finite beyond ε = 50 by
-    :meth:`~lightning_privacy.analysis.composition.ComposedPLD.epsilon_uncapped`). The chunks are saved by the ledger,
-    so a resumed run recomposes them in the same order: the same ε to the last digit.
+    :meth:`get_epsilon` returns the ε at δ of the
+    :class:`~lightning_privacy.analysis.composition.ComposedPLD` of the history, an upper bound on the mechanism's
+    true ε (discretised by connect-the-dots, truncated and rounded on the safe side; finite beyond ε = 50 by
+    :meth:`~lightning_privacy.analysis.composition.ComposedPLD.epsilon_uncapped`). The PLD is composed one chunk per
+    run of steps at one (σ, p), whatever the reads: ε after T steps is the same number whether it was read every
+    step, every epoch, once at the end or across a resume (tested to the last digit).
 
     Example::
 
@@ -93,8 +193,7 @@ class PLDAccountant(IAccountant):
 
     def __init__(self) -> None:
         super().__init__()
-        self._pld: Any = None
-        self.composed = 0  # steps of the history composed into the PLD
+        self._runs = _RunPLD("add_remove")
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         if self.history and self.history[-1][:2] == (noise_multiplier, sample_rate):
@@ -111,21 +210,12 @@ class PLDAccountant(IAccountant):
         return "pld"
 
     def composed_pld(self) -> Any:
-        """The add/remove PLD of every recorded step (the pending ones composed now, as one chunk per segment)."""
-        from lightning_privacy.analysis.composition import ComposedPLD
+        """The add/remove PLD of every recorded step (read-only; one chunk per run of steps at one (σ, p))."""
+        return self._runs.pld(self.history)
 
-        if self._pld is None:
-            self._pld = ComposedPLD(relation="add_remove")
-        steps = sum(int(t) for _, _, t in self.history)
-        if steps < self.composed:
-            raise RuntimeError(
-                f"The accountant has {steps} steps but composed {self.composed}: the history was rewritten; privacy "
-                "state must never go back."
-            )
-        for sigma, rate, count in _pending_of(self.history, self.composed):
-            self._pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
-            self.composed += count
-        return self._pld
+    def composed_pld_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> Any:
+        """The add/remove PLD after ``steps`` more steps at (σ, p): the one :meth:`composed_pld` will return then."""
+        return self._runs.pld_after(self.history, steps, noise_multiplier=noise_multiplier, sample_rate=sample_rate)
 
     def get_epsilon(self, delta: float, *args: Any, **kwargs: Any) -> float:
         """ε at ``delta`` of the steps recorded, a certified upper bound (0 before the first step)."""
@@ -134,13 +224,13 @@ class PLDAccountant(IAccountant):
         return float(self.composed_pld().epsilon_uncapped(delta))
 
     def load_chunks(self, chunks: Sequence[Sequence[float]]) -> None:
-        """Restore the composed PLD from saved chunks (in their order), after ``history`` was restored."""
-        from lightning_privacy.analysis.composition import ComposedPLD
+        """Check saved chunks against the restored ``history`` (they are its steps, in order; else RuntimeError).
 
-        self._pld = ComposedPLD.from_chunks([list(c) for c in chunks], relation="add_remove")
-        self.composed = int(sum(c[2] for c in chunks))
-        if self.composed > sum(int(t) for _, _, t in self.history):
-            raise RuntimeError("the saved PLD chunks hold more steps than the accountant's history")
+        ε is recomposed from the history (one chunk per run), so a state saved with one chunk per read — before
+        the composition stopped depending on the reads — gives the ε an uninterrupted run gives now.
+        """
+        _check_chunks(chunks, self.history, "epsilon_chunks")
+        self._runs = _RunPLD("add_remove")
 
 
 def _make_accountant(mechanism: str) -> IAccountant:
@@ -238,18 +328,14 @@ class PrivacyLedger:
         self.delta = float(delta)
         self.relation = bs._check_relation(relation)
         self._rdp_cache: Dict[Tuple[float, float], np.ndarray] = {}  # (σ, p) -> RDP curve of one step
-        self._pld_state: Optional[Any] = None  # the ComposedPLD, made on first use (dp_accounting loads lazily)
-        self._composed = 0  # steps of the history already composed into the PLD
-        self._other: Dict[str, Any] = {}  # relation -> ComposedPLD of the same history for the other relation
-        self._allowed: Dict[Any, int] = {}  # memoised step budgets (see steps_within)
+        self._beta = _RunPLD(self.relation)  # the PLD of β* (and of the relation's TPR bounds)
+        self._other: Dict[str, _RunPLD] = {}  # relation -> the PLD of the same history for the other relation
+        self._allowed: Dict[Any, Tuple[int, int]] = {}  # memoised step budgets (see steps_within)
 
     @property
     def _pld(self) -> Any:
-        if self._pld_state is None:
-            from lightning_privacy.analysis.composition import ComposedPLD
-
-            self._pld_state = ComposedPLD(relation=self.relation)
-        return self._pld_state
+        """The stored PLD of β*: every recorded step, one chunk per run (see :class:`_RunPLD`)."""
+        return self._beta.pld(self.history)
 
     # ----------------------------------------------------------------------------------------------------- recording
     def step(self, *, noise_multiplier: float, sample_rate: float, steps: int = 1) -> None:
@@ -284,10 +370,11 @@ class PrivacyLedger:
         """The run's ε at ``delta`` (default: the ledger's δ), add/remove, by the ledger's accountant
         (:attr:`epsilon_label` says which and whether it is a bound); 0 before the first step.
 
-        The default PLD accountant composes the steps since the last read as one chunk (:class:`PLDAccountant`). For
-        Opacus' RDP accountant the per-step RDP curve of each (σ, p) is computed once and scaled by the step
-        count — the same arithmetic as ``RDPAccountant.get_epsilon`` (which recomputes it on every call, ~20 ms),
-        so the value is identical (tested) and a per-epoch read costs microseconds.
+        The default PLD accountant composes one chunk per run of steps at one (σ, p), so ε does not depend on when
+        or how often it is read (:class:`PLDAccountant`). For Opacus' RDP accountant the per-step RDP curve of each
+        (σ, p) is computed once and scaled by the step count — the same arithmetic as ``RDPAccountant.get_epsilon``
+        (which recomputes it on every call, ~20 ms), so the value is identical (tested) and a per-epoch read costs
+        microseconds.
         """
         if not self.history:
             return 0.0
@@ -321,9 +408,9 @@ class PrivacyLedger:
 
     def bayes_security(self) -> float:
         """Safe β*_MIA: a certified lower bound on the true Bayes security (pessimistic PLD, 1 − δ(0))."""
-        if self.steps == 0 and self._composed == 0:
+        if self.steps == 0:
+            self._beta.pld(self.history)  # a history rewritten to nothing still fails closed
             return 1.0
-        self._sync()
         return self._pld.bayes_security()
 
     def bayes_security_closed_form(self) -> float:
@@ -358,7 +445,9 @@ class PrivacyLedger:
         return self.privacy_loss_distribution(relation).tpr_bound(fpr) if self._has_steps() else _identity(fpr)
 
     def _has_steps(self) -> bool:
-        return not (self.steps == 0 and self._composed == 0)
+        if self.steps == 0:
+            self._beta.pld(self.history)  # a history rewritten to nothing still fails closed
+        return self.steps > 0
 
     def privacy_loss_distribution(self, relation: Optional[str] = None) -> Any:
         """The pessimistic :class:`~lightning_privacy.analysis.composition.ComposedPLD` of the recorded history.
@@ -374,62 +463,36 @@ class PrivacyLedger:
             ('add_remove', 100)
         """
         relation = self.relation if relation is None else bs._check_relation(relation)
-        if relation == self.relation:
-            self._sync()
-            return self._pld
-        if relation == "add_remove" and isinstance(self.accountant, PLDAccountant):
-            return self.accountant.composed_pld()  # the PLD ε comes from: one composition for both
-        from lightning_privacy.analysis.composition import ComposedPLD
-
-        pld = self._other.get(relation)
-        if pld is None:
-            pld = self._other[relation] = ComposedPLD(relation=relation)
-        self._check_forward(pld.steps)
-        for sigma, rate, count in self._pending(pld.steps):
-            pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
-        return pld
+        return self._runs_for(relation).pld(self.history)
 
     # --------------------------------------------------------------------------------------------------- predictions
-    def _pending(self, composed: Optional[int] = None) -> List[Segment]:
-        """The recorded steps not yet composed into the PLD (of ``composed`` steps), in the order they were taken."""
-        return _pending_of(self.history, self._composed if composed is None else composed)
-
-    def _check_forward(self, composed: int) -> None:
-        if self.steps < composed:
-            raise RuntimeError(
-                f"The accountant has {self.steps} steps but the ledger composed {composed}: the history was "
-                "rewritten; privacy state must never go back."
-            )
-
-    def _sync(self) -> None:
-        self._check_forward(self._composed)
-        for sigma, rate, count in self._pending():
-            self._pld.compose(sample_rate=rate, noise_multiplier=sigma, steps=count)
-            self._composed += count
+    def _runs_for(self, relation: str) -> Any:
+        """The :class:`_RunPLD` of ``relation``: β*'s, the accountant's (add/remove under PLD) or a derived one."""
+        if relation == self.relation:
+            return self._beta
+        if relation == "add_remove" and isinstance(self.accountant, PLDAccountant):
+            return self.accountant._runs  # the PLD ε comes from: one composition for both
+        if relation not in self._other:
+            self._other[relation] = _RunPLD(relation)
+        return self._other[relation]
 
     def bayes_security_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> float:
         """Safe β*_MIA if ``steps`` more optimizer steps at (σ, p) were taken (the ledger is not changed).
 
-        The recorded-but-uncomposed steps and the new ones are composed as the chunks the next read will compose
-        when (σ, p) stays the same, so the prediction equals the value that read will report.
+        The value does not depend on when it is read, so the prediction is the value a read will report after those
+        steps (less the allowances of the convolution it skips, ≲ 1e-12: never above it).
         """
         if steps < 0:
             raise ValueError(f"Expected argument `steps` to be >= 0, but got {steps!r}.")
-        pending = self._pending()
-        if pending and pending[-1][:2] == (float(noise_multiplier), float(sample_rate)):
-            sigma, rate, count = pending.pop()
-            pending.append((sigma, rate, count + steps))
-        elif steps:
-            pending.append((float(noise_multiplier), float(sample_rate), int(steps)))
-        chunks = [dict(sample_rate=p, noise_multiplier=s, steps=t) for s, p, t in pending if t > 0]
-        return self._pld.bayes_security_after(chunks) if chunks else self._pld.bayes_security()
+        return self._beta.bayes_security_after(
+            self.history, int(steps), noise_multiplier=noise_multiplier, sample_rate=sample_rate
+        )
 
     def epsilon_after(self, steps: int, *, noise_multiplier: float, sample_rate: float) -> float:
-        """The accountant's ε at the ledger's δ if ``steps`` more steps at (σ, p) were taken."""
-        if isinstance(self.accountant, PLDAccountant):  # onto the composed PLD, as the next read will compose them
-            pld = self.accountant.composed_pld()
-            if steps:
-                pld = pld.after(sample_rate=sample_rate, noise_multiplier=noise_multiplier, steps=steps)
+        """The accountant's ε at the ledger's δ if ``steps`` more steps at (σ, p) were taken (the value a read will
+        report then, for the PLD accountant)."""
+        if isinstance(self.accountant, PLDAccountant):
+            pld = self.accountant.composed_pld_after(steps, noise_multiplier=noise_multiplier, sample_rate=sample_rate)
             return float(pld.epsilon_uncapped(self.delta)) if pld.steps else 0.0
         history = self.history + [(noise_multiplier, sample_rate, steps)]
         if self.mechanism == "rdp":  # the stopper's bisection asks many times: reuse the cached RDP curves
@@ -446,48 +509,36 @@ class PrivacyLedger:
     ) -> int:
         """How many more steps at (σ, p) keep safe β*_MIA ≥ ``min_bayes_security`` or ε ≤ ``max_epsilon``.
 
-        Exact to one step (bracketing and bisection; β* and ε are monotone in the step count). The answer is
-        memoised as a step count from a reference point (the composed PLD for β*, the recorded steps for ε) and only
-        recomputed when the ledger composes new steps or (σ, p) change, so asking before every step is cheap.
+        Exact to one step (bracketing and bisection; β* and ε are monotone in the step count). Both depend on the
+        history only, so the answer is memoised as a step count from the history it was computed on and reused
+        while every step since was taken at (σ, p): asking before every step is cheap.
         """
         if (min_bayes_security is None) == (max_epsilon is None):
             raise ValueError("Give exactly one of `min_bayes_security` or `max_epsilon`.")
         sigma, rate = float(noise_multiplier), float(sample_rate)
         if min_bayes_security is not None:
-            pending = self._pending()
-            if any(seg[:2] != (sigma, rate) for seg in pending):
-                self._sync()  # the next step differs from the pending ones: compose them first
-                pending = []
-            since = sum(t for _, _, t in pending)  # steps recorded after the reference point (the composed PLD)
-            key = ("beta", min_bayes_security, sigma, rate, self._composed)
+            key: Tuple[Any, ...] = ("beta", min_bayes_security, sigma, rate)
 
-            def ok(k: int) -> bool:  # k steps at (σ, p) on top of the composed PLD, as one chunk
-                chunk = [dict(sample_rate=rate, noise_multiplier=sigma, steps=k)] if k else []
-                value = self._pld.bayes_security_after(chunk) if chunk else self._pld.bayes_security()
-                return value >= min_bayes_security
+            def ok(k: int) -> bool:
+                return self.bayes_security_after(k, noise_multiplier=sigma, sample_rate=rate) >= min_bayes_security
         else:
-            last = self.history[-1] if self.history else None
             key = ("epsilon", max_epsilon, sigma, rate)
-            cached = self._allowed.get(key)
-            # reuse while every step since the reference point was taken at (σ, p)
-            if cached is not None and last is not None and last[:2] == (sigma, rate):
-                reference, allowed = cached
-                since = self.steps - reference
-                if 0 <= since <= last[2]:
-                    return max(0, allowed - since)
-            reference = self.steps
 
             def ok(k: int) -> bool:
                 return self.epsilon_after(k, noise_multiplier=sigma, sample_rate=rate) <= max_epsilon
 
-            allowed = self._largest(ok, guess=None if cached is None else max(0, cached[1] - (self.steps - cached[0])))
-            self._allowed[key] = (reference, allowed)
-            return allowed
-        if key not in self._allowed:
-            guess = next((v - (key[4] - k[4]) for k, v in self._allowed.items() if k[:4] == key[:4]), None)
-            self._allowed = {k: v for k, v in self._allowed.items() if k[:4] != key[:4]}
-            self._allowed[key] = self._largest(ok, guess=None if guess is None else max(0, guess))
-        return max(0, self._allowed[key] - since)
+        last = self.history[-1] if self.history else None
+        cached = self._allowed.get(key)
+        # reuse while every step since the reference point was taken at (σ, p)
+        if cached is not None and last is not None and last[:2] == (sigma, rate):
+            reference, allowed = cached
+            since = self.steps - reference
+            if 0 <= since <= last[2]:
+                return max(0, allowed - since)
+        reference = self.steps
+        allowed = self._largest(ok, guess=None if cached is None else max(0, cached[1] - (self.steps - cached[0])))
+        self._allowed[key] = (reference, allowed)
+        return allowed
 
     @staticmethod
     def _largest(ok, guess: Optional[int] = None) -> int:
@@ -521,11 +572,12 @@ class PrivacyLedger:
     ) -> float:
         """The smallest σ (rounded up to 1e-4) whose run of ``steps`` steps meets the target.
 
-        For ``target_bayes_security`` the check is the ledger's own safe β* (composed in chunks of
-        ``steps_per_read`` steps, e.g. one epoch, as a run reads it); for ``target_epsilon`` the accountant's ε at
-        ``delta`` — with the default ``"pld"`` the certified add/remove ε, composed in the same chunks (for Opacus'
-        accountants ``get_noise_multiplier`` is the reference; this search never overwrites an accountant). The
-        returned σ always meets the target (checked): rounded up to 1e-4, so the certified ε at it is ≤ the target.
+        For ``target_bayes_security`` the check is the ledger's own safe β*; for ``target_epsilon`` the accountant's
+        ε at ``delta`` — with the default ``"pld"`` the certified add/remove ε (for Opacus' accountants
+        ``get_noise_multiplier`` is the reference; this search never overwrites an accountant). Both are the values
+        the run will read, whenever it reads them (``steps_per_read`` is accepted and changes nothing: the ledger's
+        values do not depend on the reads). The returned σ always meets the target (checked): rounded up to 1e-4, so
+        the certified ε at it is ≤ the target.
 
         Example:
             >>> PrivacyLedger.calibrate(sample_rate=0.01, steps=1000, target_epsilon=1.0, delta=1e-5)
@@ -542,18 +594,10 @@ class PrivacyLedger:
                 raise ValueError(
                     f"Expected argument `target_bayes_security` to be in (0, 1), but got {target_bayes_security!r}."
                 )
-            chunk = int(steps_per_read or steps)
-
-            from lightning_privacy.analysis.composition import ComposedPLD
 
             def ok(sigma: float) -> bool:
-                pld = ComposedPLD(relation=relation)
-                done = 0
-                while done < steps:
-                    take = min(chunk, steps - done)
-                    pld.compose(sample_rate=sample_rate, noise_multiplier=sigma, steps=take)
-                    done += take
-                return pld.bayes_security() >= target_bayes_security
+                run = _RunPLD(relation).pld([(sigma, sample_rate, steps)])  # what the run's ledger will read
+                return run.bayes_security() >= target_bayes_security
 
             with warnings.catch_warnings():  # the closed form is only the search's starting point here
                 warnings.simplefilter("ignore")
@@ -565,18 +609,10 @@ class PrivacyLedger:
                 raise ValueError(f"Expected argument `target_epsilon` to be > 0, but got {target_epsilon!r}.")
 
             if accountant == "pld":
-                from lightning_privacy.analysis.composition import ComposedPLD
-
-                chunk = int(steps_per_read or steps)
 
                 def ok(sigma: float) -> bool:
-                    pld = ComposedPLD(relation="add_remove")
-                    done = 0
-                    while done < steps:
-                        take = min(chunk, steps - done)
-                        pld.compose(sample_rate=sample_rate, noise_multiplier=sigma, steps=take)
-                        done += take
-                    return pld.epsilon_uncapped(delta) <= target_epsilon
+                    run = _RunPLD("add_remove").pld([(sigma, sample_rate, steps)])  # what the run's ledger will read
+                    return run.epsilon_uncapped(delta) <= target_epsilon
             else:
 
                 def ok(sigma: float) -> bool:
@@ -606,8 +642,12 @@ class PrivacyLedger:
 
     # --------------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:
-        """Plain Python values (safe under ``torch.load(weights_only=True)``)."""
-        self._sync()
+        """Plain Python values (safe under ``torch.load(weights_only=True)``).
+
+        ``chunks`` (and ``epsilon_chunks`` under the PLD accountant) are the runs the PLDs are composed of: they
+        follow from the history and are saved for readers of the state (a version that composed one chunk per read
+        recomposes them as they are).
+        """
         return {
             "version": STATE_VERSION,
             "accountant": self.mechanism,
@@ -622,11 +662,12 @@ class PrivacyLedger:
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore a saved ledger; the PLD is recomposed from the saved chunks in their order.
+        """Restore a saved ledger; its PLDs are recomposed from the history (one chunk per run), so the values
+        equal an uninterrupted run's, also for a state saved with one chunk per read.
 
         Raises:
-            RuntimeError: on a missing key, another version, accountant or relation, or chunks that do not add up
-                to the history (privacy state fails closed).
+            RuntimeError: on a missing key, another version, accountant or relation, or chunks that are not the
+                steps of the history (privacy state fails closed).
         """
         missing = {"version", "accountant", "history"} - set(state)
         if missing:
@@ -640,17 +681,10 @@ class PrivacyLedger:
         if state.get("relation", self.relation) != self.relation:
             raise RuntimeError(f"checkpoint used relation {state['relation']!r}, this ledger {self.relation!r}")
         self.accountant.history = [(float(s), float(p), int(t)) for s, p, t in state["history"]]
-        chunks = state.get("chunks")
-        if chunks is None:  # a checkpoint from before the ledger: one chunk per history segment
-            chunks = [[p, s, t, 1.0] for s, p, t in self.history]
-        from lightning_privacy.analysis.composition import ComposedPLD
-
-        self._pld_state = ComposedPLD.from_chunks(chunks, relation=self.relation)
-        self._composed = int(sum(c[2] for c in chunks))
-        if isinstance(self.accountant, PLDAccountant):  # the add/remove PLD ε comes from, recomposed the same way
-            saved = state.get("epsilon_chunks")
-            self.accountant.load_chunks(saved if saved is not None else [[p, s, t, 1.0] for s, p, t in self.history])
+        if state.get("chunks") is not None:
+            _check_chunks(state["chunks"], self.history, "chunks")
+        self._beta = _RunPLD(self.relation)
+        if isinstance(self.accountant, PLDAccountant):
+            self.accountant.load_chunks(state.get("epsilon_chunks") or [])
         self._allowed = {}
         self._other = {}
-        if self._composed > self.steps:
-            raise RuntimeError(f"ledger chunks hold {self._composed} steps but the history only {self.steps}")

@@ -105,19 +105,80 @@ def test_a_checkpoint_accounted_with_rdp_resumes_with_rdp_and_says_so_once(tmp_p
         trainer([explicit], tmp_path, max_epochs=2).fit(tiny_module(), train_dataloaders=_loader(), ckpt_path=path)
 
 
-def test_a_resumed_pld_ledger_recomposes_the_same_chunks_to_the_last_digit():
-    ledger = PrivacyLedger()
-    for _ in range(7):
-        ledger.step(noise_multiplier=1.1, sample_rate=0.05, steps=20)
-        ledger.epsilon()
-    ledger.step(noise_multiplier=1.1, sample_rate=0.05, steps=13)  # pending at save time
-    state = ledger.state_dict()
-    assert [c[2] for c in state["epsilon_chunks"]] == [20] * 7 + [13]
-    restored = PrivacyLedger()
-    restored.load_state_dict(state)
-    for one in (ledger, restored):
-        one.step(noise_multiplier=1.1, sample_rate=0.05, steps=20)
-    assert restored.epsilon() == ledger.epsilon()
+def _read_every(reads, segments, ledger=None, done=0):
+    """Record ``segments`` [(σ, p, steps)] from step ``done`` on, reading ε and β* every ``reads`` steps (0: never)."""
+    ledger = ledger or PrivacyLedger()
+    position = 0
+    for sigma, rate, steps in segments:
+        for _ in range(steps):
+            position += 1
+            if position <= done:
+                continue
+            ledger.step(noise_multiplier=sigma, sample_rate=rate)
+            if reads and position % reads == 0:
+                ledger.epsilon(), ledger.bayes_security()
+    return ledger
+
+
+@pytest.mark.parametrize("segments", [[(1.1, 0.05, 300)], [(1.1, 0.05, 120), (2.0, 0.05, 180)]], ids=["one", "two"])
+def test_epsilon_does_not_depend_on_when_it_is_read_nor_on_a_resume(segments):
+    """ε and β* after 300 steps: read every 10 steps, every 7, once at the end, or saved at step 150 (a checkpoint's
+    state, through torch.save with weights_only) and resumed there read every 25 steps — the same number."""
+    import io
+
+    once = _read_every(0, segments)
+    values = (once.epsilon(), once.bayes_security(), float(once.tpr_bounds(1e-3, relation="add_remove")))
+    for reads in (10, 7):
+        ledger = _read_every(reads, segments)
+        assert (ledger.epsilon(), ledger.bayes_security()) == values[:2]
+    first = _read_every(10, [(s, p, t) for s, p, t in _prefix(segments, 150)])
+    buffer = io.BytesIO()
+    torch.save({"ledger": first.state_dict()}, buffer)
+    buffer.seek(0)
+    resumed = PrivacyLedger()
+    resumed.load_state_dict(torch.load(buffer, weights_only=True)["ledger"])
+    _read_every(25, segments, ledger=resumed, done=150)
+    assert resumed.steps == 300 and resumed.history == once.history
+    assert (resumed.epsilon(), resumed.bayes_security()) == values[:2]
+    assert float(resumed.tpr_bounds(1e-3, relation="add_remove")) == values[2]
+    # and the numbers are the PLD's: within the accuracy the docs state of dp_accounting at the same grid
+    grid = once.privacy_loss_distribution("add_remove").value_discretization_interval
+    reference = _dp_accounting_pld(
+        [(p, s, t) for s, p, t in segments], relation="add_remove", grid=grid
+    ).get_epsilon_for_delta(1e-5)
+    assert reference - 1e-9 <= values[0] <= reference + 1e-5
+
+
+def _prefix(segments, steps):
+    out, left = [], steps
+    for sigma, rate, count in segments:
+        if left <= 0:
+            break
+        out.append((sigma, rate, min(count, left)))
+        left -= count
+    return out
+
+
+def test_a_state_saved_with_one_chunk_per_read_loads_to_the_uninterrupted_value():
+    """The ledger of an earlier version saved one ε chunk per read (7 reads of 20 steps, 13 steps pending): it
+    resumes to the value an uninterrupted run reads now; chunks that are not the history's steps are refused."""
+    history = [[1.1, 0.05, 153]]
+    old = {
+        "version": 1,
+        "accountant": "pld",
+        "relation": "replace",
+        "history": history,
+        "chunks": [[0.05, 1.1, 20, 1.0]] * 7,
+        "epsilon_chunks": [[0.05, 1.1, 20, 1.0]] * 7,
+    }
+    resumed, uninterrupted = PrivacyLedger(), PrivacyLedger()
+    resumed.load_state_dict(old)
+    uninterrupted.step(noise_multiplier=1.1, sample_rate=0.05, steps=153)
+    assert resumed.epsilon() == uninterrupted.epsilon() and resumed.bayes_security() == uninterrupted.bayes_security()
+    assert [c[2] for c in resumed.state_dict()["epsilon_chunks"]] == [153]  # the runs: one chunk per (σ, p)
+    for key, chunks in (("epsilon_chunks", [[0.05, 1.1, 200, 1.0]]), ("chunks", [[0.05, 3.0, 20, 1.0]])):
+        with pytest.raises(RuntimeError, match=f"'{key}'.*are not the steps of its history"):
+            PrivacyLedger().load_state_dict({**old, key: chunks})
 
 
 def test_the_budget_predictions_use_the_same_pld():

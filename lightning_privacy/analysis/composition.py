@@ -5,7 +5,11 @@ Poisson-subsampled Gaussian step taken so far and composes new steps onto it, so
 β* = 1 − δ(ε = 0) (Cherubin et al. 2024, Prop. 8), δ(ε), ε(δ) and the tight trade-off curve (TPR bound at
 each FPR) of the composed mechanism cost one convolution per update instead of a recomposition of the whole
 history. Composition is associative, so the composed PLD of ``a`` chunks then ``b`` chunks is the PLD of all
-``a + b`` steps.
+``a + b`` steps — exactly in arithmetic, and up to the safety allowances below in floating point: composing one
+chunk per read moved ε by up to +3.4e-5 against one chunk for the run (``benchmarks/results/accountant_accuracy.md``),
+so the ledger composes one chunk per run of steps at one (σ, p), whenever it is read
+(:class:`~lightning_privacy.ledger.PLDAccountant`). The k-fold self-composition of one step is a function of k alone
+(cached squares, one product per set bit of k).
 
 Every number is on the safe side: δ(ε) and TPR bounds are upper bounds, β* and ε(δ)'s privacy are lower
 bounds, for the neighbouring relation's worst-case pair, including discretisation, tail truncation and
@@ -23,7 +27,7 @@ floating-point round-off:
   precision, so the round-off is ≈ 1e-11 of mass per step, and the construction is vectorised.
 - **Truncation** only moves mass towards larger losses (the far left tail onto the first kept atom, the far
   right tail to +∞): δ(ε) can only grow. One step drops at most 1e-16 from each tail, a convolution of the
-  stored PLD 5e-13 (a self-composition of m steps scales this by its share of the chunk), and losses beyond
+  stored PLD 5e-13, a self-composed chunk of m steps m·(log₂m + 1)·1e-18 (2e-11 at 10⁶ steps), and losses beyond
   ±:data:`LOSS_CAP` = 50 are moved to ±50 or +∞ (a PLD has P[L ≤ −50] ≤ e^{−50}; mass above 50 changes δ(ε)
   by < e^{ε−50}); so :meth:`ComposedPLD.epsilon` is ``inf`` where ε(δ) is about 50 or more, and
   :meth:`ComposedPLD.epsilon_uncapped` recomposes the history with a wider cap there.
@@ -80,6 +84,8 @@ MAX_VALUE_DISCRETIZATION_INTERVAL = 1e-3
 _STEP_TAIL_MASS = 2e-16
 # Mass truncated from the two tails of the stored PLD per convolution (split between the tails).
 _TAIL_MASS = 1e-12
+# Mass truncated per step of a self-composed piece (a square or product of m steps drops ≤ m times this).
+_PIECE_TAIL = 1e-18
 _U = float(np.finfo(float).eps)
 _RELATIONS = ("replace", "add_remove")
 
@@ -279,20 +285,33 @@ def _convolve(a: _Pmf, b: _Pmf, cap: int, tail: float, precise: bool = False) ->
     return _trim(a.offset + b.offset, out, inf, cap, tail)
 
 
-def _power(base: _Pmf, k: int, cap: int, tail: float) -> _Pmf:
-    """k-fold self-composition by repeated squaring; a piece of m steps is truncated with ``tail·m/k``, so the
-    truncated mass of the whole chunk is ≤ tail·(number of squarings and products)."""
-    total, held, piece = k, 0, 1
+def _power(key: tuple, base: _Pmf, k: int, cap: int) -> _Pmf:
+    """k-fold self-composition of one step's PMF ``base``: the product, lowest bit first, of the squares
+    base^(2^i) for the set bits of k. The squares are cached (``key`` names the step) and do not depend on k, so
+    the result is a function of (step, k) alone — the PLD of a run of k steps is the same however the run was
+    reached — and a read of a growing run costs one product per set bit. A square of m steps is truncated with
+    m·:data:`_PIECE_TAIL` and a product of m steps likewise, so the truncated mass of k steps is
+    ≤ k·(log₂k + 1)·_PIECE_TAIL (2e-11 at 10⁶ steps)."""
     result: Optional[_Pmf] = None
-    while True:
-        if k & 1:
-            held += piece
-            result = base if result is None else _convolve(result, base, cap, tail * held / total, precise=True)
-        k >>= 1
-        if not k:
-            return result
-        piece *= 2
-        base = _convolve(base, base, cap, tail * piece / total, precise=True)
+    held = 0
+    for level in range(k.bit_length()):
+        if not (k >> level) & 1:
+            continue
+        square = _square(key, base, level, cap)
+        held += 1 << level
+        result = square if result is None else _convolve(result, square, cap, _PIECE_TAIL * held)
+    return result
+
+
+def _square(key: tuple, base: _Pmf, level: int, cap: int) -> _Pmf:
+    """base^(2^level) by repeated squaring in long double (its round-off is amplified by every later square), cached."""
+    if level == 0:
+        return base
+    hit = _SQUARES.get(key + (level,))
+    if hit is not None:
+        return hit[0]
+    half = _square(key, base, level - 1, cap)
+    return _SQUARES.put(key + (level,), (_convolve(half, half, cap, _PIECE_TAIL * 2**level, precise=True),))[0]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,6 +433,7 @@ class _LRU:
 
 _STEPS = _LRU(entries=128, elements=8_000_000)
 _POWERS = _LRU(entries=32, elements=8_000_000)
+_SQUARES = _LRU(entries=96, elements=8_000_000)
 
 
 def _directions(relation: str) -> Tuple[str, ...]:
@@ -432,7 +452,7 @@ def _chunk(relation: str, interval: float, cap: int, p: float, sigma: float, ste
         single = _STEPS.get(step_key)
         if single is None:
             single = _STEPS.put(step_key, (_single_step(direction, p, sigma, s, interval, cap),))
-        out.append(_power(single[0], steps, cap, _TAIL_MASS))
+        out.append(_power(step_key, single[0], steps, cap))
     return _POWERS.put(key, tuple(out))
 
 
@@ -517,9 +537,10 @@ class ComposedPLD:
     """The pessimistic privacy-loss distribution of a DP-SGD run, composed one chunk at a time.
 
     Each :meth:`compose` call adds ``steps`` identical Poisson-subsampled Gaussian steps: their PLD is the
-    ``steps``-fold self-composition of one step's (cached, by repeated squaring) and is convolved onto the
-    stored PLD once. All values are safe-side bounds for the neighbouring relation's worst case (module
-    docstring): :meth:`delta` and :meth:`tpr_bound` are upper bounds, :meth:`bayes_security` a lower bound.
+    ``steps``-fold self-composition of one step's (a product of cached squares: a function of ``steps`` alone)
+    and is convolved onto the stored PLD once. All values are safe-side bounds for the neighbouring relation's
+    worst case (module docstring): :meth:`delta` and :meth:`tpr_bound` are upper bounds, :meth:`bayes_security` a
+    lower bound.
 
     ``sensitivity`` scales one step's sensitivity in units of the full per-step sensitivity of the relation:
     for ``"replace"`` the two neighbouring outputs of a step differ by at most 2C (dp_accounting's

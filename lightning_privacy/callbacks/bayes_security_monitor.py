@@ -52,9 +52,9 @@ class BayesSecurityMonitor(Callback):
     ``pl_module.log`` (so ``EarlyStopping``, checkpointing and the progress bar can use them):
 
     - ``privacy/mia_bayes_security``: β*_MIA = 1 − δ(ε=0) of the composed DP-SGD mechanism (Cherubin et al. 2024,
-      Prop. 8) from a pessimistic privacy-loss distribution — a certified lower bound on the true value, composed
-      incrementally (each epoch adds its steps to the stored distribution), so it is exact-or-lower every epoch at
-      any sample rate;
+      Prop. 8) from a pessimistic privacy-loss distribution — a certified lower bound on the true value at any
+      sample rate, the same number whenever it is read (the ledger composes one chunk per run of steps at one
+      (σ, p));
     - ``privacy/mia_bayes_security_closed_form``: the paper's closed form (Cor. 7), for comparison. It is an
       approximation and can overstate security (at p = 0.05, σ = 1 it is above the exact value at every epoch);
       the monitor warns once when it does;
