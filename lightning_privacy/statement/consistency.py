@@ -9,7 +9,8 @@ also prints σ, q and C from the DPSGD state's own fields. :func:`check_consiste
 - the state's accountant with the ledger's;
 - the ledger's steps with the checkpoint's ``global_step`` (Lightning's count of optimizer steps, which DPSGD's
   self-check compares with the ledger at every epoch end): fewer ledger steps than optimizer steps mean steps
-  that ε does not count, an inconsistency; more are legitimate — the same module fitted again by a new Trainer with
+  that ε does not count, an inconsistency (a Trainer reused for another module, or that stepped before DPSGD joined
+  it, looks the same and is refused too); more are legitimate — the same module fitted again by a new Trainer with
   the same DPSGD, whose ``global_step`` restarted while the ledger composed every fit — and noted;
 - the digest DPSGD saved beside its state (:func:`~lightning_privacy.checkpoints.dpsgd_state_digest`) with the one
   the state's contents give now.
@@ -97,7 +98,8 @@ def check_consistency(
     if global_step is not None and steps < global_step:
         problems.append(
             f"the ledger records {steps} DP-SGD step(s) but the checkpoint's global_step is {global_step}: "
-            f"{global_step - steps} optimizer step(s) are not in the history ε is computed from"
+            f"{global_step - steps} optimizer step(s) are not in the history ε is computed from (or the Trainer took "
+            "them for another module, or before DPSGD joined it: fit with a Trainer of its own)"
         )
     elif global_step is not None and steps > global_step:
         notes.append(
