@@ -59,6 +59,15 @@ class SelfChecks:
     def checking_clipping(self) -> bool:
         return self.clipping_steps_left > 0
 
+    @property
+    def exactness_compared(self) -> bool:
+        """Some rank compared examples in this fit's exactness check (not run under FSDP2): the same answer on every
+        rank, because the self-checked steps are counted collectively. A rank whose own batches were empty on both
+        self-checked steps compared nothing, yet must log ``dp/exactness_error`` with the others: a log with
+        ``sync_dist=True`` is a collective call, and one rank logging alone desynchronised DDP (the other rank left
+        the fit one all-reduce early, and the first saw "Connection closed by peer")."""
+        return not self.fsdp and self.clipping_steps_left < SELF_CHECK_STEPS
+
     def collectively(self, check: Callable[[], None]) -> None:
         """Run a check; under several processes every rank raises when any rank's check failed."""
         error: Optional[MisconfigurationException] = None
