@@ -64,7 +64,12 @@ class DPSGD(Callback, DPSGDRun):
             accountant (a 0.2.0 checkpoint resumes with RDP, saying so in one warning).
         loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch (or how DPSGD
             reduces the per-example losses it returns).
-        grad_sample_mode: ``"hooks"`` (per-sample gradients) or ``"ghost"`` (ghost clipping; per-example losses).
+        grad_sample_mode: ``"hooks"`` (Opacus' per-sample gradients), ``"ghost"`` (ghost clipping; per-example
+            losses), ``"functional"`` (each example's whole gradient by ``torch.func`` on that example alone: tied
+            weights, parameters used outside their layer or in ``training_step``, any layer vmap runs;
+            :mod:`lightning_privacy.dpsgd.functional`) or ``"auto"`` (hooks where every trainable parameter belongs
+            to one layer Opacus samples exactly, functional otherwise; the choice and its reason are logged and kept
+            in ``grad_sample_mode``/``grad_sample_mode_reason``).
         fix_modules: replace DP-incompatible layers with Opacus' fixers in ``setup`` (warns with the list)
             instead of raising.
         exactness_examples: examples the exactness check compares on each of the two self-checked steps; a larger
@@ -98,6 +103,8 @@ class DPSGD(Callback, DPSGDRun):
             … of the run; an epoch shorter than n steps still records its first), a uniform 1/n of the steps; 1
             records every step (exact). The per-step work is mostly fixed overhead (~0.5 ms, ~4% of a step of the
             Adult MLP), so thinning steps makes it cheap. Ghost clipping computes every norm and records every step.
+        functional_chunk_size: functional mode's examples per vmapped chunk; ``None`` (default): as many as keep a
+            chunk's per-example gradients within 256 MiB (at least one).
 
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
@@ -158,6 +165,7 @@ class DPSGD(Callback, DPSGDRun):
         exactness_examples: Optional[int] = 64,
         sample_rate: Optional[float] = None,
         expected_batch_size: Optional[float] = None,
+        functional_chunk_size: Optional[int] = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)
