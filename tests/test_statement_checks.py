@@ -255,6 +255,31 @@ def test_the_console_script_names_sigma_beside_an_unchanged_history(base, tmp_pa
     assert "is 5 in the DPSGD state but 1.5 in the last segment of the ledger's history" in lines[0]
 
 
+def test_a_resumed_fit_and_a_refit_by_a_new_trainer_are_consistent(tmp_path):
+    """Real runs, not edits: resuming from a checkpoint restores global_step and the ledger alike; the same module
+    fitted again by a new Trainer with the same DPSGD has more ledger steps than global_step (noted, stated)."""
+    dpsgd, model = DPSGD(noise_multiplier=SIGMA), tiny_module()
+    first = trainer([dpsgd], tmp_path, max_epochs=1)
+    first.fit(model, tiny_loader())
+    first.save_checkpoint(tmp_path / "first.ckpt")
+    resumed = trainer([DPSGD(noise_multiplier=SIGMA)], tmp_path, max_epochs=2)
+    resumed.fit(tiny_module(), tiny_loader(), ckpt_path=tmp_path / "first.ckpt")
+    resumed.save_checkpoint(tmp_path / "resumed.ckpt")
+    statement = privacy_statement(tmp_path / "resumed.ckpt")
+    data = statement.to_dict()
+    assert (data["source"]["global_step"], data["mechanism"]["steps"]) == (2 * STEPS, 2 * STEPS)
+    assert data["consistency"] == {"status": "consistent", "problems": [], "notes": [], "digest": "verified"}
+    assert statement.differentially_private
+    again = trainer([dpsgd], tmp_path, max_epochs=1)
+    again.fit(model, tiny_loader())  # the same module: its ledger composes both fits
+    again.save_checkpoint(tmp_path / "again.ckpt")
+    statement = privacy_statement(tmp_path / "again.ckpt")
+    assert statement.differentially_private and statement.epsilon == dpsgd.epsilon()
+    assert statement.consistency["notes"][0].startswith(
+        f"The ledger records {2 * STEPS} DP-SGD steps, the checkpoint's global_step {STEPS}: "
+    )
+
+
 def test_more_ledger_steps_than_global_steps_is_noted_not_refused(base):
     """The same module fitted again by a new Trainer with the same DPSGD: global_step restarted, ε counts both."""
     statement = privacy_statement(edited(base, _global_step(3)))
