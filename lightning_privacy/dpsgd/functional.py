@@ -467,40 +467,43 @@ def hooks_obstacles(module: nn.Module) -> List[str]:
     from lightning_privacy.dpsgd.checks import tied_trainable_parameters
 
     exact = set(GradSampleHooks.GRAD_SAMPLERS)  # (Embedding and EmbeddingBag with dpsgd.samplers' corrections)
-    reasons: List[str] = []
-    for group in tied_trainable_parameters(module):
-        reasons.append(" is ".join(f"`{n}`" for n in group) + " (tied: Opacus' hooks clip each layer's use apart)")
+    # (in the order they are shown: what makes hooks wrong however the layers are written, then what has no sampler)
+    tied = [
+        " is ".join(f"`{n}`" for n in group) + " (tied: Opacus' hooks clip each layer's use apart)"
+        for group in tied_trainable_parameters(module)
+    ]
+    layout: List[str] = []
+    for prefix, m in module.named_modules():
+        where = f"`{prefix or type(m).__name__}` ({type(m).__name__})"
+        if getattr(m, "batch_first", None) is False and any(p.requires_grad for p in m.parameters()):
+            layout.append(
+                f"{where} is sequence-first (batch_first=False), while Opacus' hooks take the first dimension for the batch"
+            )
+        if getattr(m, "gradient_checkpointing", False) is True:
+            layout.append(f"{where} uses gradient checkpointing, whose re-run Opacus' hooks count twice")
+        if isinstance(m, nn.modules.conv._ConvNd) and m.padding_mode != "zeros" and m.weight.requires_grad:
+            layout.append(f"{where} pads with {m.padding_mode!r}, which Opacus' hooks treat as zeros")
     owners: Dict[int, List[Tuple[str, str, nn.Module]]] = {}
     for prefix, layer in module.named_modules(remove_duplicate=False):
         for name, param in layer.named_parameters(recurse=False):
             if param.requires_grad:
                 owners.setdefault(id(param), []).append((prefix, name, layer))
+    outside: Dict[int, Tuple[str, nn.Module, List[str]]] = {}  # holder -> its own trainable parameters
+    unsampled: List[str] = []
     for name, param in module.named_parameters():
         if not param.requires_grad:
             continue
         leaves = [(p, layer) for p, _, layer in owners.get(id(param), []) if next(layer.children(), None) is None]
         if not leaves:
-            prefix, _, holder = owners[id(param)][0]
-            reasons.append(
-                f"`{name}` is held by `{prefix or type(holder).__name__}` ({type(holder).__name__}), not by a layer"
-            )
-            continue
-        prefix, layer = leaves[0]
-        if type(layer) not in exact:
-            reasons.append(f"`{prefix or name}` ({type(layer).__name__}) has no exact Opacus per-example gradient")
-        elif isinstance(layer, nn.modules.conv._ConvNd) and layer.padding_mode != "zeros":
-            reasons.append(
-                f"`{prefix}` ({type(layer).__name__}) pads with {layer.padding_mode!r}, which Opacus' hooks treat as zeros"
-            )
-    for prefix, m in module.named_modules():
-        trains = any(p.requires_grad for p in m.parameters())
-        if trains and getattr(m, "batch_first", None) is False:
-            reasons.append(
-                f"`{prefix or type(m).__name__}` ({type(m).__name__}) is sequence-first (batch_first=False), while "
-                "Opacus' hooks take the first dimension for the batch"
-            )
-        if getattr(m, "gradient_checkpointing", False) is True:
-            reasons.append(
-                f"`{prefix or type(m).__name__}` uses gradient checkpointing, whose re-run Opacus' hooks count twice"
-            )
-    return list(dict.fromkeys(reasons))
+            prefix, own, holder = owners[id(param)][0]
+            outside.setdefault(id(holder), (prefix, holder, []))[2].append(own)
+        elif type(leaves[0][1]) not in exact:
+            prefix, layer = leaves[0]
+            unsampled.append(f"`{prefix or name}` ({type(layer).__name__}) has no exact Opacus per-example gradient")
+    held = [
+        f"`{prefix or type(holder).__name__}` ({type(holder).__name__}) holds "
+        + ", ".join(f"`{n}`" for n in names)
+        + " outside any layer"
+        for prefix, holder, names in outside.values()
+    ]
+    return list(dict.fromkeys([*tied, *layout, *held, *unsampled]))
