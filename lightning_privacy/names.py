@@ -164,6 +164,12 @@ KEY_DOCS = {
     DP_GRAD_SAMPLE_MODE: ("hooks (per-sample gradients) or ghost (ghost clipping)", "name", SETTING),
     DP_SAMPLING_SEED: ("how the Poisson masks' seed was chosen: secret, fixed or secure", "kind", SETTING),
     DP_NOISE_SEED: ("how the noise's seed was chosen: secret, fixed or secure", "kind", SETTING),
+    DP_EXPECTED_BATCH_SIZE: (
+        "the public constant each step's noised clipped sum is divided by (loader batch size or argument)",
+        "rows",
+        SETTING,
+    ),
+    DP_SAMPLE_RATE_SOURCE: ("where p came from: the argument, or 1/len(train loader)", "name", SETTING),
     DP_CLIP_FRACTION: ("share of per-sample gradients whose norm exceeded C", "fraction", NOT_PRIVATE),
     DP_GRAD_NORM_MEDIAN: ("median per-sample gradient norm before clipping", "gradient norm", NOT_PRIVATE),
     DP_GRAD_NORMS: ("histogram of per-sample gradient norms", "gradient norm", NOT_PRIVATE),
