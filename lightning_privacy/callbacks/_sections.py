@@ -48,6 +48,7 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
     rows = [
         ("noise multiplier σ", sigma, "Gaussian noise of std σ·C is added to every summed batch gradient"),
         ("clipping norm C", f"{cb.max_grad_norm:g}", "each example's gradient is clipped to norm ≤ C"),
+        _mode_row(cb),
         (
             "sample rate p",
             "—" if rate is None else f"{rate:.6g}",
@@ -71,6 +72,23 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
     if cb.ledger.steps and not any(getattr(c, "draws_mia_region", False) for c in trainer.callbacks):
         section.figures.append(_region(cb.ledger))
     return section
+
+
+_HOW = {
+    "hooks": "Opacus' per-layer hooks compute each example's gradient (checked against autograd on the first steps)",
+    "ghost": "ghost clipping: each example's norm layer by layer, then a backward pass of the clipped losses",
+    "functional": "each example's whole gradient by torch.func on that example alone, however its parameters are used",
+}
+
+
+def _mode_row(cb: Any) -> tuple:
+    """How each example's gradient was computed, and why this way where ``grad_sample_mode="auto"`` chose it."""
+    mode = getattr(cb, "grad_sample_mode", None) or "—"
+    note = _HOW.get(mode, "")
+    if getattr(cb, "grad_sample_mode_argument", None) == "auto":
+        reason = getattr(cb, "grad_sample_mode_reason", None)
+        mode, note = f"{mode} (auto)", f"{note}; chosen because {reason}" if reason else note
+    return ("per-example gradients", mode, note)
 
 
 def _rate_note(cb: Any) -> str:

@@ -226,11 +226,11 @@ def resolve_grad_sample_mode(trainer: pl.Trainer, module: Any, argument: str) ->
                 f"per-layer norms cannot clip this model ({shown}), so use one process or DDP, where "
                 "grad_sample_mode='functional' clips each example's whole gradient."
             )
-        return "ghost", "auto: FSDP2 runs ghost clipping, and every trainable parameter belongs to one layer it clips"
+        return "ghost", "FSDP2 runs ghost clipping, and every trainable parameter belongs to one layer it clips"
     if obstacles:
-        return "functional", f"auto: Opacus' per-layer hooks cannot vouch for this model ({shown})"
+        return "functional", f"Opacus' per-layer hooks cannot vouch for this model: {shown}"
     return "hooks", (
-        "auto: every trainable parameter belongs to exactly one layer with an exact Opacus per-example gradient "
+        "every trainable parameter belongs to exactly one layer with an exact Opacus per-example gradient "
         "(the exactness check confirms it on the first steps)"
     )
 

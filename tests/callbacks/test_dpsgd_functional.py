@@ -10,6 +10,7 @@ whole gradient clipped to C and summed. DPSGD's own clipped sum is read before t
 from __future__ import annotations
 
 import re
+import warnings
 
 import lightning.pytorch as pl
 import pytest
@@ -194,7 +195,7 @@ def loop_clipped_sum(make, state, batch, max_grad_norm):
 
 def fit_and_compare(make, mode="functional", data=None, batch_size=16, **kwargs):
     """Fit one epoch of ``make()`` in ``mode`` (float64) and return (DPSGD, the largest |DPSGD's clipped sum − the
-    loop's| of the first step, relative to the sum's largest entry)."""
+    loop's| of the first step relative to the sum's largest entry, DPSGD's sums by name)."""
     torch.manual_seed(0)
     model = make().double()
     dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=0, **kwargs)
@@ -205,7 +206,7 @@ def fit_and_compare(make, mode="functional", data=None, batch_size=16, **kwargs)
     difference = max(float((first.sums[n] - expected[n]).abs().max()) for n in expected)
     scale = max(float(v.abs().max()) for v in expected.values())
     assert scale > 1e-3  # (a real gradient, not zeros)
-    return dpsgd, difference / scale
+    return dpsgd, difference / scale, first.sums
 
 
 def _one_sentence(message: str) -> bool:
@@ -217,7 +218,7 @@ def _one_sentence(message: str) -> bool:
     "cls", [MLP, TiedLM, StepParameter, Bilinear, SequenceFirst], ids=lambda c: c.__name__
 )  # fmt: skip
 def test_the_functional_clipped_sum_is_the_loop_over_examples_each_run_alone(cls):
-    dpsgd, difference = fit_and_compare(cls)
+    dpsgd, difference, _ = fit_and_compare(cls)
     assert difference < TOLERANCE, difference
     assert dpsgd.steps == 3 and dpsgd.grad_sample_mode == "functional"
     record = dpsgd.exactness
@@ -228,7 +229,7 @@ def test_the_functional_clipped_sum_is_the_loop_over_examples_each_run_alone(cls
 def test_non_reentrant_checkpointing_and_item_go_example_by_example_exactly_and_say_why():
     for cls, named in ((Checkpointed, "torch.utils.checkpoint"), (Item, ".item()")):
         with pytest.warns(UserWarning, match=re.escape(named)) as record:
-            dpsgd, difference = fit_and_compare(cls)
+            dpsgd, difference, _ = fit_and_compare(cls)
         assert difference < TOLERANCE, (cls.__name__, difference)
         message = next(str(w.message) for w in record if named in str(w.message))
         assert "own forward and backward pass" in message and "test_dpsgd_functional.py:" in message  # where it ran
@@ -270,7 +271,7 @@ def test_self_log_inside_training_step_logs_the_batch():
 
 
 def test_chunks_give_the_loop_s_sum_and_empty_poisson_batches_are_noise_only_steps():
-    _, difference = fit_and_compare(MLP, functional_chunk_size=3)
+    _, difference, _ = fit_and_compare(MLP, functional_chunk_size=3)
     assert difference < TOLERANCE
     torch.manual_seed(0)
     dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode="functional", sampling_seed=3)
@@ -294,12 +295,12 @@ def test_dropout_draws_a_mask_per_example():
 
 # ------------------------------------------------------------------------------------------------------------- auto
 def test_auto_picks_hooks_for_an_mlp_and_functional_for_a_tied_model_and_says_why(rank_zero_infos):
-    dpsgd, difference = fit_and_compare(MLP, mode="auto")
+    dpsgd, difference, _ = fit_and_compare(MLP, mode="auto")
     assert dpsgd.grad_sample_mode == "hooks" and difference < TOLERANCE
-    assert dpsgd.grad_sample_mode_reason.startswith("auto: every trainable parameter belongs to exactly one layer")
+    assert dpsgd.grad_sample_mode_reason.startswith("every trainable parameter belongs to exactly one layer")
     assert dpsgd.privacy_settings()[names.DP_GRAD_SAMPLE_MODE] == "hooks"
     assert dpsgd.exactness.steps == 2  # hooks mode's exactness check ran as usual
-    tied, difference = fit_and_compare(TiedLM, mode="auto")
+    tied, difference, _ = fit_and_compare(TiedLM, mode="auto")
     assert tied.grad_sample_mode == "functional" and difference < TOLERANCE
     assert "`wte.weight` is `lm_head.weight` (tied" in tied.grad_sample_mode_reason
     assert tied.privacy_settings()[names.DP_GRAD_SAMPLE_MODE] == "functional"
@@ -307,6 +308,17 @@ def test_auto_picks_hooks_for_an_mlp_and_functional_for_a_tied_model_and_says_wh
     said = [m for m in rank_zero_infos if m.startswith("DPSGD(grad_sample_mode='auto') trains with")]
     assert len(said) == 2 and "'hooks'" in said[0] and "'functional'" in said[1] and "lm_head.weight" in said[1]
     assert tied.grad_sample_mode_argument == "auto"  # another fit decides again
+
+
+def test_the_report_names_the_mode_and_why_auto_chose_it():
+    from lightning_privacy.report import privacy_report
+
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode="auto", sampling_seed=0)
+    trainer = _trainer([dpsgd])
+    trainer.fit(TiedLM().double(), DataLoader(_data(), batch_size=16))
+    row = re.search(r"^\| per-example gradients \| ([^|]+) \| ([^|]+) \|", privacy_report(trainer), flags=re.M)
+    assert row and row.group(1).strip() == "functional (auto)"
+    assert "on that example alone" in row.group(2) and "`wte.weight` is `lm_head.weight`" in row.group(2)
 
 
 @pytest.mark.parametrize(
@@ -327,7 +339,7 @@ def test_auto_names_what_opacus_hooks_cannot_vouch_for(make, named):
         assert obstacles == []
         return
     assert any(named in o for o in obstacles), obstacles
-    dpsgd, difference = fit_and_compare(make, mode="auto")
+    dpsgd, difference, _ = fit_and_compare(make, mode="auto")
     assert dpsgd.grad_sample_mode == "functional" and named in dpsgd.grad_sample_mode_reason
     assert difference < TOLERANCE
 
@@ -367,5 +379,62 @@ def test_a_batchnorm_is_refused_and_an_lstm_trains_in_functional_mode():
         def forward(self, ids):
             return self.head(self.lstm(self.embed(ids))[0][:, -1])
 
-    dpsgd, difference = fit_and_compare(Recurrent)  # (Opacus' hooks would need DPLSTM: fix_modules)
+    dpsgd, difference, _ = fit_and_compare(Recurrent)  # (Opacus' hooks would need DPLSTM: fix_modules)
     assert difference < TOLERANCE and dpsgd.steps == 3
+
+
+# -------------------------------------------------------------------------------------------------------------- DDP
+def _run(root, **kwargs):
+    torch.set_num_threads(1)
+    torch.manual_seed(0)  # every rank: the same initial weights
+    model = TiedLM().double()
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode="functional", sampling_seed=5, noise_seed=6)
+    sums = []
+    dpsgd.register_before_noise_hook(
+        lambda opt: sums.append(torch.cat([opt.summed(p).detach().flatten() for p in opt.params]).clone())
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = _trainer([dpsgd], default_root_dir=root, **kwargs)
+        trainer.fit(model, DataLoader(_data(), batch_size=16))
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {"rank": trainer.global_rank, "steps": trainer.global_step, "sums": torch.stack(sums), "weights": weights}
+
+
+def _ddp_worker(root):
+    return _run(root, strategy="ddp", devices=2, use_distributed_sampler=False)
+
+
+@pytest.mark.slow
+def test_ddp_clips_each_rank_s_examples_and_trains_the_one_process_model(tmp_path):
+    from tests._launch import run_ddp
+
+    one = _run(str(tmp_path / "one"))
+    ranks = run_ddp("tests.callbacks.test_dpsgd_functional:_ddp_worker", tmp_path / "two", root=str(tmp_path / "two"))
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] == one["steps"] == 3
+    # the ranks' clipped sums add up to the one process's: the same Poisson batch split over two processes
+    torch.testing.assert_close(ranks[0]["sums"] + ranks[1]["sums"], one["sums"], rtol=0, atol=1e-12)
+    assert float(ranks[1]["sums"].abs().sum()) > 0  # (both ranks had examples)
+    # rank 0 adds the noise once (same seed as one process), the ranks average: the same model
+    torch.testing.assert_close(ranks[0]["weights"], one["weights"], rtol=1e-10, atol=1e-12)
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
+
+
+# ----------------------------------------------------------------------------------------------------------- GPT-2
+def test_a_tied_head_gpt2_fully_fine_tunes_in_auto_mode_with_the_exact_clipped_sum():
+    pytest.importorskip("transformers")
+    from tests.callbacks._language_models import PaddedSequences, TinyCausalLM
+
+    def make():
+        return TinyCausalLM("gpt2", lora=False)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (Hugging Face's config notes; its masks make vmap go example by example)
+        dpsgd, difference, sums = fit_and_compare(make, mode="auto", data=PaddedSequences(32), batch_size=8)
+    assert dpsgd.grad_sample_mode == "functional" and dpsgd.steps == 4
+    assert "`model.transformer.wte.weight` is `model.lm_head.weight` (tied" in dpsgd.grad_sample_mode_reason
+    assert difference < 1e-6, difference  # (the loss casts the logits to float32: rounding of that size)
+    assert len(sums) == len(list(make().parameters())) == 16  # every weight trains, the tied one once
+    assert all(float(s.abs().sum()) > 0 for s in sums.values())
+    record = dpsgd.exactness
+    assert record.steps == 2 and record.max_relative_error < 1e-6
