@@ -104,7 +104,8 @@ class DPSGD(Callback, DPSGDRun):
             records every step (exact). The per-step work is mostly fixed overhead (~0.5 ms, ~4% of a step of the
             Adult MLP), so thinning steps makes it cheap. Ghost clipping computes every norm and records every step.
         functional_chunk_size: functional mode's examples per vmapped chunk; ``None`` (default): as many as keep a
-            chunk's per-example gradients within 256 MiB (at least one).
+            chunk's per-example gradients within 256 MiB on the CPU, a quarter of the free memory on a GPU (at least
+            one; halved after an out-of-memory error).
 
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
@@ -116,6 +117,8 @@ class DPSGD(Callback, DPSGDRun):
             ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
             audit commands read them to load the weights into the user's class and to check the member set.
         accountant: the Opacus accountant of this run.
+        grad_sample_mode: the mode of the last fit (``"auto"`` resolved in ``setup``); ``grad_sample_mode_reason``
+            says why (logged, in the report).
         exactness: what the last fit's exactness check compared (:class:`~lightning_privacy.dpsgd.exactness.ExactnessRecord`), logged.
 
     Raises:

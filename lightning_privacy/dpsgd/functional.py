@@ -6,8 +6,8 @@ module's own ``training_step`` on each example's row alone (a batch of one) unde
 example's loss with respect to every trainable parameter, however the parameter is used — a weight tied to an output
 head, a ``F.linear(x, layer.weight)`` beside the layer, a raw ``nn.Parameter`` used in ``training_step``,
 ``nn.Bilinear``, a sequence-first layer, a custom ``autograd.Function`` with a vmap rule. The examples go through in
-chunks whose per-example gradients fit a memory budget (``DPSGD(functional_chunk_size=...)``; by default as many
-as keep :data:`CHUNK_BYTES`); each example's gradient norm over all parameters is taken, the gradient is scaled by
+chunks whose per-example gradients fit a memory budget (``DPSGD(functional_chunk_size=...)``; by default
+:data:`CHUNK_BYTES` on the CPU, a quarter of the free memory on a GPU, halved after an out-of-memory error); each example's gradient norm over all parameters is taken, the gradient is scaled by
 ``min(1, C / (norm + 1e-6))`` (Opacus' factor) and added to the step's sum, so one chunk's per-example gradients are
 in memory at a time. Each example's contribution is then a function of that example alone, whatever the model does
 with a batch: the bound on one example's influence does not rest on a check.
@@ -67,7 +67,8 @@ __all__ = [
     "vmap_obstacle",
 ]
 
-#: bytes of per-example gradients one chunk may hold when ``functional_chunk_size`` is not given
+#: bytes of per-example gradients one chunk may hold on the CPU when ``functional_chunk_size`` is not given (on a GPU:
+#: a quarter of its free memory)
 CHUNK_BYTES = 2**28
 PER_EXAMPLE_LOSS = "per_example_loss"  # (as dpsgd.backward: training_step's dict key beside "loss")
 FUNCTIONAL_REFERENCE = (
@@ -191,6 +192,8 @@ def vmap_obstacle(error: BaseException) -> str:
     at = f" (at {where})" if where else ""
     for needle, operation, fix in _OPERATIONS:
         if needle in text:
+            if where.startswith("masking_utils.py"):  # Hugging Face's sdpa masks read the data to skip the mask
+                fix = "load the model with `attn_implementation='eager'`, whose masks vmap runs"
             return f"{operation}{at}; to keep vmap's speed, {fix}"
     first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     return f"an operation vmap cannot batch{at} (torch: {first[:200]})"
@@ -204,8 +207,10 @@ class FunctionalClipping:
             Opacus hooks (functional mode attaches none).
         max_grad_norm: C.
         chunk_size: examples per vmapped chunk; ``None``: as many as keep a chunk's per-example gradients within
-            ``chunk_bytes`` (at least one).
-        chunk_bytes: the budget of ``chunk_size=None``.
+            ``chunk_bytes`` (at least one). A chunk that runs out of GPU memory is split in two and the fit's
+            chunks stay at most that large.
+        chunk_bytes: the budget of ``chunk_size=None``; ``None``: :data:`CHUNK_BYTES` on the CPU, a quarter of the
+            GPU's free memory on a GPU.
 
     Attributes:
         params: the trainable parameters, in ``module.parameters()`` order (tied ones once).
@@ -219,7 +224,7 @@ class FunctionalClipping:
         *,
         max_grad_norm: float,
         chunk_size: Optional[int] = None,
-        chunk_bytes: int = CHUNK_BYTES,
+        chunk_bytes: Optional[int] = None,
     ) -> None:
         self.module = module
         self.max_grad_norm = float(max_grad_norm)
@@ -229,14 +234,22 @@ class FunctionalClipping:
         self.chunk_size = chunk_size
         self.chunk_bytes = chunk_bytes
         self.fallback: Optional[str] = None
+        self._out_of_memory: Optional[int] = None  # half the chunk that ran out of GPU memory
         self._call = _Call(module)
 
     def rows_per_chunk(self, rows: int) -> int:
-        """Examples per vmapped chunk for a batch of ``rows``."""
+        """Examples per vmapped chunk for a batch of ``rows`` (at most half the chunk that last ran out of memory)."""
         if self.chunk_size is not None:
-            return max(1, min(rows, self.chunk_size))
-        per_example = sum(p.numel() * p.element_size() for p in self.params)
-        return max(1, min(rows, self.chunk_bytes // max(1, per_example)))
+            size = self.chunk_size
+        else:
+            budget = self.chunk_bytes
+            if budget is None:  # the CPU's fixed budget; a quarter of a GPU's free memory
+                device = self.params[0].device if self.params else torch.device("cpu")
+                budget = torch.cuda.mem_get_info(device)[0] // 4 if device.type == "cuda" else CHUNK_BYTES
+            size = budget // max(1, sum(p.numel() * p.element_size() for p in self.params))
+        if self._out_of_memory is not None:
+            size = min(size, self._out_of_memory)
+        return max(1, min(rows, size))
 
     # ------------------------------------------------------------------------------------------------- the pass
     def clipped_sum(self, batch: Any, step: Callable[[Any], Any]) -> ClippedSum:
@@ -261,6 +274,12 @@ class FunctionalClipping:
                 if how == "vmap":
                     try:
                         grads, loss = self._vmapped(leaves, spec, batched, chunk, step)
+                    except torch.cuda.OutOfMemoryError:
+                        if k == 1:
+                            raise
+                        self._out_of_memory = size = k // 2  # (this fit's chunks stay at most that large)
+                        torch.cuda.empty_cache()
+                        continue
                     except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
                         how, k = "loop", 1  # exact and slower: each example its own backward pass by autograd
                         chunk = [c[:1] for c in chunk]

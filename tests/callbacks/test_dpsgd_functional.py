@@ -438,3 +438,30 @@ def test_a_tied_head_gpt2_fully_fine_tunes_in_auto_mode_with_the_exact_clipped_s
     assert all(float(s.abs().sum()) > 0 for s in sums.values())
     record = dpsgd.exactness
     assert record.steps == 2 and record.max_relative_error < 1e-6
+
+
+def test_a_chunk_that_runs_out_of_gpu_memory_is_split_and_the_sum_stays_exact(monkeypatch):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+    x = torch.randn(10, 4, dtype=torch.float64)
+
+    def step(rows):
+        return net(rows).pow(2).sum()
+
+    exact = functional.FunctionalClipping(net, max_grad_norm=0.3, chunk_size=10).clipped_sum(x, step)
+    engine = functional.FunctionalClipping(net, max_grad_norm=0.3, chunk_size=10)
+    real, sizes = engine._vmapped, []
+
+    def small_memory(leaves, spec, batched, chunk, step):
+        sizes.append(int(chunk[0].shape[0]))
+        if chunk[0].shape[0] > 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test)")
+        return real(leaves, spec, batched, chunk, step)
+
+    monkeypatch.setattr(engine, "_vmapped", small_memory)
+    split = engine.clipped_sum(x, step)
+    assert sizes[:4] == [10, 5, 2, 2] and engine.fallback is None and split.how == "vmap"
+    assert engine.rows_per_chunk(10) == 2  # the fit's next steps start at that size
+    for a, b in zip(split.sums, exact.sums):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
+    torch.testing.assert_close(split.norms, exact.norms)
