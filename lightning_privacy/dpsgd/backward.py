@@ -211,7 +211,8 @@ class PerExampleBackward:
         if self.mode == "functional":
             return self._functional_step(batch, args, kwargs)
         try:
-            out = self._original_step(*args, **kwargs)
+            with self._no_per_step_sync():
+                out = self._original_step(*args, **kwargs)
         except NotImplementedError as err:
             if self.mode == "ghost" and "Parameter tying is not supported" in str(err):
                 raise MisconfigurationException(self._called_twice_message()) from err
@@ -226,6 +227,38 @@ class PerExampleBackward:
                 )
             out = {**out, "loss": losses}
         return out
+
+    @contextlib.contextmanager
+    def _no_per_step_sync(self) -> Iterator[None]:
+        """Under DDP, refuse ``self.log(..., sync_dist=True)`` of a per-step value inside ``training_step``.
+
+        Such a log all-reduces at the call, but a rank whose Poisson batch is empty skips ``training_step`` (the
+        module never sees an empty batch), so the other ranks would wait in an all-reduce it never joins: the ranks
+        fall out of step ("Connection closed by peer", or a hang). FSDP2 runs every rank's step (the placeholder row).
+        """
+        module = self.pl_module
+        if self.sharded or not _distributed() or torch.distributed.get_world_size() < 2:
+            yield
+            return
+        log, own = module.log, vars(module).get("log")
+
+        def guarded(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("sync_dist") and kwargs.get("on_step", True) is not False:
+                raise MisconfigurationException(
+                    f"DPSGD under DDP: `self.log({name!r}, ..., sync_dist=True)` in training_step all-reduces at every "
+                    "step, but a rank whose Poisson batch is empty skips training_step, so the ranks would fall out "
+                    "of step. Log the rank's own value (no sync_dist), or log it with on_step=False, on_epoch=True."
+                )
+            return log(name, value, *args, **kwargs)
+
+        module.log = guarded
+        try:
+            yield
+        finally:
+            if own is None:
+                del module.log  # (the class's method again)
+            else:
+                module.log = own
 
     def _placeholder(self) -> Any:
         """FSDP2: the train loader's placeholder (its dataset's first example, one row), on the module's device."""
@@ -472,7 +505,7 @@ class PerExampleBackward:
                 "(exact, one pass per example, slower)."
             )
         self._functional_sums, self.last_norms = result.sums, result.norms
-        with torch.no_grad():
+        with torch.no_grad(), self._no_per_step_sync():
             out = self._original_step(*args, **kwargs)  # (what the module logs and returns, from the whole batch)
         loss = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
         if not isinstance(loss, torch.Tensor):
