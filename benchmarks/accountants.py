@@ -1,6 +1,6 @@
 """One accountant behind every ε: how close it is to dp_accounting, the σ it plans against RDP's, and what it buys.
 
-Part 1 — accuracy (``--accuracy``: only this part, ~4 min on one core → ``benchmarks/results/accountant_accuracy.md``).
+Part 1 — accuracy (``--accuracy``: only this part, ~12 min on one core → ``benchmarks/results/accountant_accuracy.md``).
 Over q = 0.004, 0.01, 0.05, 500 and 5,000 steps and ε = 0.5, 1, 2, 4, 8 at δ = 1e-5 (30 runs):
   a. the σ ``PrivacyLedger.calibrate`` plans with the default PLD and with Opacus' RDP (% below RDP);
   b. at the PLD's σ, the ledger's ε at δ = 1e-5 and 1e-8 against dp_accounting's PLD (add/remove, connect-the-dots,
@@ -19,8 +19,8 @@ accuracy of the demo's MLP trained with each σ (5 seeds: mean ± sd).
 Part 3 — cost. A ``dp/epsilon`` read every epoch: the time of one read at 10⁴ and 10⁵ steps (100 and 1,000 steps
 per epoch, σ = 1), beside RDP's cached read, one epoch's β* read and the per-step cost of an epoch.
 
-    python benchmarks/accountants.py --accuracy   # → benchmarks/results/accountant_accuracy.md (~4 min, one core)
-    python benchmarks/accountants.py              # both files (~30 min on one core: the Adult fits)
+    python benchmarks/accountants.py --accuracy   # → benchmarks/results/accountant_accuracy.md (~12 min, one core)
+    python benchmarks/accountants.py              # both files (~50 min on one core: the Adult fits)
     python benchmarks/accountants.py --seeds 1    # Adult quicker, printed only
 """
 
