@@ -357,6 +357,22 @@ def test_refusals_name_the_argument_and_the_strategy():
     assert DPSGD(noise_multiplier=1.0).grad_sample_mode == "hooks"  # the default stays
 
 
+def test_auto_under_fsdp2_is_ghost_clipping_or_a_refusal_naming_why():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from lightning_privacy.dpsgd.strategies import resolve_grad_sample_mode
+
+    fsdp = SimpleNamespace(strategy=ModelParallelStrategy())
+    mode, reason = resolve_grad_sample_mode(fsdp, MLP(), "auto")
+    assert mode == "ghost" and reason.startswith("FSDP2 runs ghost clipping")
+    with pytest.raises(MisconfigurationException, match=r"`wte\.weight` is `lm_head\.weight`") as err:
+        resolve_grad_sample_mode(fsdp, TiedLM(), "auto")
+    assert "grad_sample_mode='functional'" in str(err.value) and _one_sentence(str(err.value))
+    assert resolve_grad_sample_mode(fsdp, TiedLM(), "hooks") == ("hooks", "given as DPSGD(grad_sample_mode=...)")
+
+
 def test_a_batchnorm_is_refused_and_an_lstm_trains_in_functional_mode():
     class Norm(MLP):
         def __init__(self):
