@@ -52,7 +52,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 __all__ = [
     "CHUNK_BYTES",
@@ -365,8 +365,9 @@ class FunctionalClipping:
 
 def _split(batch: Any) -> Tuple[List[Any], Any, int, List[int]]:
     """``batch``'s leaves, its structure, its rows and the leaves split by rows (tensors whose first dimension is the
-    batch's: the first tensor of at least one dimension sets it)."""
-    leaves, spec = tree_flatten(batch)
+    batch's: the first tensor of at least one dimension sets it). The tensors are copies: an in-place change that
+    ``training_step`` makes to its batch happens to the batch once, in the batch's own pass, as without DPSGD."""
+    leaves, spec = tree_flatten(_copy(batch))
     tensors = [x for x in leaves if isinstance(x, torch.Tensor) and x.ndim > 0]
     if not tensors:
         raise MisconfigurationException(
@@ -376,6 +377,10 @@ def _split(batch: Any) -> Tuple[List[Any], Any, int, List[int]]:
     rows = int(tensors[0].shape[0])
     batched = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.ndim > 0 and x.shape[0] == rows]
     return leaves, spec, rows, batched
+
+
+def _copy(batch: Any) -> Any:
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, batch)
 
 
 def _rebuild(leaves: List[Any], spec: Any, batched: List[int], rows: Sequence[torch.Tensor]) -> Any:
@@ -422,7 +427,7 @@ def check_losses_alone(
         MisconfigurationException: naming the example and the two losses, and the likely causes.
     """
     with _eval_mode(engine.module), logging_suppressed(engine.module), torch.no_grad():
-        out = step(batch)
+        out = step(_copy(batch))
         alone = engine.losses_alone(batch, step).to(torch.float64)
     together = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
     if not isinstance(together, torch.Tensor):

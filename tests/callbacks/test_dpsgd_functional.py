@@ -134,6 +134,56 @@ class Item(MLP):
         return F.cross_entropy(self(ids), y, reduction="none") * weights
 
 
+class Scale(torch.autograd.Function):
+    """×2 with a vmap rule (``setup_context`` + ``generate_vmap_rule``), as torch.func asks of a custom Function."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class ClassicScale(torch.autograd.Function):
+    """×2 the classic way (``ctx`` in ``forward``): vmap cannot run it."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class CustomFunction(MLP):
+    function = Scale
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.function.apply(self.hidden(self.embed(ids).mean(1)))))
+
+
+class ClassicFunction(CustomFunction):
+    function = ClassicScale
+
+
+class InPlace(MLP):
+    """Shifts its token ids in place inside ``training_step`` (not idempotent: twice would shift twice)."""
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        ids.add_(1).remainder_(V)
+        return super().training_step((ids, y), batch_idx)
+
+
 class Logged(MLP):
     def training_step(self, batch, batch_idx):
         out = super().training_step(batch, batch_idx)
@@ -234,6 +284,19 @@ def test_non_reentrant_checkpointing_and_item_go_example_by_example_exactly_and_
         message = next(str(w.message) for w in record if named in str(w.message))
         assert "own forward and backward pass" in message and "test_dpsgd_functional.py:" in message  # where it ran
         assert dpsgd.steps == 3
+
+
+def test_a_custom_function_with_a_vmap_rule_runs_under_vmap_and_a_classic_one_example_by_example():
+    dpsgd, difference, _ = fit_and_compare(CustomFunction)
+    assert difference < TOLERANCE and dpsgd.exactness.reference.endswith("(vmap)")
+    with pytest.warns(UserWarning, match="torch.autograd.Function` without a vmap rule"):
+        dpsgd, difference, _ = fit_and_compare(ClassicFunction)
+    assert difference < TOLERANCE and dpsgd.exactness.reference.endswith("(loop)")
+
+
+def test_an_in_place_change_to_the_batch_happens_once_as_without_dpsgd():
+    dpsgd, difference, _ = fit_and_compare(InPlace)
+    assert difference < TOLERANCE and dpsgd.exactness.max_relative_error < 1e-12
 
 
 def test_a_model_that_mixes_examples_is_refused_before_its_first_step():
