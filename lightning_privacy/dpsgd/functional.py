@@ -18,7 +18,14 @@ Where vmap cannot run ``training_step`` — ``.item()``, data-dependent control 
 tensor — the same examples go through one at a time, each its own forward and backward pass by autograd (exact,
 slower): :attr:`FunctionalClipping.fallback` names the operation and where it ran, and DPSGD says so once.
 ``self.log`` is suppressed inside the per-example passes (Lightning cannot log a batched tensor); DPSGD runs the
-batch's own ``training_step`` once without gradients for what it logs and returns.
+batch's own ``training_step`` once without gradients for what it logs and returns. ``training_step`` therefore runs
+more than once per step (once per chunk under vmap, once per example in the loop, once for the batch): the passes
+work on copies of the batch, so an in-place change to it happens once, but other side effects (a counter on the
+module) happen in each.
+
+Privacy does not rest on the model: each example's contribution is computed from that example alone, clipped to C,
+whatever the forward pass does with a batch. Accuracy does: a model that uses its batch as a whole would be trained on
+other losses than its own.
 
 A model whose examples' losses computed alone differ from their losses in the batch mixes examples (``h - h.mean(0)``,
 a sequence-first layer fed batch-first data): functional mode would train it on something else than the batch's
