@@ -66,6 +66,7 @@ __all__ = [
     "check_canaries",
     "epsilon_delta_tpr_bound",
     "gdp_tpr_bound",
+    "symmetric_concave_xi",
     "symmetric_concave_inverse",
 ]
 
@@ -175,6 +176,31 @@ def symmetric_concave_inverse(tpr_bound: TprBound, *, points: int = 5000) -> Cal
         >>> 0.049 < inverse(y) <= 0.05
         True
     """
+    hx, hy = _symmetric_hull(tpr_bound, points)
+
+    def inverse(value: float) -> float:
+        return float(np.interp(value, hy, hx, left=0.0, right=1.0))
+
+    return inverse
+
+
+def symmetric_concave_xi(tpr_bound: TprBound, *, points: int = 5000) -> Callable[[float], float]:
+    """ξ itself, of :func:`symmetric_concave_inverse`: a TPR bound at each FPR valid in both orders of the pair.
+
+    Example:
+        >>> xi = symmetric_concave_xi(lambda f: gdp_tpr_bound(f, mu=1.0))
+        >>> bool(gdp_tpr_bound(0.05, mu=1.0) <= xi(0.05) < gdp_tpr_bound(0.05, mu=1.0) + 1e-3)
+        True
+    """
+    hx, hy = _symmetric_hull(tpr_bound, points)
+
+    def xi(value: float) -> float:
+        return float(np.interp(value, hx, hy, left=float(hy[0]), right=1.0))
+
+    return xi
+
+
+def _symmetric_hull(tpr_bound: TprBound, points: int) -> Tuple[np.ndarray, np.ndarray]:
     if isinstance(points, bool) or not isinstance(points, int) or points < 10:
         raise ValueError(f"Expected argument `points` to be an int >= 10, but got {points!r}.")
     tail = np.logspace(-15, 0, points)  # dense on log scales at both ends: the reverse order reads 1 − x
@@ -185,12 +211,7 @@ def symmetric_concave_inverse(tpr_bound: TprBound, *, points: int = 5000) -> Cal
     cy = np.concatenate([y[1:], w[1:], [1.0]])  # staircase corners: the value at the next grid point
     hx, hy = _upper_hull(cx, cy)
     top = int(np.argmax(hy >= 1.0))  # keep the rising part: the inverse of a non-decreasing function
-    hx, hy = hx[: top + 1], hy[: top + 1]
-
-    def inverse(value: float) -> float:
-        return float(np.interp(value, hy, hx, left=0.0, right=1.0))
-
-    return inverse
+    return hx[: top + 1], hy[: top + 1]
 
 
 # ------------------------------------------------------------------------------------------------- the verdict
@@ -203,8 +224,8 @@ class ClaimVerdict:
         alpha: the family-wise error: a true claim is contradicted with probability at most α.
         evidence: the test that decided a contradiction (the one beyond the claim by the largest margin),
             ``None`` when consistent.
-        tests: every test run, as dicts: ``kind`` (``"tpr_at_fpr"``, ``"epsilon_lower"``, ``"binomial"`` or
-            ``"fdp"``), ``level`` (its share of α), ``statistic`` and ``bound`` (what was compared: the TPR lower
+        tests: every test run, as dicts: ``kind`` (``"tpr_at_fpr"``, ``"epsilon_lower"``, ``"binomial"``,
+            ``"fdp"`` or ``"orderstat"``), ``level`` (its share of α), ``statistic`` and ``bound`` (what was compared: the TPR lower
             limit and the claim's TPR bound at the FPR upper limit; the ε lower bound and the claim's ε; correct
             guesses and the most a claim allows), ``contradicts`` and the counts behind them.
     """
@@ -228,6 +249,12 @@ class ClaimVerdict:
             what = (
                 f"at FPR ≤ {e['fpr_high']:.4g} (upper limit) the attack's TPR is at least {e['tpr_low']:.4f} (lower "
                 f"limit) but the claim allows at most {e['bound']:.4f}"
+            )
+        elif e["kind"] == "orderstat":
+            what = (
+                f"independent canaries: at FPR ≤ {e['fpr_high']:.4g} (upper limit, threshold at rank {e['rung'] + 1} of "
+                f"the {'excluded' if e['tail'] == 'in' else 'included'} scores) the TPR is at least {e['tpr_low']:.4f} "
+                f"but the claim allows at most {e['bound']:.4f}"
             )
         elif e["kind"] in ("epsilon_lower", "binomial"):
             what = (
@@ -422,6 +449,7 @@ def check_canaries(
     tpr_bound: Optional[TprBound] = None,
     alpha: float = 0.05,
     seed: int = 0,
+    independent: bool = False,
 ) -> ClaimVerdict:
     """The verdict on a claim from a one-run canary audit (see the module docstring).
 
@@ -433,12 +461,18 @@ def check_canaries(
         epsilon: the claim's ε at ``delta``; ``None`` (or ``inf``): no binomial test.
         delta: the claim's δ, in [0, 1).
         tpr_bound: the claim's TPR bound (order: with, without the canary); ``None``: no f-DP test.
-        alpha: family-wise error, split equally between the two kinds when both run.
+        alpha: family-wise error, split equally between the kinds that run.
         seed: tie-breaking order of the scores.
+        independent: the caller vouches that the canaries' scores are independent given their bits, one law for
+            the included and one for the excluded (white-box Dirac gradient canaries scored
+            ``released_minus_batch`` or ``likelihood_ratio``); adds the order-statistic test of the claim's curve
+            (:func:`~lightning_privacy.analysis.canary_fdp.orderstat_claim_test`, needs ``tpr_bound``) as a third
+            kind. Not valid for input canaries, which train one model together.
 
     Returns:
         A :class:`ClaimVerdict` with one ``"binomial"`` and one ``"fdp"`` test (the grid pair beyond the claim by
-        the most correct guesses, else the grid pair closest to rejecting).
+        the most correct guesses, else the grid pair closest to rejecting), and one ``"orderstat"`` test with
+        ``independent=True``.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -454,7 +488,11 @@ def check_canaries(
     alpha = _check_alpha(alpha)
     eps, delta = _check_claim_numbers(epsilon, delta)
     use_binomial = eps is not None and math.isfinite(eps)
-    kinds = int(use_binomial) + int(tpr_bound is not None)
+    if not isinstance(independent, bool):
+        raise TypeError(f"Expected argument `independent` to be a bool, but got {independent!r}.")
+    if independent and tpr_bound is None:
+        raise ValueError("Expected a `tpr_bound` with independent=True (the order-statistic test reads its curve).")
+    kinds = int(use_binomial) + int(tpr_bound is not None) + int(independent)
     if kinds == 0:
         raise ValueError("Expected a finite `epsilon` or a `tpr_bound` to test, but got neither.")
     each = alpha / kinds
@@ -507,4 +545,9 @@ def check_canaries(
                 }
         if best is not None:
             tests.append(best)
+    if independent:
+        from .canary_fdp import orderstat_claim_test
+
+        xi = symmetric_concave_xi(tpr_bound)  # ≥ the curve in both orders: both tails
+        tests.append(orderstat_claim_test(scores, included, xi=xi, alpha=each))
     return _decide(tests, alpha)
