@@ -11,6 +11,10 @@ type, on global rank 0 (``<k>`` is the step, ``<tag>``'s ``/`` makes folders):
 | ``WandbLogger`` | ``wandb.Image`` under the key ``tag`` | ``wandb.Histogram`` | ``wandb.Html`` (the text, preformatted) |
 | ``CSVLogger`` | ``<log_dir>/figures/<tag>_step<k>.png`` | ``<log_dir>/histograms/<tag>_step<k>.png`` | ``<log_dir>/text/<tag>_step<k>.md`` |
 
+A histogram bins the finite values only; one with none (no values, or only NaN / ±inf) becomes its labelled figure
+on every logger (TensorBoard's IMAGES, a ``wandb.Image``), and non-finite values left out are warned about once per
+tag and Trainer: telemetry never ends a fit.
+
 A logger whose ``experiment`` has TensorBoard's ``add_figure``, ``add_histogram`` and ``add_text`` counts as
 TensorBoard. Any other logger gets the scalars only, and one warning per logger type and Trainer naming what it
 cannot show. ``mlflow`` and ``wandb`` (the ``[loggers]`` extra) are used only where such a logger is present.
@@ -72,6 +76,24 @@ def _warn_once(trainer: pl.Trainer, logger: Logger) -> None:
     )
 
 
+def _warn_non_finite(trainer: pl.Trainer, tag: str, step: int, left_out: int, total: int) -> None:
+    """One warning per tag and Trainer: non-finite values were left out of a histogram."""
+    warned = _WARNED.setdefault(trainer, set())
+    if f"histogram:{tag}" in warned:
+        return
+    warned.add(f"histogram:{tag}")
+    rank_zero_warn(
+        f"The histogram {tag!r} at step {step} leaves out {left_out} non-finite value(s) (NaN or ±inf) of {total}: "
+        + (
+            "it shows the finite ones"
+            if left_out < total
+            else "there is nothing to bin, the loggers get a labelled figure"
+        )
+        + " (said once per tag; non-finite per-example gradient norms or losses mean the loss, the gradients or the "
+        "weights turned NaN or infinite)."
+    )
+
+
 def _loggers(trainer: pl.Trainer) -> Iterator[Tuple[Logger, str]]:
     """``(logger, store)`` for each logger that shows figures, histograms and text (none off global rank 0); the
     others are warned about, once per type and Trainer."""
@@ -115,18 +137,32 @@ def log_figure(trainer: pl.Trainer, tag: str, figure: Figure, step: Optional[int
 
 
 def log_histogram(trainer: pl.Trainer, tag: str, values: Any, step: Optional[int] = None) -> None:
-    """A histogram of ``values`` (array, tensor or sequence of numbers) on every logger of ``trainer`` (see the module's table), on global
-    rank 0: MLflow and CSV get it drawn as a figure."""
+    """A histogram of ``values`` (array, tensor or sequence of numbers) on every logger of ``trainer`` (see the
+    module's table), on global rank 0: MLflow and CSV get it drawn as a figure.
+
+    Only the finite values are binned. Non-finite ones (NaN, ±inf: e.g. gradient norms after the loss turned NaN) are
+    counted in the drawn figure's title and warned about once per tag and Trainer. With no finite value (none at all,
+    or only non-finite ones) there is nothing to bin: every logger gets the same labelled figure instead (TensorBoard
+    under IMAGES, W&B as an image, MLflow and CSV in the histogram's file), never an error.
+    """
     step, array = _step(trainer, step), _array(values)
+    finite = array[np.isfinite(array)]
     png = functools.cache(lambda: _png(_histogram_figure(tag, step, array)))
-    for logger, store in _loggers(trainer):
+    loggers = list(_loggers(trainer))
+    if loggers and finite.size < array.size:
+        _warn_non_finite(trainer, tag, step, array.size - finite.size, array.size)
+    for logger, store in loggers:
         if store == TENSORBOARD:
-            logger.experiment.add_histogram(tag, values if hasattr(values, "shape") else array, step)
+            if finite.size:
+                logger.experiment.add_histogram(tag, finite, step)
+            else:
+                logger.experiment.add_figure(tag, _histogram_figure(tag, step, array), step, close=False)
             logger.experiment.flush()
         elif store == WANDB:
-            finite = array[np.isfinite(array)]
             if finite.size:
                 _wandb(logger, tag, step, lambda wandb: wandb.Histogram(finite))
+            else:
+                _wandb(logger, tag, step, lambda wandb: wandb.Image(_image(png())))
         else:
             _file(logger, store, _path("histogram", tag, step), png())
 
@@ -194,13 +230,17 @@ def _array(values: Any) -> np.ndarray:
 
 
 def _histogram_figure(tag: str, step: int, values: np.ndarray) -> Figure:
-    """The histogram MLflow and CSV get: finite values in up to 64 bins, the number left out (non-finite) said."""
+    """The drawn histogram: finite values in up to 64 bins, the number left out (non-finite) said; with no finite
+    value, an empty plot that says why."""
     finite = values[np.isfinite(values)]
     figure = Figure(figsize=(6, 3.6), layout="constrained")
     axes = figure.subplots()
     axes.hist(finite, bins=int(min(64, max(1, np.sqrt(finite.size)))), color="C0")
     left_out = values.size - finite.size
     axes.set_title(f"{tag} at step {step}" + (f" ({left_out} non-finite values not shown)" if left_out else ""))
+    if not finite.size:
+        empty = f"all {values.size} values non-finite (NaN or ±inf)" if values.size else "no values"
+        axes.text(0.5, 0.5, f"nothing to draw: {empty}", transform=axes.transAxes, ha="center", va="center")
     axes.set_xlabel("value")
     axes.set_ylabel(f"count (of {finite.size})")
     axes.grid(alpha=0.3)

@@ -37,6 +37,7 @@ from lightning_privacy import (
 )
 from lightning_privacy.functional.attributes import SensitiveAttribute
 from lightning_privacy.loggers import log_figure, log_histogram, log_text
+from lightning_privacy.models import TabularMLP
 from lightning_privacy.report import log_privacy_report
 from tests.callbacks._tiny import tiny_dataset, tiny_loader, tiny_module, trainer
 
@@ -192,11 +193,24 @@ def _wandb_records(path: Path):
             yield record
 
 
+def _wandb_run_file(run_dir: Path, timeout: float = 60.0) -> list:
+    """The records of a finished W&B run: ``finish()`` may return before W&B's service has written the run file (seen
+    once in three runs: the file still held its 7-byte header), so wait for its ``exit`` record."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        (run_file,) = run_dir.glob("run-*.wandb")
+        records = list(_wandb_records(run_file))
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def _wandb_media(run_dir: Path) -> tuple:
     """``({(kind, tag, step)}, {(kind, tag, step): media file})`` from the run's history (in its ``.wandb`` file)."""
-    (run_file,) = run_dir.glob("run-*.wandb")
     found, files = set(), {}
-    for record in _wandb_records(run_file):
+    for record in _wandb_run_file(run_dir):
         if record.WhichOneof("record_type") != "history":
             continue
         items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
@@ -297,6 +311,151 @@ def test_csv_logger_folder_holds_every_figure_histogram_and_text_of_the_tensorbo
 
 def test_the_known_loggers_get_no_warning(other_loggers):
     assert not [w for w in other_loggers["warnings"] if "gets lightning-privacy's scalars but not" in w]
+
+
+def _wandb_config(run_dir: Path) -> dict:
+    """The run's config as W&B records it in the run file (its ``config`` records, later updates winning)."""
+    config = {}
+    for record in _wandb_run_file(run_dir):
+        if record.WhichOneof("record_type") == "config":
+            for item in record.config.update:
+                config[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+    return config
+
+
+def _privacy_settings(trainer_: pl.Trainer) -> dict:
+    from lightning_privacy.callbacks._hparams import flat_hparams
+
+    (dpsgd,) = [cb for cb in trainer_.callbacks if isinstance(cb, DPSGD)]
+    settings = flat_hparams(dpsgd.privacy_settings())
+    # C, δ, the accountant, the seeds' secrecy, the mode, the divisor and where q came from: all of them, every time
+    assert {
+        names.DP_MAX_GRAD_NORM,
+        names.DP_DELTA,
+        names.DP_ACCOUNTANT,
+        names.DP_SAMPLING_SEED,
+        names.DP_NOISE_SEED,
+        names.DP_GRAD_SAMPLE_MODE,
+        names.DP_EXPECTED_BATCH_SIZE,
+        names.DP_SAMPLE_RATE_SOURCE,
+    } <= set(settings), settings
+    assert settings[names.DP_NOISE_MULTIPLIER] == 1.5 and settings[names.DP_NOISE_SEED].startswith("secret")
+    return settings
+
+
+def test_the_privacy_settings_are_mlflow_params_wandb_config_and_csv_hparams(other_loggers):
+    """Runs compared by C, δ or the accountant in each tool: the settings TensorBoard's HPARAMS has, read back by
+    MLflow's client, from W&B's run file and with Lightning's reader of the CSV logger's hparams.yaml, beside the
+    model's own hyperparameters."""
+    from lightning.pytorch.core.saving import load_hparams_from_yaml
+    from mlflow.tracking import MlflowClient
+
+    settings = _privacy_settings(other_loggers["trainer"])
+    params = MlflowClient(other_loggers["mlflow_uri"]).get_run(other_loggers["mlflow"].run_id).data.params
+    assert {key: params.get(key) for key in settings} == {key: str(value) for key, value in settings.items()}
+    assert params["lr"] == "0.5"  # the model's hyper-parameters are still there
+    config = _wandb_config(other_loggers["wandb_dir"])
+    assert {key: config.get(key) for key in settings} == settings
+    assert config["lr"] == 0.5
+    hparams = load_hparams_from_yaml(str(Path(other_loggers["csv"].log_dir) / "hparams.yaml"))
+    assert {key: hparams.get(key) for key in settings} == settings
+    assert hparams["lr"] == 0.5
+
+
+def test_a_logger_that_refuses_the_settings_is_warned_about_and_the_fit_goes_on(tmp_path):
+    class Refusing(ListLogger):
+        def log_hyperparams(self, params, *args, **kwargs) -> None:
+            if any(key.startswith("dp/") for key in params):  # as MLflow refuses a changed param
+                raise ValueError(f"no {sorted(params)[0]} here")
+
+    logger = Refusing()
+    t = trainer([DPSGD(noise_multiplier=1.5)], tmp_path, max_epochs=1, logger=logger)
+    with pytest.warns(UserWarning, match=r"Refusing did not take the privacy settings as hyperparameters \(ValueError"):
+        t.fit(tiny_module(), tiny_loader())
+    assert t.current_epoch == 1 and t.global_step == 8 and logger.metrics  # the fit ran to its end, logged
+
+
+class _NaNAfterThreeSteps(TabularMLP):
+    """The tiny MLP whose loss turns NaN from the fourth optimizer step on (after DP-SGD's self-checked steps)."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step >= 3 else loss
+
+
+def test_a_fit_whose_gradient_norms_turn_nan_ends_on_tensorboard_with_a_labelled_figure(tmp_path):
+    """Lightning's default logger: the second epoch's norms are all NaN (nothing to bin, which TensorBoard's
+    add_histogram refuses with "The histogram is empty"): the fit ends, the first epoch's histogram shows its finite
+    norms, the second is the labelled figure, and one warning says what was left out."""
+    torch.manual_seed(0)
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    t = trainer([DPSGD(noise_multiplier=1.5, log_clipping=True)], tmp_path, max_epochs=2, logger=logger)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(_NaNAfterThreeSteps(8, hidden=(16,), lr=0.5), tiny_loader())
+    assert t.current_epoch == 2 and t.global_step >= 10
+    ours = [str(w.message) for w in caught if str(w.message).startswith("The histogram 'dp/grad_norms'")]
+    assert len(ours) == 1 and "non-finite value(s) (NaN or ±inf)" in ours[0], ours
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "histograms": 0}).Reload()
+    (first,) = events.Histograms(names.DP_GRAD_NORMS)
+    assert 0 < first.histogram_value.num < t.global_step * 64  # the finite norms of the first epoch only
+    assert np.isfinite([first.histogram_value.min, first.histogram_value.max, first.histogram_value.sum]).all()
+    assert [e.step for e in events.Images(names.DP_GRAD_NORMS)] == [t.global_step - 1]
+
+
+def test_a_histogram_without_finite_values_is_the_same_labelled_figure_on_every_logger(offline, tmp_path):
+    """No values, or only NaN / inf: TensorBoard, MLflow, W&B and CSV each get the labelled figure at its step (no
+    error); some non-finite values: the finite ones binned; one warning per tag with non-finite values."""
+    from mlflow.tracking import MlflowClient
+
+    tensorboard = TensorBoardLogger(tmp_path, name="tb")
+    mlflow_uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow_logger = MLFlowLogger("privacy", tracking_uri=mlflow_uri, artifact_location=str(tmp_path / "artifacts"))
+    wandb_logger = WandbLogger(project="privacy", save_dir=str(tmp_path), offline=True)
+    csv_logger = CSVLogger(tmp_path, name="csv")
+    t = pl.Trainer(
+        logger=[tensorboard, mlflow_logger, wandb_logger, csv_logger],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    nan, inf = float("nan"), float("inf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        log_histogram(t, "dp/grad_norms", torch.tensor([nan, nan, inf]), step=3)
+        log_histogram(t, "dp/grad_norms", np.array([nan]), step=4)  # the same tag: no second warning
+        log_histogram(t, "audit/empty", [], step=5)
+        log_histogram(t, "audit/partial", [1.0, 2.0, 3.0, nan], step=6)
+    ours = [str(w.message) for w in caught if str(w.message).startswith("The histogram")]
+    assert len(ours) == 2, ours
+    assert ours[0].startswith("The histogram 'dp/grad_norms' at step 3 leaves out 3 non-finite value(s) (NaN or ±inf)")
+    assert "nothing to bin" in ours[0] and "it shows the finite ones" in ours[1]
+    figures = {("figure", "dp/grad_norms", 3), ("figure", "dp/grad_norms", 4), ("figure", "audit/empty", 5)}
+    # TensorBoard: the labelled figures under IMAGES, the finite values binned
+    media = _tensorboard_media(tensorboard.log_dir)
+    assert media == figures | {("histogram", "audit/partial", 6)}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (partial,) = (
+        EventAccumulator(tensorboard.log_dir, size_guidance={"histograms": 0}).Reload().Histograms("audit/partial")
+    )
+    assert (partial.histogram_value.num, partial.histogram_value.sum) == (3, 6.0)
+    # MLflow and CSV: the histogram's file holds the drawn figure; W&B: an image under the key
+    drawn = {(kind, tag, step) for kind, tag, step in figures} | {("histogram", "audit/partial", 6)}
+    as_files = {("histogram", tag, step) for _, tag, step in drawn}
+    client = MlflowClient(mlflow_uri)
+    assert _from_paths(_mlflow_paths(client, mlflow_logger.run_id)) == as_files
+    log_dir = Path(csv_logger.log_dir)
+    assert _from_paths(p.relative_to(log_dir).as_posix() for p in log_dir.rglob("*.png")) == as_files
+    run_dir = Path(wandb_logger.experiment.dir).parent
+    wandb_logger.experiment.finish()
+    found, files = _wandb_media(run_dir)
+    assert found == drawn
+    # the same figure everywhere: W&B's image and CSV's file of the empty histogram are the same picture
+    wandb_png = matplotlib.image.imread(files[("figure", "audit/empty", 5)])
+    csv_png = matplotlib.image.imread(log_dir / "histograms/audit/empty_step5.png")
+    assert wandb_png.shape == csv_png.shape and np.allclose(wandb_png[..., :3], csv_png[..., :3], atol=0.02)
 
 
 class ListLogger(Logger):

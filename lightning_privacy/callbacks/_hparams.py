@@ -1,4 +1,5 @@
-"""One HPARAMS session per run: the model's hyperparameters, the run's privacy settings and privacy metric columns.
+"""One HPARAMS session per run: the model's hyperparameters, the run's privacy settings and privacy metric columns;
+the privacy settings in every other logger's hyperparameters.
 
 TensorBoard's HPARAMS tab reads a run's session from the FIRST ``_hparams_/session_start_info`` and
 ``_hparams_/experiment`` summaries in its event file; a later session in the same run is ignored (checked on
@@ -9,6 +10,10 @@ the privacy settings, and as metric columns every key that a privacy callback of
 callbacks' ``hparams_metric_keys``) plus ``hp_metric`` (so ``default_hp_metric`` users lose nothing). The metric
 values are the scalar series the callbacks log anyway; HPARAMS shows each series' last value. Nothing is written at
 an earlier step than a series already has.
+
+Every other logger gets the privacy settings through its own ``log_hyperparams``, beside the model's
+hyperparameters that Lightning logs after ``on_fit_start``: MLflow's params, W&B's config, the CSV logger's
+``hparams.yaml`` (so runs can be compared by C, δ or the accountant in each tool).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Dict, Mapping
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_privacy import _compat
 
@@ -59,7 +65,11 @@ def _model_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule) -> Dict[s
 
 
 def write_privacy_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, privacy: Mapping[str, Any]) -> None:
-    """Write the run's one HPARAMS session to every TensorBoard logger (global rank 0, in ``on_fit_start``).
+    """Write the run's privacy settings to every logger (global rank 0, in ``on_fit_start``): the one HPARAMS session
+    of each TensorBoard logger, ``log_hyperparams`` of each other one (MLflow params, W&B config, CSV hparams.yaml).
+
+    A logger that refuses them (e.g. an MLflow run resumed with a setting of another value: MLflow's params are
+    immutable) is warned about, naming the logger and its error; the fit goes on.
 
     Args:
         trainer: the running Trainer.
@@ -68,6 +78,17 @@ def write_privacy_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, pr
     """
     if not trainer.is_global_zero:
         return
+    settings = flat_hparams(privacy)
+    for logger in trainer.loggers:
+        if isinstance(logger, TensorBoardLogger):
+            continue
+        try:
+            logger.log_hyperparams(settings)
+        except Exception as err:  # telemetry must not end the fit; the report and the statement hold the settings
+            rank_zero_warn(
+                f"{type(logger).__name__} did not take the privacy settings as hyperparameters "
+                f"({type(err).__name__}: {err}); they are still in the privacy report and the statement."
+            )
     loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
     if not loggers:
         return
@@ -81,7 +102,7 @@ def write_privacy_hparams(trainer: pl.Trainer, pl_module: pl.LightningModule, pr
                 metric_keys.append(key)
     experiment, start, end = hparams(params, dict.fromkeys(metric_keys, 0.0))
     for logger in loggers:
-        logger.hparams.update(flat_hparams(privacy))  # so hparams.yaml records them too
+        logger.hparams.update(settings)  # so hparams.yaml records them too
         writer = _compat.tensorboard_file_writer(logger)
         if writer is None:
             continue
