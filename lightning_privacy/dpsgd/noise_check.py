@@ -3,13 +3,15 @@
 :class:`NoiseCheck` reads the noise back from the parameters (:func:`noise_readback`: ``p.grad · scale`` minus the
 clipped sum it was added to) and tests its variance with a two-sided χ² test over as many steps as it takes to see
 :data:`NOISE_MIN_COORDINATES` coordinates, at :data:`NOISE_FALSE_ALARM` per fit. It raises
-``MisconfigurationException`` when the noise is off. The other self-checks are in :mod:`lightning_privacy.dpsgd.checks`.
+``MisconfigurationException`` when the noise is off, or, when the weights or the clipped sum were not finite (a loss
+or gradients turned NaN or infinite), a sentence naming those instead of the noise. The other self-checks are in
+:mod:`lightning_privacy.dpsgd.checks`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -47,6 +49,11 @@ def noise_readback(
     return noise_sq, count, total_sq
 
 
+def _non_finite(tensors: Sequence[torch.Tensor]) -> int:
+    """How many NaN or ±inf values ``tensors`` hold (this rank's shards)."""
+    return sum(int((~torch.isfinite(local_tensor(t).detach())).sum()) for t in tensors)
+
+
 class NoiseCheck:
     """The noise added has standard deviation σ·C: a χ² test over the noise of as many steps as it needs.
 
@@ -56,6 +63,9 @@ class NoiseCheck:
     deviation are widened by 16 machine epsilons of the gradients' and the noise's scale. ``divisor``: FSDP2 averages
     the ranks' clipped sums and each rank adds σ·C/W to its shard (Opacus' FSDP optimizer), so there the expected
     standard deviation is σ·C/``divisor``.
+
+    Non-finite weights or clipped sums make the noise unreadable (NaN − NaN): they are counted by :meth:`add`, and a
+    failed test then names them, and the first step each was seen at, instead of blaming the noise.
     """
 
     def __init__(self, *, max_grad_norm: float, noise_multiplier: float, divisor: int = 1) -> None:
@@ -63,13 +73,29 @@ class NoiseCheck:
         self.divisor = divisor
         self.noise_sq, self.count, self.total_sq, self.eps, self.steps = 0.0, 0, 0.0, 0.0, 0
         self.done = False
+        #: non-finite values seen in the weights / the clipped sums, and the first step (or check step) of each
+        self.non_finite_counts = {"weights": 0, "sums": 0}
+        self.first_non_finite: dict = {}
 
     @property
     def ready(self) -> bool:
         return self.count >= NOISE_MIN_COORDINATES
 
-    def add(self, params: Sequence[torch.Tensor], summed_before_noise: Sequence[torch.Tensor], *, scale: float) -> None:
+    def add(
+        self,
+        params: Sequence[torch.Tensor],
+        summed_before_noise: Sequence[torch.Tensor],
+        *,
+        scale: float,
+        step: Optional[int] = None,
+    ) -> None:
+        """Record one step's noise; ``step``: the Trainer's step, named if the weights or the sum are not finite."""
         noise_sq, count, total_sq = noise_readback(params, summed_before_noise, scale=scale)
+        for what, tensors in (("weights", params), ("sums", summed_before_noise)):
+            found = _non_finite(tensors) if not math.isfinite(noise_sq + total_sq) or what == "weights" else 0
+            if found:
+                self.non_finite_counts[what] += found
+                self.first_non_finite.setdefault(what, self.steps if step is None else step)
         self.noise_sq, self.count, self.total_sq = (
             self.noise_sq + noise_sq,
             self.count + count,
@@ -95,6 +121,10 @@ class NoiseCheck:
         self.done = True
         std = math.sqrt(self.noise_sq / self.count)
         low, high = self.bounds()
+        if math.isfinite(std) and low <= std <= high:
+            return
+        if any(self.non_finite_counts.values()):
+            raise MisconfigurationException(self._non_finite_sentence())
         if not low <= std <= high:
             raise MisconfigurationException(
                 f"DP-SGD self-check: the noise added to the gradients has standard deviation {std:.4g} over "
@@ -102,6 +132,28 @@ class NoiseCheck:
                 f"{self.expected_std * self.divisor:.4g}{f' (/{self.divisor} ranks under FSDP)' if self.divisor > 1 else ''} (accepted: {max(low, 0.0):.4g} to {high:.4g}, a χ² test with false-alarm "
                 f"rate {NOISE_FALSE_ALARM:g}); the gradients are not noised as configured."
             )
+
+    def _non_finite_sentence(self) -> str:
+        """What was not finite, by count and first step: the weights, the clipped sum (a NaN or infinite loss or
+        gradient), never the noise."""
+        parts = []
+        if self.non_finite_counts["sums"]:
+            parts.append(
+                f"the clipped sum of the per-example gradients held {self.non_finite_counts['sums']} non-finite value(s) "
+                f"(NaN or ±inf), first at step {self.first_non_finite['sums']}: the loss or the gradients were NaN "
+                "or infinite"
+            )
+        if self.non_finite_counts["weights"]:
+            parts.append(
+                f"the weights held {self.non_finite_counts['weights']} non-finite value(s), first at step "
+                f"{self.first_non_finite['weights']}"
+            )
+        return (
+            f"DP-SGD self-check: the training is not finite, so the noise added to the gradients cannot be read back "
+            f"over the {self.steps} step{'s' if self.steps != 1 else ''} checked: {'; '.join(parts)}. This is the "
+            "model's loss or weights, not the noise (a learning rate too high, a log or a division of 0, float16 "
+            "overflow: Trainer(detect_anomaly=True) names the operation)."
+        )
 
 
 def check_noise(

@@ -122,7 +122,7 @@ class SelfChecks:
         if optimizer.summed_before_noise is not None:
             scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
             scale = float(scale) if self.loss_reduction == "mean" else 1.0
-            self.noise.add(optimizer.params, optimizer.summed_before_noise, scale=scale)
+            self.noise.add(optimizer.params, optimizer.summed_before_noise, scale=scale, step=self.trainer.global_step)
         optimizer.summed_before_noise = None
         if self.noise_steps_left == 0:
             self.collectively(self.noise.check)

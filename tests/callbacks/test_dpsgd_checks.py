@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, names
 from lightning_privacy.dpsgd.noise_check import NOISE_FALSE_ALARM, NOISE_MIN_COORDINATES, NoiseCheck
+from lightning_privacy.models import TabularMLP
 from tests.callbacks._tiny import tiny_loader, tiny_module, trainer
 
 
@@ -388,3 +389,50 @@ def test_a_layer_called_on_a_broadcast_batch_is_named_with_the_fix(tmp_path, mod
     message = str(info.value)
     assert "`pos.weight` (1) count other examples than the batch's" in message
     assert "`tok.weight`" not in message and "position_ids.repeat(batch_size, 1)" in message
+
+
+class _NonFiniteFrom(TabularMLP):
+    """The tiny MLP whose loss turns NaN (``what="loss"``) or one of whose weights turns NaN (``what="weights"``) from
+    optimizer step ``at`` on."""
+
+    def __init__(self, *args, what: str = "loss", at: int = 1, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.what, self.at = what, at
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step >= self.at and self.what == "weights":
+            with torch.no_grad():
+                self.net[0].weight[0, 0] = float("nan")
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step >= self.at and self.what == "loss" else loss
+
+
+@pytest.mark.parametrize("what", ["loss", "weights"])
+def test_the_noise_check_names_a_nan_loss_or_nan_weights_not_the_noise(what):
+    """The loss, or a weight, turns NaN at step 1, within the noise check's two steps (178 coordinates a step, 256
+    needed): the sentence names the non-finite clipped sum (the loss or the gradients) and, where they were, the
+    weights, with the step each was first seen at; it no longer says that the gradients are not noised as configured
+    (the noise is fine)."""
+    torch.manual_seed(0)
+    module = _NonFiniteFrom(8, hidden=(16,), lr=0.5, what=what, at=1)
+    with pytest.raises(MisconfigurationException) as raised:
+        trainer([DPSGD(noise_multiplier=1.0)], max_epochs=1).fit(module, train_dataloaders=tiny_loader())
+    message = str(raised.value)
+    assert message.startswith(
+        "DP-SGD self-check: the training is not finite, so the noise added to the gradients cannot be read back over "
+        "the 2 steps checked: the clipped sum of the per-example gradients held 178 non-finite value(s) (NaN or ±inf), "
+        "first at step 1: the loss or the gradients were NaN or infinite"
+    ), message
+    # a NaN loss makes the weights NaN only at the next step (unchecked); a NaN weight is named at its step
+    assert ("the weights held 1 non-finite value(s), first at step 1." in message) == (what == "weights"), message
+    assert "not noised as configured" not in message and "standard deviation nan" not in message
+
+
+def test_the_noise_check_still_blames_noise_that_is_off_when_everything_is_finite():
+    check = NoiseCheck(max_grad_norm=1.0, noise_multiplier=1.0)
+    params = [torch.zeros(300, requires_grad=True)]
+    params[0].grad = torch.full((300,), 3.0)  # the read-back noise: 3.0 everywhere, σC = 1
+    check.add(params, [torch.zeros(300)], scale=1.0, step=7)
+    with pytest.raises(MisconfigurationException, match=r"standard deviation 3 over 300 coordinates.*not noised"):
+        check.check()
+    assert check.non_finite_counts == {"weights": 0, "sums": 0}
