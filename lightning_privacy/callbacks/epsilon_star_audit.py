@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Optional
+import re
+from typing import Any, Callable, Dict, Iterable, Optional, Set
 
 import lightning.pytorch as pl
 import torch
@@ -51,7 +52,9 @@ class EpsilonStarAudit(audit.ScheduledAudit):
     - to the loggers' media: histograms of both loss sets, a figure of the transformed losses with their Normal
       fits, and a text summary with the fits, the maximising threshold and the KS p-values, led by the
       result's ``warnings`` (e.g. fits the KS test rejects: ε* is then flagged as not reliable), which are
-      also issued as warnings.
+      also issued as warnings, each once per fit (an audit every epoch repeats a warning with other numbers: the
+      loggers' summaries and the report keep every audit's). The table goes to the loggers and the privacy report;
+      the console gets one line per audit.
 
     The audit itself is :func:`lightning_privacy.audits.audit_epsilon_star_from_losses` (the same as
     :func:`lightning_privacy.audits.audit_epsilon_star` on the same model and loaders): this callback
@@ -132,10 +135,12 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         self.details: Dict[str, EpsilonStarDetails] = {}
         self.result: Optional[EpsilonStarResult] = None
         self._audited_step: Optional[int] = None
+        self._warned: Set[str] = set()
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
+            self._warned = set()  # each warning once per fit
             audit.announce_skip(trainer, type(self).__name__)
 
     @override
@@ -169,7 +174,10 @@ class EpsilonStarAudit(audit.ScheduledAudit):
         except ValueError as err:
             raise MisconfigurationException(str(err)) from err
         for note in (*result.notes, *result.warnings):
-            rank_zero_warn(f"EpsilonStarAudit: {note}")
+            kind = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", note)  # the same warning with other numbers
+            if kind not in self._warned:
+                self._warned.add(kind)
+                rank_zero_warn(f"EpsilonStarAudit: {note}")
         self.result, self.results, self.details = result, result.metrics(), dict(result.details)
         self._audited_step = trainer.global_step
         self._write(trainer, result)
@@ -184,9 +192,13 @@ class EpsilonStarAudit(audit.ScheduledAudit):
             audit.log_histogram(trainer, NONMEMBER_LOSSES_TAG, result.nonmember_losses)
         if self.log_figure and "parametric" in result.details and audit.shows_figures(trainer):
             audit.log_figure(trainer, FIGURE_TAG, result.figure())
-        text = self.summary()
-        audit.log_text(trainer, SUMMARY_TAG, text)
-        rank_zero_info(text)
+        audit.log_text(trainer, SUMMARY_TAG, self.summary())
+        values = ", ".join(f"{key} = {value:.4g}" for key, value in self.results.items())
+        flag = " (Normal fits rejected: the parametric value is not reliable)" if result.fits_rejected else ""
+        rank_zero_info(
+            f"EpsilonStarAudit at step {trainer.global_step}: {values}{flag}; the table is the loggers' text "
+            f"`{SUMMARY_TAG}` and the privacy report's section."
+        )
 
     def report_section(self, trainer: Any = None) -> Any:
         """The report's section (:mod:`lightning_privacy.reporting`): the values, the last audit's warnings, figure."""

@@ -195,3 +195,41 @@ def test_two_process_ddp_audit_equals_single_process_value(tmp_path):
     assert logged[names.EPSILON_STAR_EMPIRICAL] == pytest.approx(
         epsilon_star(members, nonmembers, delta=delta, method="empirical"), rel=1e-6
     )
+
+
+def _skewed_losses(pl_module, batch):
+    """The model's losses times a heavy log-normal factor: the Normal fits of φ are rejected by the KS test at every
+    audit, with p-values that move with the model."""
+    x, y = batch
+    return membership_loss(pl_module(x), y) * torch.exp(2.0 * x[:, 1])
+
+
+def test_each_warning_once_per_fit_and_the_table_to_the_loggers_not_the_console(tmp_path, caplog):
+    """Three audits (every epoch) whose fits the KS test rejects: one KS warning per fit (issued again in the next
+    fit), one console line per audit and no Markdown table there, the table with its warning in every audit's text."""
+    import logging
+    import warnings
+
+    train, val = _data()
+    audit = EpsilonStarAudit(every_n_epochs=1, signal_fn=_skewed_losses)
+    for fit in range(2):
+        torch.manual_seed(fit)
+        t = _trainer(tmp_path / f"fit{fit}", [audit], max_epochs=3)
+        with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            caplog.clear()
+            t.fit(TabularMLP(8, hidden=(8,), lr=0.1), DataLoader(train, batch_size=64), DataLoader(val, batch_size=64))
+        ks = [str(w.message) for w in caught if "the Normal fits of Epsilon* are rejected" in str(w.message)]
+        assert len(ks) == 1 and ks[0].startswith("EpsilonStarAudit: the Normal fits of Epsilon* are rejected (KS p = ")
+        console = [r.getMessage() for r in caplog.records if r.getMessage().startswith("EpsilonStarAudit")]
+        assert [line.split(":")[0] for line in console] == [f"EpsilonStarAudit at step {s}" for s in (5, 10, 15)]
+        assert all("not reliable" in line and "|" not in line for line in console), console
+        assert not any("| quantity | value |" in r.getMessage() for r in caplog.records)
+        texts = sorted((Path(t.loggers[1].log_dir) / "text").rglob("summary_step*.md"))
+        assert len(texts) == 3
+        pvalues = set()
+        for text in texts:
+            body = text.read_text(encoding="utf-8")
+            assert "| quantity | value |" in body and "the Normal fits of Epsilon* are rejected (KS p = " in body
+            pvalues.add(body.split("KS p = ")[1].split(")")[0])
+        assert len(pvalues) >= 2  # warnings that differ in their numbers: issued once all the same
