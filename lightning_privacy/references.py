@@ -17,13 +17,13 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lightning_privacy.audits.membership import _fingerprint
 
-__all__ = ["CACHE_VERSION", "ReferenceModels", "train_references"]
+__all__ = ["CACHE_VERSION", "ReferenceModels", "recipe_like", "train_references"]
 
 CACHE_VERSION = 1
 _META = "references.json"
@@ -101,6 +101,66 @@ def _seed_dpsgd(callbacks: Any, seed: int, j: int) -> None:
                 callback.sampling_seed = sampling
             if callback.noise_seed is None:
                 callback.noise_seed = noise
+
+
+def recipe_like(
+    trainer: Any,
+    pl_module: Any,
+    *,
+    model_factory: Optional[Callable[[], Any]] = None,
+    trainer_kwargs: Optional[Mapping[str, Any]] = None,
+) -> Tuple[Callable[[], Any], Dict[str, Any]]:
+    """``(model_factory, trainer_kwargs)`` for :func:`train_references` that train references like the model that
+    ``trainer`` trains (what :class:`~lightning_privacy.MembershipAudit` passes).
+
+    ``model_factory``, else the module's class built from its saved hyper-parameters. ``trainer_kwargs``, else this
+    run's ``max_steps`` (when set) or ``max_epochs``, on CPU, and, when a :class:`~lightning_privacy.DPSGD` with a
+    noise multiplier trains the model, a DPSGD with the same σ, C, δ, loss reduction, gradient mode and
+    ``fix_modules`` (no other callback of the Trainer).
+
+    Raises:
+        ValueError: without ``model_factory``, for a module that saved no hyper-parameters.
+
+    Example::
+
+        >>> import lightning.pytorch as pl
+        >>> from lightning_privacy import DPSGD
+        >>> from lightning_privacy.models import TabularMLP
+        >>> trainer = pl.Trainer(max_epochs=3, callbacks=[DPSGD(noise_multiplier=1.3)], logger=False)
+        >>> factory, kwargs = recipe_like(trainer, TabularMLP(4, hidden=(8,)))
+        >>> type(factory()).__name__, kwargs["max_epochs"], kwargs["callbacks"][0].noise_multiplier
+        ('TabularMLP', 3, 1.3)
+    """
+    if model_factory is None:
+        if not pl_module.hparams:
+            raise ValueError(
+                f"reference models are built as {type(pl_module).__name__}(**hparams), but the module saved no "
+                "hyper-parameters: call `self.save_hyperparameters()` in its __init__ or pass `model_factory`"
+            )
+        cls, hparams = type(pl_module), dict(pl_module.hparams)
+        model_factory = lambda: cls(**hparams)  # noqa: E731
+    if trainer_kwargs is not None:
+        return model_factory, dict(trainer_kwargs)
+    kwargs: Dict[str, Any] = {"accelerator": "cpu"}
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        kwargs["max_steps"] = trainer.max_steps
+    else:
+        kwargs["max_epochs"] = trainer.max_epochs
+    from lightning_privacy.callbacks.dpsgd import DPSGD
+
+    for cb in trainer.callbacks:
+        if isinstance(cb, DPSGD) and cb.noise_multiplier is not None:  # the target's recipe: DP-SGD like it
+            kwargs["callbacks"] = [
+                DPSGD(
+                    noise_multiplier=cb.noise_multiplier,
+                    max_grad_norm=cb.max_grad_norm,
+                    delta=cb.delta,
+                    loss_reduction=cb.loss_reduction,
+                    grad_sample_mode=cb.grad_sample_mode,
+                    fix_modules=cb.fix_modules,
+                )
+            ]
+    return model_factory, kwargs
 
 
 @contextlib.contextmanager

@@ -177,41 +177,6 @@ class MembershipAudit(audit.ScheduledAudit):
             trainer, self.member_dataloader, forward_fn=self.forward_fn, signal_fn=self.signal_fn, who="MembershipAudit"
         )
 
-    def _factory(self, pl_module: pl.LightningModule) -> Callable[[], pl.LightningModule]:
-        if self.model_factory is not None:
-            return self.model_factory
-        if not pl_module.hparams:
-            raise MisconfigurationException(
-                f"MembershipAudit builds reference models as {type(pl_module).__name__}(**hparams), but the module "
-                "saved no hyper-parameters: call `self.save_hyperparameters()` in its __init__ or pass `model_factory`"
-            )
-        cls, hparams = type(pl_module), dict(pl_module.hparams)
-        return lambda: cls(**hparams)
-
-    def _trainer_kwargs(self, trainer: pl.Trainer) -> Dict[str, Any]:
-        if self.reference_trainer_kwargs is not None:
-            return self.reference_trainer_kwargs
-        kwargs: Dict[str, Any] = {"accelerator": "cpu"}
-        if trainer.max_steps is not None and trainer.max_steps > 0:
-            kwargs["max_steps"] = trainer.max_steps
-        else:
-            kwargs["max_epochs"] = trainer.max_epochs
-        from lightning_privacy.callbacks.dpsgd import DPSGD
-
-        for cb in trainer.callbacks:
-            if isinstance(cb, DPSGD) and cb.noise_multiplier is not None:  # the target's recipe: DP-SGD like it
-                kwargs["callbacks"] = [
-                    DPSGD(
-                        noise_multiplier=cb.noise_multiplier,
-                        max_grad_norm=cb.max_grad_norm,
-                        delta=cb.delta,
-                        loss_reduction=cb.loss_reduction,
-                        grad_sample_mode=cb.grad_sample_mode,
-                        fix_modules=cb.fix_modules,
-                    )
-                ]
-        return kwargs
-
     def _population(self, trainer: pl.Trainer) -> Any:
         if self.population is not None or self.attack in REFERENCE_FREE:
             return self.population
@@ -243,14 +208,17 @@ class MembershipAudit(audit.ScheduledAudit):
             ) from err
         population = self._population(trainer)
         if self.attack not in REFERENCE_FREE and self.references is None:
-            from lightning_privacy.references import train_references
+            from lightning_privacy.references import recipe_like, train_references
 
             try:
+                factory, kwargs = recipe_like(
+                    trainer, pl_module, model_factory=self.model_factory, trainer_kwargs=self.reference_trainer_kwargs
+                )
                 self.references = train_references(
-                    self._factory(pl_module),
+                    factory,
                     population,
                     num_references=self.num_references,
-                    trainer_kwargs=self._trainer_kwargs(trainer),
+                    trainer_kwargs=kwargs,
                     cache_dir=self.cache_dir,
                     seed=self.seed,
                     progress=audit.show_progress(trainer),
@@ -293,9 +261,11 @@ class MembershipAudit(audit.ScheduledAudit):
             audit.log_scalars(trainer, self.results)
             if self.log_figure and audit.shows_figures(trainer):
                 audit.log_figure(trainer, names.MEMBERSHIP_FIGURE, result.figure())
-            text = result.summary()
-            audit.log_text(trainer, names.MEMBERSHIP_SUMMARY, text)
-            rank_zero_info(text)
+            audit.log_text(trainer, names.MEMBERSHIP_SUMMARY, result.summary())  # the table: loggers and report
+            rank_zero_info(
+                f"MembershipAudit at step {trainer.global_step}: "
+                + ", ".join(f"{key} = {value:.4g}" for key, value in self.results.items())
+            )
         return self.results
 
     @override

@@ -17,7 +17,7 @@ from lightning_privacy import DPSGD, MembershipAudit, names
 from lightning_privacy.audits import audit_membership
 from lightning_privacy.data.adult import AdultEncoder, load_adult
 from lightning_privacy.models import TabularMLP
-from lightning_privacy.references import train_references
+from lightning_privacy.references import recipe_like, train_references
 from tests._tensorboard import TensorBoardView
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -84,10 +84,11 @@ def test_the_callback_logs_what_audit_membership_computes(fitted, data):
     assert callback.result.verdict == "consistent" and callback.results[names.RMIA_CLAIM_CONTRADICTED] == 0.0
     # the references were trained like the target (3 epochs, DP-SGD at σ = 1, C = 1) and cached: the same recipe
     # trains none, another recipe is refused
-    recipe = callback._trainer_kwargs(trainer)
+    factory, recipe = recipe_like(trainer, model)  # what the callback passed to train_references
     assert recipe["max_epochs"] == 3 and recipe["callbacks"][0].noise_multiplier == 1.0
+    assert type(factory()) is TabularMLP and dict(factory().hparams) == dict(model.hparams)
     again = train_references(
-        lambda: TabularMLP(**model.hparams),
+        factory,
         population,
         num_references=2,
         trainer_kwargs=recipe,
@@ -182,11 +183,12 @@ def test_dp_sgd_references_are_trained_with_the_targets_clipping_norm(data, tmp_
     callback = MembershipAudit("lira", num_references=1, population=_loader(data, slice(800, 1000)), cache_dir=tmp_path)
     torch.manual_seed(0)
     trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[dp, callback], **QUIET)
-    trainer.fit(_PerExample(104, hidden=(16,)), _loader(data, slice(0, 200), True), _loader(data, slice(200, 400)))
+    model = _PerExample(104, hidden=(16,))
+    trainer.fit(model, _loader(data, slice(0, 200), True), _loader(data, slice(200, 400)))
     assert callback.references.trained == 1
     recipe = json.loads((tmp_path / "references.json").read_text())["recipe"]
     assert recipe["callbacks"] == [DPSGD(noise_multiplier=1.3, max_grad_norm=0.7).state_key]
-    (reference_dp,) = callback._trainer_kwargs(trainer)["callbacks"]
+    (reference_dp,) = recipe_like(trainer, model)[1]["callbacks"]
     assert (reference_dp.max_grad_norm, reference_dp.noise_multiplier, reference_dp.delta) == (0.7, 1.3, 1e-6)
     assert (reference_dp.loss_reduction, reference_dp.grad_sample_mode) == ("mean", "ghost")
 
