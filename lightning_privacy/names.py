@@ -75,6 +75,9 @@ CANARY_EPSILON_LOWER_MAX = "audit/canary_epsilon_lower_max"  # the largest bound
 CANARY_EPSILON_LOWER_MAX_GDP = "audit/canary_epsilon_lower_max_gdp"
 CANARY_EPSILON_OPTIMISTIC = "audit/canary_epsilon_optimistic"  # uncorrected best over the grid: NOT a valid bound
 CANARY_EPSILON_OPTIMISTIC_GDP = "audit/canary_epsilon_optimistic_gdp"
+CANARY_EPSILON_LOWER_ORDERSTAT = "audit/canary_epsilon_lower_orderstat"  # order statistics, independent canaries
+CANARY_EPSILON_GAUSS = "audit/canary_epsilon_gauss"  # Gaussian score model (noncentral t): an estimate, not a bound
+CANARY_EPSILON_LOWER_TIGHTEST = "audit/canary_epsilon_lower_tightest"  # tightest sound bound, α split over its tests
 CANARY_CLAIM_CONTRADICTED = (
     "audit/canary_claim_contradicted"  # 1: the canaries contradict the claimed guarantee at 1 − α, 0: consistent
 )
@@ -237,6 +240,21 @@ KEY_DOCS = {
     CANARY_EPSILON_LOWER_MAX_GDP: ("the largest f-DP bound m canaries can give", "ε", DIAGNOSTIC),
     CANARY_EPSILON_OPTIMISTIC: ("uncorrected best over the guess grid: NOT a valid bound", "ε", ESTIMATE),
     CANARY_EPSILON_OPTIMISTIC_GDP: ("uncorrected best f-DP value over the grid: NOT a valid bound", "ε", ESTIMATE),
+    CANARY_EPSILON_LOWER_ORDERSTAT: (
+        "ε lower bound from the order statistics of the canary scores (μ-GDP; independent canaries only)",
+        "ε",
+        LOWER_BOUND,
+    ),
+    CANARY_EPSILON_GAUSS: (
+        "ε from a Gaussian model of the canary scores (noncentral t): not a DP bound",
+        "ε",
+        ESTIMATE,
+    ),
+    CANARY_EPSILON_LOWER_TIGHTEST: (
+        "the largest of the sound canary bounds, each at α / (number of them); the summary names the test",
+        "ε",
+        LOWER_BOUND,
+    ),
     CANARY_CLAIM_CONTRADICTED: ("1 when the canaries contradict the claimed guarantee, else 0", "0/1", VERDICT),
     CANARY_FIGURE: ("the accountant's ε beside the empirical bounds", "figure", MEDIA),
     CANARY_SUMMARY: ("the canary audit table", "text", MEDIA),

@@ -32,6 +32,7 @@ import numpy as np
 from lightning_privacy import names
 from lightning_privacy.analysis._checks import expect_choice, expect_real
 from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
+from lightning_privacy.analysis.canary_fdp import gauss_mu_lower, orderstat_mu_lower, tightest_canary_bound
 from lightning_privacy.analysis.estimation import score_orientation
 from lightning_privacy.audits._common import AuditResult, ClaimChecked, jsonable, warnings_markdown
 from lightning_privacy.reporting import ReportSection, claim_rows, result_warnings
@@ -101,6 +102,22 @@ def report_rows(values: Mapping[str, float], accountant_epsilon: Optional[float]
             "ceiling: the largest bound this many canaries can give (every guess right), whatever the true ε",
         ),
     ]
+    if names.CANARY_EPSILON_LOWER_ORDERSTAT in values:
+        rows.append(
+            (
+                f"`{names.CANARY_EPSILON_LOWER_ORDERSTAT}`",
+                f"{values[names.CANARY_EPSILON_LOWER_ORDERSTAT]:.4g}",
+                f"the same from the order statistics of the scores (independent canaries, μ-GDP), {level} confidence",
+            )
+        )
+    if names.CANARY_EPSILON_LOWER_TIGHTEST in values:
+        rows.append(
+            (
+                f"`{names.CANARY_EPSILON_LOWER_TIGHTEST}`",
+                f"{values[names.CANARY_EPSILON_LOWER_TIGHTEST]:.4g}",
+                f"the largest of the sound bounds, each at α / their number: {level} confidence for the largest",
+            )
+        )
     if names.CANARY_EPSILON_OPTIMISTIC in values:
         rows.append(
             (
@@ -131,6 +148,13 @@ class CanaryResult(ClaimChecked, AuditResult):
             (binomial ε lower bound at the claim's δ beyond its ε, or the f-DP one-run test of the claim's own
             trade-off curve; α split between them, Bonferroni over the guess grid).
         relation: ``"add_remove"``: the relation of the claim (each canary is in the run or not).
+        independent: the canaries' scores are independent given their bits (white-box gradient canaries not scored
+            ``"released"``): the order-statistic bound and claim test ran
+            (:mod:`~lightning_privacy.analysis.canary_fdp`).
+        tightest: the :class:`~lightning_privacy.analysis.canary_fdp.TightestBound`: the largest sound bound (binomial,
+            Gaussian f-DP and, for independent canaries, order statistics, each at α / their number) and its test.
+        score_bounds: the :class:`~lightning_privacy.analysis.canary_fdp.FdpBound` of ``"orderstat"`` and
+            ``"gauss"`` (independent canaries only; ``"gauss"`` is a model's estimate, never a verdict).
     """
 
     values: Dict[str, float]
@@ -146,6 +170,9 @@ class CanaryResult(ClaimChecked, AuditResult):
     claim: Any = None
     claim_verdict: Any = None
     relation: str = "add_remove"
+    independent: bool = False
+    tightest: Any = None
+    score_bounds: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def epsilon_lower(self) -> float:
@@ -173,6 +200,18 @@ class CanaryResult(ClaimChecked, AuditResult):
             + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
             "",
         ]
+        if self.tightest is not None:
+            t = self.tightest
+            lines += [
+                f"Tightest sound bound: ε ≥ {t.epsilon_lower:.3f} from the {t.method} test (each of "
+                f"{', '.join(t.methods)} at α/{len(t.methods)} = {t.alpha_per_method:.3g}).",
+                "",
+            ]
+        for name, b in self.score_bounds.items():
+            what = (
+                "lower bound, independent canaries" if name == "orderstat" else "Gaussian score model: not a DP bound"
+            )
+            lines += [f"{name}: μ ≥ {b.mu_lower:.3f}, ε ≥ {b.epsilon_lower:.3f} at δ ({what}).", ""]
         if self.warnings:
             lines += [warnings_markdown(self.warnings), ""]
         lines += [
@@ -221,6 +260,8 @@ class CanaryResult(ClaimChecked, AuditResult):
             ("canary ε lower bound (binomial)", v[names.CANARY_EPSILON_LOWER], "C0"),
             ("canary ε lower bound (Gaussian f-DP)", v[names.CANARY_EPSILON_LOWER_GDP], "C2"),
         ]
+        if names.CANARY_EPSILON_LOWER_ORDERSTAT in v:
+            bars.append(("canary ε lower bound (order statistics)", v[names.CANARY_EPSILON_LOWER_ORDERSTAT], "C6"))
         if names.EPSILON_STAR in self.others:
             bars.append(("ε* (Epsilon*, not a DP bound)", self.others[names.EPSILON_STAR], "C4"))
         if names.PANORAMIA_EPSILON in self.others:
@@ -260,6 +301,9 @@ class CanaryResult(ClaimChecked, AuditResult):
                 "others": self.others,
                 "warnings": list(self.warnings),
                 "relation": self.relation,
+                "independent": self.independent,
+                "tightest": None if self.tightest is None else self.tightest.to_dict(),
+                "score_bounds": {name: b.to_dict() for name, b in self.score_bounds.items()},
                 "claim": None if self.claim is None else self.claim.to_dict(),
                 "verdict": self.verdict,
                 "evidence": self.evidence,
@@ -281,6 +325,7 @@ def audit_canaries(
     others: Optional[Mapping[str, float]] = None,
     claim: Any = None,
     claim_tests: str = "both",
+    independent: bool = False,
 ) -> CanaryResult:
     """Both one-run ε lower bounds from canary scores (higher score = "this canary was included").
 
@@ -304,6 +349,12 @@ def audit_canaries(
             (:func:`~lightning_privacy.analysis.claims.check_canaries`).
         claim_tests: ``"both"`` (α split between the binomial (ε, δ) test and the f-DP test of the claim's curve) or
             ``"fdp"`` (all of α on the f-DP test; :meth:`~lightning_privacy.claims.Claim.check_canaries`).
+        independent: the caller vouches that the scores are independent given the bits, one law per side (white-box
+            Dirac gradient canaries scored ``"released_minus_batch"`` or ``"likelihood_ratio"``; never input
+            canaries): adds the order-statistic bound (``names.CANARY_EPSILON_LOWER_ORDERSTAT``), the Gaussian
+            model's estimate (``names.CANARY_EPSILON_GAUSS``), the order-statistic test to the claim's verdict with
+            ``claim_tests="both"`` (α split three ways; ``"fdp"`` keeps all of α on the f-DP test) and to the tightest
+            bound (:mod:`~lightning_privacy.analysis.canary_fdp`).
 
     Raises:
         TypeError, ValueError: on bad arguments (named), from here or from
@@ -329,6 +380,18 @@ def audit_canaries(
         values[bound], values[guesses], values[correct] = res.epsilon_lower, res.num_guesses, res.num_correct
         values[ceiling] = max_epsilon_lower(num_canaries=tested, alpha=per_test, delta=delta, method=method)
         values[optimistic] = res.optimistic
+    methods = ("binomial", "gdp", "orderstat") if independent else ("binomial", "gdp")
+    score_bounds: Dict[str, Any] = {}
+    if independent:
+        score_bounds["orderstat"] = orderstat_mu_lower(scores, included, alpha=alpha, delta=delta)
+        values[names.CANARY_EPSILON_LOWER_ORDERSTAT] = score_bounds["orderstat"].epsilon_lower
+        if min(int(included_arr.sum()), m - int(included_arr.sum())) >= 2 and np.ptp(np.asarray(scores)) > 0:
+            score_bounds["gauss"] = gauss_mu_lower(scores, included, alpha=alpha, delta=delta)
+            values[names.CANARY_EPSILON_GAUSS] = score_bounds["gauss"].epsilon_lower
+    tightest = tightest_canary_bound(
+        scores=scores, included=included, delta=delta, alpha=alpha, methods=methods, seed=seed
+    )
+    values[names.CANARY_EPSILON_LOWER_TIGHTEST] = tightest.epsilon_lower
     orientation = score_orientation(scores, included_arr)
     found = ()
     if orientation.reversed:
@@ -352,5 +415,20 @@ def audit_canaries(
         claim=claim,
         claim_verdict=None
         if claim is None
-        else claim.check_canaries(scores, included_arr, alpha=alpha, seed=seed, tests=claim_tests),
+        else _verdict(claim, scores, included_arr, alpha, seed, claim_tests, independent),
+        independent=bool(independent),
+        tightest=tightest,
+        score_bounds=score_bounds,
     )
+
+
+def _verdict(claim: Any, scores: Any, included: np.ndarray, alpha: float, seed: int, tests: str, independent: bool):
+    """The claim's verdict: :meth:`Claim.check_canaries`, plus the order-statistic test for independent canaries."""
+    if not independent or claim.tpr_bound is None or tests != "both":  # "fdp": all of α on the f-DP test, as before
+        return claim.check_canaries(scores, included, alpha=alpha, seed=seed, tests=tests)
+    from lightning_privacy.analysis.claims import check_canaries
+
+    return check_canaries(
+        scores, included, epsilon=claim.epsilon, delta=claim.delta, tpr_bound=claim.tpr_bound, alpha=alpha, seed=seed,
+        independent=True,
+    )  # fmt: skip

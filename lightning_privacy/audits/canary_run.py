@@ -172,8 +172,13 @@ def audit_run(
     claim: Any = None,
     dpsgd: Any = None,
     claim_tests: str = "both",
+    score: Optional[str] = None,
 ) -> CanaryResult:
     """The audit of the run's final scores (:func:`~lightning_privacy.audits.canary.audit_canaries`).
+
+    Gradient canaries scored ``"released_minus_batch"`` or ``"likelihood_ratio"`` are independent given their bits
+    (distinct coordinates, independent noise and Poisson sampling, the batch's own sum removed), so the audit adds the
+    order-statistic bound and claim test of :mod:`~lightning_privacy.analysis.canary_fdp` (``independent=True``).
 
     With DP-SGD's settings ``dpsgd`` (``delta``, ``epsilon(delta)``, ``ledger``): δ defaults to its δ, its ε at δ is
     the upper bound beside the canaries' lower bounds, and without a ``claim`` its ledger is the claim tested (the
@@ -196,6 +201,7 @@ def audit_run(
         accountant_epsilon=accountant_epsilon,
         claim=claim,
         claim_tests=claim_tests,
+        independent=kind == "gradient" and score in ("released_minus_batch", "likelihood_ratio"),
     )
 
 

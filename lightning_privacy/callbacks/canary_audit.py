@@ -55,7 +55,11 @@ class CanaryAudit(Callback):
 
     Logged at fit end through ``trainer.loggers`` at ``trainer.global_step`` (rank 0): ``audit/canary_epsilon_lower``,
     ``audit/canary_epsilon_lower_gdp``, the guesses and correct guesses of both, the ceilings
-    ``audit/canary_epsilon_lower_max(_gdp)`` and, with a claim, ``audit/canary_claim_contradicted``; to the loggers a
+    ``audit/canary_epsilon_lower_max(_gdp)``, the tightest sound bound ``audit/canary_epsilon_lower_tightest`` (its
+    test named in the summary; :mod:`~lightning_privacy.analysis.canary_fdp`), for gradient canaries not scored
+    ``"released"`` (independent given their bits) also ``audit/canary_epsilon_lower_orderstat`` and the Gaussian
+    model's estimate ``audit/canary_epsilon_gauss`` (and the order-statistic test joins the claim's verdict under
+    ``claim_tests="both"``) and, with a claim, ``audit/canary_claim_contradicted``; to the loggers a
     "theory vs practice" figure (accountant ε, the canary bounds, and ε* and PANORAMIA ε̃ when those audits ran in the
     same fit) and a text summary. Skipped under ``fast_dev_run``.
 
@@ -244,7 +248,7 @@ class CanaryAudit(Callback):
             self.canaries.scores = self._input.scores(pl_module)
         self.result = run.audit_run(
             self.canaries, kind=self.kind, alpha=self.alpha, delta=self.delta, correction=self.correction,
-            claim=self.claim, dpsgd=self._dpsgd, claim_tests=self.claim_tests,
+            claim=self.claim, dpsgd=self._dpsgd, claim_tests=self.claim_tests, score=self.score,
         )  # fmt: skip
         self.accountant_epsilon = self.result.accountant_epsilon
         self.results, self.details = {**self.result.values, **self.result.metrics()}, dict(self.result.details)

@@ -197,3 +197,38 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="vary"):
         gauss_mu_lower(np.ones(10), np.arange(10) % 2 == 0)
     assert tightest_canary_bound(scores=s, included=inc, delta=0.0, methods=("binomial",)).method == "binomial"
+
+
+def test_audit_canaries_reports_the_tightest_bound_and_names_the_test():
+    from lightning_privacy import names
+    from lightning_privacy.audits.canary import audit_canaries
+
+    s, inc = _draw(0, 1000, 2.0)
+    plain = audit_canaries(s, inc, delta=1e-5)
+    assert names.CANARY_EPSILON_LOWER_ORDERSTAT not in plain.values and not plain.score_bounds
+    assert plain.tightest.methods == ("binomial", "gdp")
+    assert plain.values[names.CANARY_EPSILON_LOWER_TIGHTEST] == plain.tightest.epsilon_lower
+    res = audit_canaries(s, inc, delta=1e-5, independent=True, claim=(1.0, 1e-5))  # a false (ε, δ) claim
+    v = res.metrics()
+    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] == orderstat_mu_lower(s, inc, delta=1e-5).epsilon_lower
+    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] > 2 * v[names.CANARY_EPSILON_LOWER]
+    assert v[names.CANARY_EPSILON_GAUSS] == gauss_mu_lower(s, inc, delta=1e-5).epsilon_lower
+    assert res.tightest.method == "orderstat"
+    assert v[names.CANARY_EPSILON_LOWER_TIGHTEST] == res.tightest.epsilon_lower > v[names.CANARY_EPSILON_LOWER_GDP]
+    assert "from the orderstat test" in res.summary()
+    assert [t["kind"] for t in res.claim_verdict.tests] == ["binomial", "fdp", "orderstat"]
+    assert res.verdict == "contradicted" and res.claim_verdict.tests[2]["contradicts"]
+    d = res.to_dict()
+    assert d["tightest"]["method"] == "orderstat" and set(d["score_bounds"]) == {"orderstat", "gauss"}
+    rows = [r[0] for r in res.report_section().rows]
+    assert f"`{names.CANARY_EPSILON_LOWER_TIGHTEST}`" in rows and f"`{names.CANARY_EPSILON_LOWER_ORDERSTAT}`" in rows
+
+
+def test_orderstat_ceiling():
+    """Every included score above every excluded one (n₊ = n₋ = 500): μ̂ = 2·Φ⁻¹((α/2K)^{1/500}) = 4.448 (K = 18),
+    ε = 28.16 at δ = 1e-5, the guide's ceiling (the binomial bound tops out at 4.79 there, Bonferroni over 27)."""
+    inc = np.r_[np.ones(500, bool), np.zeros(500, bool)]
+    res = orderstat_mu_lower(inc * 10.0 + np.arange(1000) * 1e-3, inc, delta=1e-5)
+    x = (ALPHA / 18 / 2) ** (1 / 500)
+    assert res.tests == 18 and res.mu_lower == pytest.approx(float(special.ndtri(x) - special.ndtri(1 - x)))
+    assert res.mu_lower == pytest.approx(4.448, abs=1e-3) and res.epsilon_lower == pytest.approx(28.16, abs=0.01)

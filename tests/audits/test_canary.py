@@ -21,6 +21,7 @@ def test_the_callback_and_a_direct_call_give_the_same_values():
         kind="gradient",
         accountant_epsilon=dpsgd.epsilon(),
         claim=dpsgd.ledger,  # the callback's default claim: the run's own ledger
+        independent=True,  # gradient canaries with the default score: the callback adds the order-statistic test
     )
     assert {**direct.values, **direct.metrics()} == audit.results
     assert direct.summary() == audit.summary()

@@ -203,7 +203,10 @@ def test_resume_equals_an_unbroken_run(tmp_path):
     assert resumed[1].state_dict()["canaries"] == straight[1].state_dict()["canaries"]
     assert np.array_equal(resumed[1].included, straight[1].included)
     assert np.allclose(resumed[1].scores, straight[1].scores, rtol=0, atol=1e-4)  # float32 sums of other batches
-    assert resumed[1].results == pytest.approx(straight[1].results, rel=1e-9)
+    gauss = names.CANARY_EPSILON_GAUSS  # reads the scores' values (the rest reads ranks): float32 sums move it a little
+    assert resumed[1].results[gauss] == pytest.approx(straight[1].results[gauss], rel=1e-6)
+    ranks = {k: v for k, v in resumed[1].results.items() if k != gauss}
+    assert ranks == pytest.approx({k: v for k, v in straight[1].results.items() if k != gauss}, rel=1e-9)
     # without the saved state the resumed run would start the scores and the per-step sampling at 0
     assert np.abs(resumed[1].scores - first[1].scores).max() > 1.0
 
