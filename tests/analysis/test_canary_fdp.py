@@ -232,3 +232,20 @@ def test_orderstat_ceiling():
     x = (ALPHA / 18 / 2) ** (1 / 500)
     assert res.tests == 18 and res.mu_lower == pytest.approx(float(special.ndtri(x) - special.ndtri(1 - x)))
     assert res.mu_lower == pytest.approx(4.448, abs=1e-3) and res.epsilon_lower == pytest.approx(28.16, abs=0.01)
+
+
+def test_on_a_dp_sgd_run_orderstat_beats_the_binomial_bound_and_stays_below_the_accountant():
+    """A real fit (tiny MLP, p = 0.1, 100 steps, σ = 0.7: accountant ε = 14.6 at δ = 1e-5, 1000 gradient canaries,
+    likelihood-ratio score): the order-statistic bound is measured 2.9× the binomial one (medians of 3 seeds: 7.12
+    against 2.44; guide), the tightest names it, and no bound passes the accountant's ε."""
+    from lightning_privacy import DPSGD, CanaryAudit, names
+    from tests.callbacks.test_canary_audit import _fit
+
+    dpsgd = DPSGD(noise_multiplier=0.7, noise_seed=0)
+    audit = CanaryAudit(num_canaries=1000, seed=1, score="likelihood_ratio")
+    _fit([dpsgd, audit], epochs=10, seed=0)
+    v, eps = audit.result.values, dpsgd.epsilon()
+    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] > 1.5 * v[names.CANARY_EPSILON_LOWER]
+    assert audit.result.tightest.method == "orderstat"
+    assert max(v[names.CANARY_EPSILON_LOWER_ORDERSTAT], v[names.CANARY_EPSILON_LOWER_TIGHTEST]) < eps
+    assert audit.result.verdict == "consistent"
