@@ -129,3 +129,20 @@ def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal(
     assert "| 1,000 | 64 | 100.000 | 1.5625 |" in text and "| 1,100 |" in text  # MiB
     assert "## Failures" in text and "noise rates failed" in text
     assert "one step's noise for full fine-tuning (1,000 coordinates)" in text
+
+
+def test_the_committed_gpu_results_are_consistent():
+    """The first GPU run's file (an H200): each ratio is the step table's times divided, as printed."""
+    text = (ROOT / "benchmarks" / "results" / "gpu.md").read_text()
+    assert "device: NVIDIA" in text and "18 passed, 2 failed" in text and "3 passed" in text  # (the fix, rerun)
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 11 and cells[0] in ("lora", "full") and cells[1] in ("plain", "ghost", "hooks"):
+            rows[cells[0], cells[1]] = (float(cells[4].replace(",", "")), float(cells[9].replace(",", "")))
+    assert len(rows) == 6
+    for setting in ("lora", "full"):
+        ghost = rows[setting, "ghost"][0] / rows[setting, "plain"][0]
+        assert f"| ghost ÷ plain, {setting} | {ghost:.2f}× |" in text
+    memory = rows["lora", "ghost"][1] / rows["lora", "plain"][1]
+    assert f"| peak memory ghost ÷ plain, lora | {memory:.2f}× (+{(memory - 1) * 100:.0f} %) |" in text
