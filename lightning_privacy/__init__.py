@@ -1,6 +1,8 @@
 """lightning_privacy: measurable privacy risk inside PyTorch Lightning training.
 
-The callbacks and :func:`~lightning_privacy.statement.privacy_statement` are re-exported here lazily, so
+The callbacks, the audit functions of :mod:`lightning_privacy.audits` (``audit_membership``, ``audit_epsilon_star``,
+...), :func:`~lightning_privacy.references.train_references`, :func:`~lightning_privacy.checkpoints.load_checkpoint`
+and :func:`~lightning_privacy.statement.privacy_statement` are re-exported here lazily, so
 ``import lightning_privacy.analysis`` stays free of torch and lightning.
 """
 
@@ -24,6 +26,17 @@ _CALLBACKS = {
 
 _FUNCTIONS = {
     "privacy_statement": "lightning_privacy.statement",
+    # the audits, as plain functions over a trained model and its data (lightning_privacy.audits)
+    "audit_canaries": "lightning_privacy.audits.canary",
+    "audit_epsilon_star": "lightning_privacy.audits.epsilon_star",
+    "audit_epsilon_star_from_losses": "lightning_privacy.audits.epsilon_star",
+    "audit_language_model_canaries": "lightning_privacy.audits.lm_canaries",
+    "audit_membership": "lightning_privacy.audits.membership",
+    "audit_panoramia": "lightning_privacy.audits.panoramia",
+    "audit_privacy_profile": "lightning_privacy.audits.privacy_profile",
+    "language_model_canaries": "lightning_privacy.audits.lm_canaries",
+    "load_checkpoint": "lightning_privacy.checkpoints",
+    "train_references": "lightning_privacy.references",
 }
 
 __all__ = ["__version__", *_CALLBACKS, *_FUNCTIONS]

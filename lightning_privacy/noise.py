@@ -1,5 +1,29 @@
-"""The randomness of DP-SGD's Gaussian noise: moved to :mod:`lightning_privacy.dpsgd.noise` (re-exported here)."""
+"""Deprecated: the randomness of DP-SGD's Gaussian noise moved to :mod:`lightning_privacy.dpsgd.noise` in 0.3.0.
 
-from lightning_privacy.dpsgd.noise import NoiseSource
+This path (public in 0.2.0) still gives the same objects, each with a ``DeprecationWarning`` naming the new import;
+it is removed in 0.4.0. Import from :mod:`lightning_privacy.dpsgd.noise` instead.
+"""
 
-__all__ = ["NoiseSource"]
+import warnings
+from importlib import import_module
+from typing import Any
+
+_MOVED = ("NoiseSource",)
+__all__ = list(_MOVED)
+_NEW = "lightning_privacy.dpsgd.noise"
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        warnings.warn(
+            f"lightning_privacy.noise.{name} moved to {_NEW}.{name} in 0.3.0 and this path is removed in 0.4.0: "
+            f"`from {_NEW} import {name}`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(import_module(_NEW), name)
+    raise AttributeError(f"module 'lightning_privacy.noise' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(__all__)

@@ -75,9 +75,9 @@ def api_index() -> str:
     lines = [
         "# API reference",
         "",
-        "Generated from the docstrings (Google style) at every build: one page per public module. The callbacks are "
-        "re-exported from the top level (`from lightning_privacy import DPSGD, BayesSecurityMonitor, ...`); the pure "
-        "math in `analysis` imports neither torch nor Lightning.",
+        "Generated from the docstrings (Google style) at every build: one page per public module. The callbacks and "
+        "the audit functions are re-exported from the top level (`from lightning_privacy import DPSGD, "
+        "BayesSecurityMonitor, audit_membership, ...`); the pure math in `analysis` imports neither torch nor Lightning.",
         "",
     ]
     current = None
