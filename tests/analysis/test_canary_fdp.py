@@ -249,3 +249,17 @@ def test_on_a_dp_sgd_run_orderstat_beats_the_binomial_bound_and_stays_below_the_
     assert audit.result.tightest.method == "orderstat"
     assert max(v[names.CANARY_EPSILON_LOWER_ORDERSTAT], v[names.CANARY_EPSILON_LOWER_TIGHTEST]) < eps
     assert audit.result.verdict == "consistent"
+
+
+def test_on_a_dp_sgd_run_the_orderstat_test_catches_half_the_claimed_noise():
+    """Noise σ = 0.5 while σ = 1 is claimed (p = 0.1, 100 steps, 1000 gradient canaries, default score): the verdict
+    with the order-statistic test is "contradicted" (measured 4 of 4 seeds) where the f-DP test alone at all of α
+    is not (0 of 4); the true claim stays consistent (0 of 4, both ways)."""
+    from lightning_privacy import DPSGD, CanaryAudit
+    from tests.callbacks.test_canary_audit import _fit
+
+    audit = CanaryAudit(num_canaries=1000, seed=1, claim=(1.0, 0.1, 100))
+    _fit([DPSGD(noise_multiplier=0.5, noise_seed=0), audit], epochs=10, seed=0)
+    assert audit.result.verdict == "contradicted" and audit.result.evidence["kind"] == "orderstat"
+    fdp_only = audit.result.claim.check_canaries(audit.scores, audit.included, tests="fdp")
+    assert not fdp_only.contradicted
