@@ -31,6 +31,9 @@ of it to the second):
    both orders of the pair (the flip of a canary goes both ways); the curve is taken in both orders (the reverse
    order is the inverse function), bounded above between grid points by its value at the next one, and replaced by
    the least concave majorant of the two — all of which only weaken the test.
+3. *Order statistics* (``independent=True`` only: the scores independent given the bits, one law per side, as for
+   white-box gradient canaries): :func:`~lightning_privacy.analysis.canary_fdp.orderstat_claim_test`, the TPR lower
+   limit of a threshold at an excluded score's rank against the claim's curve (both orders) at its FPR upper limit.
 
 A claim is **contradicted** when any test rejects it; with α split as above the chance of a false contradiction of a
 true claim is at most α (checked by simulation in ``tests/analysis/test_claims.py``).
