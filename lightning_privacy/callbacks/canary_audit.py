@@ -54,12 +54,9 @@ class CanaryAudit(Callback):
     ``audit/canary_claim_contradicted`` (1 or 0).
 
     Logged at fit end through ``trainer.loggers`` at ``trainer.global_step`` (rank 0): ``audit/canary_epsilon_lower``,
-    ``audit/canary_epsilon_lower_gdp``, the guesses and correct guesses of both, the ceilings
-    ``audit/canary_epsilon_lower_max(_gdp)``, the tightest sound bound ``audit/canary_epsilon_lower_tightest`` (its
-    test named in the summary; :mod:`~lightning_privacy.analysis.canary_fdp`), for gradient canaries not scored
-    ``"released"`` (independent given their bits) also ``audit/canary_epsilon_lower_orderstat`` and the Gaussian
-    model's estimate ``audit/canary_epsilon_gauss`` (and the order-statistic test joins the claim's verdict under
-    ``claim_tests="both"``) and, with a claim, ``audit/canary_claim_contradicted``; to the loggers a
+    ``…_gdp``, the guesses and correct guesses of both, the ceilings ``…_max(_gdp)``, ``…_tightest`` (+ ``…_orderstat``,
+    ``audit/canary_epsilon_gauss`` and the order-statistic claim test for gradient canaries not scored ``"released"``;
+    ``analysis.canary_fdp``) and, with a claim, ``audit/canary_claim_contradicted``; to the loggers a
     "theory vs practice" figure (accountant ε, the canary bounds, and ε* and PANORAMIA ε̃ when those audits ran in the
     same fit) and a text summary. Skipped under ``fast_dev_run``.
 
