@@ -537,10 +537,11 @@ def test_mlflow_and_wandb_are_imported_only_when_such_a_logger_is_present(tmp_pa
 
 
 def test_the_loggers_extra_is_in_the_test_environment():
-    """``make install`` installs ``.[dev,lm]``: dev carries the ``loggers`` extra's packages (CI's fresh clone too)."""
+    """``make install`` (and ``make test``, ``docs``, ``lint``) installs ``.[dev,lm,loggers]``; dev carries the
+    ``loggers`` extra's packages too (CI's fresh clone as well)."""
     import tomllib  # Python 3.11+
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     assert {"mlflow-skinny", "wandb"} <= {re.split(r"[<>=\[]", r)[0] for r in extras["loggers"]}
     assert set(extras["loggers"]) <= set(extras["dev"])
-    assert '".[dev,lm]"' in (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert '".[dev,lm,loggers]"' in (ROOT / "Makefile").read_text(encoding="utf-8")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import warnings
 from pathlib import Path
 
 NAME = "demo"
@@ -76,10 +77,18 @@ def run(args: argparse.Namespace) -> int:
         enable_progress_bar=args.progress,
     )
     start = time.perf_counter()
-    trainer.fit(model, datamodule=datamodule)
+    with warnings.catch_warnings():
+        # The Trainer runs one epoch past the plan on purpose, for PrivacyBudgetStopping to stop it: DPSGD's warning
+        # that max_epochs exceeds the planned epochs is about this set-up, not the user's. Lightning 2.6 under torch
+        # 2.13 warns of torch's LeafSpec at every fit: not ours either.
+        warnings.filterwarnings("ignore", message=r"Trainer\(max_epochs=\d+\) exceeds the planned epochs=")
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+        trainer.fit(model, datamodule=datamodule)
     checkpoint = Path(logger.log_dir) / "final.ckpt"  # the trained model with DPSGD's ledger: its privacy statement
     trainer.save_checkpoint(checkpoint)
-    test_acc = float(trainer.test(model, datamodule=datamodule, verbose=False)[0]["test_acc"])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+        test_acc = float(trainer.test(model, datamodule=datamodule, verbose=False)[0]["test_acc"])
     elapsed = time.perf_counter() - start
 
     final = monitor.final
