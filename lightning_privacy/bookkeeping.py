@@ -1,29 +1,9 @@
-"""Deprecated: ghost clipping's clipped sum in one backward pass moved to :mod:`lightning_privacy.dpsgd.bookkeeping` in 0.3.0.
+"""Deprecated (removed in 0.4.0): ghost clipping's clipped sum in one backward pass, moved to
+:mod:`lightning_privacy.dpsgd.bookkeeping` in 0.3.0; each name still resolves here, with a ``DeprecationWarning``
+naming the new import."""
 
-This path (public in 0.2.0) still gives the same objects, each with a ``DeprecationWarning`` naming the new import;
-it is removed in 0.4.0. Import from :mod:`lightning_privacy.dpsgd.bookkeeping` instead.
-"""
+from lightning_privacy._deprecation import moved_module
 
-import warnings
-from importlib import import_module
-from typing import Any
-
-_MOVED = ("BookKeeping",)
-__all__ = list(_MOVED)
-_NEW = "lightning_privacy.dpsgd.bookkeeping"
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        warnings.warn(
-            f"lightning_privacy.bookkeeping.{name} moved to {_NEW}.{name} in 0.3.0 and this path is removed in 0.4.0: "
-            f"`from {_NEW} import {name}`.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(import_module(_NEW), name)
-    raise AttributeError(f"module 'lightning_privacy.bookkeeping' has no attribute {name!r}")
-
-
-def __dir__() -> list:
-    return sorted(__all__)
+__getattr__, __dir__, __all__ = moved_module(
+    __name__, "lightning_privacy.dpsgd.bookkeeping", ["BookKeeping"], since="0.3.0", removed_in="0.4.0"
+)

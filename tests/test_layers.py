@@ -18,6 +18,7 @@ LAYERS = ["analysis", "functional", "metrics", "dpsgd", "audits", "callbacks", "
 # layer sits in it. A new top-level module needs an entry here.
 TOP_LEVEL = {
     "_validation": "analysis",  # argument checks, plain Python
+    "_deprecation": "analysis",  # the moved names of deprecated module paths, plain Python
     "names": "analysis",  # the logged keys
     "reporting": "analysis",  # ReportSection: the report's protocol, plain Python
     "attribute_ledger": "analysis",  # β*_AI's composition (analysis.composition)
