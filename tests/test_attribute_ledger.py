@@ -25,14 +25,16 @@ def _epochs(ledger, epochs, *, sigma=1.0, rate=0.05):
 
 
 def test_maximal_sensitivity_is_the_membership_value():
-    """R_t = 2C at every step: the ledger's β*_AI is the safe β*_MIA of the same steps, read at the same points."""
+    """R_t = 2C at every step: the ledger's β*_AI is the safe β*_MIA of the same steps, read at the same points — to
+    the composition's rounding: the privacy ledger composes a run of steps at one (σ, p) from cached squares (its
+    value independent of when it is read), the attribute ledger one chunk per read; they differ by 2.6e-11 here."""
     ai, mia = AttributeLedger(max_grad_norm=1.5), PrivacyLedger()
     for _ in range(5):
         for _ in range(20):
             ai.record(noise_multiplier=1.0, sample_rate=0.05, sensitivity=3.0)
         ai.record(noise_multiplier=1.0, sample_rate=0.05, sensitivity=None, steps=3)  # unmeasured: R = 2C too
         mia.step(noise_multiplier=1.0, sample_rate=0.05, steps=23)
-        assert ai.bayes_security() == pytest.approx(mia.bayes_security(), abs=1e-12)
+        assert ai.bayes_security() == pytest.approx(mia.bayes_security(), abs=1e-9)
     assert ai.bayes_security_closed_form() == pytest.approx(mia.bayes_security_closed_form(), abs=1e-12)
     assert ai.bayes_security() < ai.bayes_security_closed_form()  # p = 0.05, σ = 1: the closed form overstates
 
