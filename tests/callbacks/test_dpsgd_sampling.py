@@ -410,6 +410,20 @@ def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0, audit=False, canary=F
 
 
 @pytest.mark.slow
+def test_fsdp2_empty_batches_add_exactly_nothing(tmp_path):
+    """~2 rows per rank per step: FSDP2 runs a rank's empty batch on a placeholder row whose loss it multiplies by
+    zero (issue 47's mutation list: a placeholder's loss not zeroed trained on the dataset's first row). With almost
+    no noise the weights equal DDP ghost's on the same batches, where an empty batch never reaches the module."""
+    kwargs = dict(n=256, batch=4, epochs=1, seed=4, sigma=1e-6)
+    fsdp = run_ddp("tests.callbacks.test_dpsgd_sampling:_fsdp_worker", tmp_path / "fsdp", **kwargs)
+    ddp = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", mode="ghost", **kwargs)
+    assert any(len(b) == 0 for r in fsdp for b in r["batches"])  # empty local batches were taken
+    for f, d in zip(fsdp, ddp):
+        assert f["batches"] == d["batches"] and f["steps"] == d["steps"] == 64
+        torch.testing.assert_close(f["weights"], d["weights"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
 def test_fsdp2_ghost_trains_as_ddp_ghost_on_the_same_batches(tmp_path):
     kwargs = dict(n=256, batch=32, epochs=2, seed=4, sigma=1e-6, audit=True)
     fsdp = run_ddp("tests.callbacks.test_dpsgd_sampling:_fsdp_worker", tmp_path / "fsdp", **kwargs)
