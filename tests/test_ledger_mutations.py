@@ -1,11 +1,10 @@
-"""One-line bugs in the ledger that the other tests let through (issue 47, item 5), each pinned by a fast test here.
+"""One-line bugs in the ledger from issue 47's mutation run (item 5), each pinned by a fast test here.
 
 - ``steps_within`` answering one step past the budget where its memoised guess is exact (``return guess + 1`` in
   ``PrivacyLedger._largest``): the answer is the budget's boundary after every step, as ``PrivacyBudgetStopping``
   asks it;
-
-(The list's "resumed ledger ignoring its saved ε chunks" no longer applies: the ledger now recomposes from its history
-by design, the same number at any read cadence, and checks saved chunks against it — ``tests/test_accountant.py``.)
+- a resumed ledger ignoring its saved ``epsilon_chunks``: they are checked against the history (an edited state is
+  refused), and ε is the uninterrupted run's to the last digit.
 """
 
 from __future__ import annotations
@@ -53,3 +52,25 @@ def test_steps_within_is_exact_where_the_guess_is_the_answer():
     assert PrivacyLedger._largest(ok, guess=41) == 41 and calls == [41, 42]  # the guess confirmed in two calls
     assert PrivacyLedger._largest(ok, guess=40) == 41 and PrivacyLedger._largest(ok, guess=60) == 41
     assert PrivacyLedger._largest(ok) == 41 and PrivacyLedger._largest(lambda k: False, guess=3) == 0
+
+
+@pytest.mark.parametrize("reads", [[20, 20, 13], [7, 30, 16]])
+def test_a_resumed_ledger_checks_its_saved_epsilon_chunks_and_gives_the_uninterrupted_epsilon(reads):
+    """ε read after each chunk of ``reads`` steps, saved, resumed: the uninterrupted run's ε to the last digit, before
+    and after more steps; a state whose saved ``epsilon_chunks`` are not its history's steps (edited, or another
+    run's) is refused, not silently replaced by the history's."""
+    ledger = PrivacyLedger()
+    for steps in reads:
+        ledger.step(noise_multiplier=1.1, sample_rate=0.05, steps=steps)
+        ledger.epsilon()
+    state = ledger.state_dict()
+    assert ledger.history == [(1.1, 0.05, sum(reads))] and sum(c[2] for c in state["epsilon_chunks"]) == sum(reads)
+    restored = PrivacyLedger()
+    restored.load_state_dict(state)
+    assert restored.epsilon() == ledger.epsilon()
+    for one in (ledger, restored):
+        one.step(noise_multiplier=1.1, sample_rate=0.05, steps=10)
+    assert restored.epsilon() == ledger.epsilon()
+    for chunks in ([[0.05, 1.1, sum(reads) + 1, 1.0]], [[0.05, 2.0, sum(reads), 1.0]], [[0.5, 1.1, sum(reads), 1.0]]):
+        with pytest.raises(RuntimeError, match=r"'epsilon_chunks'.*are not the steps of its history"):
+            PrivacyLedger().load_state_dict({**state, "epsilon_chunks": chunks})
