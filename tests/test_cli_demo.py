@@ -51,6 +51,7 @@ def test_make_demo_installs_the_package_alone_and_test_docs_lint_the_extras(tmp_
     """``make -n`` (what make would run) from a fresh venv: ``demo`` installs CPU torch and the package without extras
     (nothing of transformers, peft, MLflow, W&B, MkDocs: the demo imports none); ``test``, ``docs`` and ``lint``
     install ``.[dev,lm,loggers]`` on top."""
+    import os
     import shutil
     import subprocess
     from pathlib import Path
@@ -60,7 +61,10 @@ def test_make_demo_installs_the_package_alone_and_test_docs_lint_the_extras(tmp_
     root, venv = Path(__file__).resolve().parents[1], tmp_path / "venv"
 
     def planned(target):
-        out = subprocess.run(["make", "-n", target, f"VENV={venv}"], cwd=root, capture_output=True, text=True)
+        # Under `make test` (CI) MAKELEVEL/MAKEFLAGS are inherited and a nested make prints "Entering directory" lines.
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+        command = ["make", "--no-print-directory", "-n", target, f"VENV={venv}"]
+        out = subprocess.run(command, cwd=root, capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stderr
         return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
