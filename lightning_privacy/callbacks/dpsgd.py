@@ -106,6 +106,10 @@ class DPSGD(Callback, DPSGDRun):
         functional_chunk_size: functional mode's examples per vmapped chunk; ``None`` (default): as many as keep a
             chunk's per-example gradients within 256 MiB on the CPU, a quarter of the free memory on a GPU (at least
             one; halved after an out-of-memory error).
+        exactness_rate: the share of the steps after the two self-checked ones on which a few examples' clipped
+            gradients (4, drawn uniformly) are compared with their gradients computed alone by ``torch.func``, in
+            every mode (:mod:`lightning_privacy.dpsgd.sampled_exactness`); a disagreement stops the fit before that
+            step's noised update. 0 turns it off.
 
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
@@ -169,6 +173,7 @@ class DPSGD(Callback, DPSGDRun):
         sample_rate: Optional[float] = None,
         expected_batch_size: Optional[float] = None,
         functional_chunk_size: Optional[int] = None,
+        exactness_rate: float = 0.02,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)

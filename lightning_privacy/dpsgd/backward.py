@@ -53,6 +53,7 @@ from lightning_privacy import _compat
 from lightning_privacy.dpsgd import exactness, functional
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
 from lightning_privacy.dpsgd.checks import _grad_sample, odd_batch_message
+from lightning_privacy.dpsgd.sampled_exactness import SampledExactness
 from lightning_privacy.dpsgd.sampling import batch_rows, is_empty_batch
 
 __all__ = ["PER_EXAMPLE_LOSS", "PerExampleBackward"]
@@ -124,6 +125,8 @@ class PerExampleBackward:
             reduce-scatters every rank must join, empty batches included; no exactness check).
         one_pass: form ghost clipping's clipped sum by book-keeping where the module allows (not when sharded).
         engine: functional mode's :class:`~lightning_privacy.dpsgd.functional.FunctionalClipping`.
+        sampled: the exactness check on sampled later steps
+            (:class:`~lightning_privacy.dpsgd.sampled_exactness.SampledExactness`; ``None``: not run).
 
     Attributes:
         last_norms: the per-example gradient norms of the last ghost or functional step (``None`` in hooks mode).
@@ -148,6 +151,7 @@ class PerExampleBackward:
         sharded: bool = False,
         one_pass: bool = True,
         engine: Optional[functional.FunctionalClipping] = None,
+        sampled: Optional[SampledExactness] = None,
     ) -> None:
         if mode == "ghost" and is_overridden("backward", pl_module, parent=pl.LightningModule):
             raise MisconfigurationException(
@@ -161,6 +165,9 @@ class PerExampleBackward:
                 "or use grad_sample_mode='hooks'."
             )
         self.engine = engine
+        self.sampled = sampled
+        self._sampled_batch: Any = None  # a sampled later step: a copy of its batch and its training_step on rows
+        self._sampled_step: Optional[Callable[[Any], Any]] = None
         self._functional_sums: Optional[List[torch.Tensor]] = None
         self.pl_module = pl_module
         self.mode = mode
@@ -200,6 +207,7 @@ class PerExampleBackward:
         empty batch does not reach it (see the module docstring)."""
         batch = args[0] if args else kwargs.get("batch")
         empty = is_empty_batch(batch)
+        self._start_sampled(batch, args, kwargs, empty=empty)
         self._empty_step = empty and not self.sharded
         if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
             self.last_rows = 0
@@ -227,6 +235,49 @@ class PerExampleBackward:
                 )
             out = {**out, "loss": losses}
         return out
+
+    def _rows_step(self, args: tuple, kwargs: Dict[str, Any]) -> Callable[[Any], Any]:
+        """The user's ``training_step`` on other rows, its other arguments as Lightning gave them."""
+
+        def step(rows: Any) -> Any:
+            return self._original_step(rows, *args[1:], **kwargs) if args else self._original_step(**kwargs, batch=rows)
+
+        return step
+
+    def _start_sampled(self, batch: Any, args: tuple, kwargs: Dict[str, Any], *, empty: bool) -> None:
+        """Every batch (empty ones too, so that every rank draws alike): is this step one of the sampled later steps
+        the exactness check compares (:mod:`lightning_privacy.dpsgd.sampled_exactness`)?"""
+        self._sampled_batch = self._sampled_step = None
+        if self.sampled is None:
+            return
+        if self.sampled.start_step(first_steps=self.should_check()) and not empty:
+            self._sampled_batch, self._sampled_step = functional._copy(batch), self._rows_step(args, kwargs)
+
+    def _check_sampled(self, got: Callable[[int, torch.Tensor], torch.Tensor], *, what: str, norms_only: bool,
+                       losses: Optional[torch.Tensor]) -> None:  # fmt: skip
+        """A sampled later step, after its backward: what it clips for a few examples against their gradients alone
+        (Opacus' hooks off meanwhile); dropout back on."""
+        batch, step = self._sampled_batch, self._sampled_step
+        self._sampled_batch = self._sampled_step = None
+        if batch is None or self.sampled is None:
+            return
+        if self.hooks is not None:
+            self.hooks.disable_hooks()
+        try:
+            self.sampled.check(
+                batch, step, got, what=what, norms_only=norms_only, batch_losses=losses, rows=int(self.last_rows or 0)
+            )
+        finally:
+            if self.hooks is not None:
+                self.hooks.enable_hooks()
+            self.sampled.end_step()
+            self._record_sampled()
+
+    def _record_sampled(self) -> None:
+        sampled, record = self.sampled, self.record
+        record.later_rate, record.later_steps = sampled.rate, sampled.steps
+        record.later_examples, record.later_not_comparable = sampled.examples_compared, sampled.random_steps
+        record.max_relative_error = max(record.max_relative_error, sampled.max_relative_error)
 
     @contextlib.contextmanager
     def _no_per_step_sync(self) -> Iterator[None]:
@@ -320,6 +371,8 @@ class PerExampleBackward:
 
     def remove(self) -> None:
         """Give the module its own ``backward`` and ``training_step`` back (and remove book-keeping's hooks)."""
+        if self.sampled is not None:
+            self.sampled.end_step()
         if self.bookkeeping is not None:
             self.bookkeeping.remove()
             self.bookkeeping = None
@@ -368,6 +421,20 @@ class PerExampleBackward:
             )
         checking = self.should_check()
         self._original(reduced, *args, **({**kwargs, "retain_graph": True} if checking and per_example else kwargs))
+        if self._sampled_batch is not None:
+            rows = int(self.last_rows or 0)
+
+            def got(j: int, index: torch.Tensor) -> torch.Tensor:
+                param = self.sampled.engine.params[j]
+                if getattr(param, "grad_sample", None) is None:
+                    return torch.zeros(len(index), *param.shape, dtype=param.dtype, device=param.device)
+                sample = _grad_sample(param)[-rows:]  # (this batch's rows)
+                return sample[index.to(sample.device)]
+
+            self._check_sampled(
+                got, what="the per-example gradient that DP-SGD clips", norms_only=False,
+                losses=loss.detach() if per_example else None,
+            )  # fmt: skip
         if not checking:
             return
         params = [p for p in self.trainable if getattr(p, "grad_sample", None) is not None]
@@ -446,6 +513,11 @@ class PerExampleBackward:
                 f"the model's layers saw {coefficients.shape[0]} examples; return one loss per example of the batch "
                 f"({EXAMPLE})."
             )
+        if self._sampled_batch is not None:
+            self._check_sampled(
+                lambda j, index: norms[self.sampled.engine.params[j]].reshape(-1)[index.to(losses.device)],
+                what="the norm that ghost clipping clipped with", norms_only=True, losses=losses.detach(),
+            )  # fmt: skip
         self.hooks.disable_hooks()
         try:
             checking = not self.sharded and self.should_check()
@@ -485,9 +557,7 @@ class PerExampleBackward:
         (:mod:`lightning_privacy.dpsgd.functional`; on the checked steps the examples' losses alone are first compared
         with the batch's), then the batch's ``training_step`` once without gradients for what it logs and returns."""
 
-        def step(rows: Any) -> Any:  # training_step on other rows, its other arguments as Lightning gave them
-            return self._original_step(rows, *args[1:], **kwargs) if args else self._original_step(**kwargs, batch=rows)
-
+        step = self._rows_step(args, kwargs)
         engine = self.engine
         before = engine.fallback
         checking = self.should_check()
@@ -514,6 +584,15 @@ class PerExampleBackward:
                 f"[batch_size]: {EXAMPLE}); it returned {_describe(loss)}."
             )
         loss = loss.detach()
+        if self._sampled_batch is not None:  # (mixing: the sampled examples' losses alone against the batch's)
+            sampled_batch, self._sampled_batch = self._sampled_batch, None
+            try:
+                self.sampled.check_losses(
+                    sampled_batch, step, loss if loss.ndim == 1 else None, int(self.last_rows or 0)
+                )
+            finally:
+                self.sampled.end_step()
+                self._record_sampled()
         if _distributed():  # DDP's reducer waits for every parameter's gradient: a zero that reaches each one
             loss = loss + torch.stack([p.sum() for p in self.trainable]).sum() * 0.0
         return {**out, "loss": loss} if isinstance(out, dict) else loss

@@ -64,7 +64,10 @@ BYPASS = (
     "`F.linear(x, layer.weight)` or an output head `h @ embed.weight.T`, or a layer whose per-example gradient Opacus "
     "computes wrongly)"
 )
-FIXES = "move that use into the layer, or untie or freeze the parameter (`requires_grad_(False)`)"
+FIXES = (
+    "use grad_sample_mode='functional' (or 'auto'), which computes each example's whole gradient alone, move that use "
+    "into the layer, or untie or freeze the parameter (`requires_grad_(False)`)"
+)
 
 
 @dataclasses.dataclass
@@ -78,7 +81,12 @@ class ExactnessRecord:
         examples: examples compared over those steps.
         batch_examples: examples in those steps' batches (more than ``examples`` where a batch held more than
             ``exactness_examples`` and a uniform sample of them was compared).
-        max_relative_error: the largest mismatch found, relative to the example's (or the sum's) gradient norm.
+        max_relative_error: the largest mismatch found, relative to the example's (or the sum's) gradient norm, on
+            the self-checked steps and the sampled later ones.
+        later_rate: the share of later steps checked against each sampled example's gradient computed alone
+            (:mod:`lightning_privacy.dpsgd.sampled_exactness`; DPSGD's ``exactness_rate``).
+        later_steps: later steps so compared; ``later_examples`` the examples compared on them;
+            ``later_not_comparable`` steps drawn whose forward pass stayed random with dropout off (not compared).
     """
 
     reference: str = "not run"
@@ -86,6 +94,10 @@ class ExactnessRecord:
     examples: int = 0
     max_relative_error: float = 0.0
     batch_examples: int = 0
+    later_rate: float = 0.0
+    later_steps: int = 0
+    later_examples: int = 0
+    later_not_comparable: int = 0
 
     def add(self, reference: str, examples: int, error: float, batch: Optional[int] = None) -> None:
         self.reference = reference

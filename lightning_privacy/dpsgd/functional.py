@@ -266,10 +266,38 @@ class FunctionalClipping:
         suppressed here. Every tensor of ``batch`` whose first dimension is the batch's is split by rows; other
         values are given whole to every example.
         """
-        leaves, spec, rows, batched = _split(batch)
         sums = [torch.zeros_like(p) for p in self.params]
         norms: List[torch.Tensor] = []
         losses: List[torch.Tensor] = []
+        how = "loop" if self.fallback is not None else "vmap"
+        for grads, loss, chunk_how in self._per_example(batch, step):
+            how = chunk_how
+            norm = _norms(grads)
+            factors = clip_factors(norm, self.max_grad_norm)
+            for total, g in zip(sums, grads):
+                total.add_(torch.einsum("i,i...->...", factors.to(g.dtype), g))
+            norms.append(norm)
+            losses.append(loss.detach().reshape(-1))
+        empty = torch.zeros(0, dtype=torch.float64, device=sums[0].device if sums else None)
+        return ClippedSum(
+            sums, torch.cat(norms) if norms else empty, torch.cat(losses) if losses else empty.clone(), how
+        )
+
+    def gradients_alone(self, batch: Any, step: Callable[[Any], Any]) -> Tuple[List[torch.Tensor], torch.Tensor, str]:
+        """Each example's whole gradient (not clipped) and loss, each computed on its row alone: ``grads[j]`` is
+        ``[rows, *params[j].shape]`` (the exactness check's reference, :mod:`~lightning_privacy.dpsgd.sampled_exactness`;
+        all rows are held at once, so give it a few)."""
+        parts = list(self._per_example(batch, step))
+        grads = [torch.cat([g[j] for g, _, _ in parts]) for j in range(len(self.params))]
+        losses = torch.cat([loss.detach().reshape(-1) for _, loss, _ in parts])
+        return grads, losses, parts[-1][2] if parts else ("loop" if self.fallback is not None else "vmap")
+
+    def _per_example(
+        self, batch: Any, step: Callable[[Any], Any]
+    ) -> Iterator[Tuple[List[torch.Tensor], torch.Tensor, str]]:
+        """Chunks of per-example gradients and losses of ``batch``'s rows, each row alone (vmap, or the loop after a
+        :attr:`fallback`)."""
+        leaves, spec, rows, batched = _split(batch)
         how = "loop" if self.fallback is not None else "vmap"
         size = self.rows_per_chunk(rows)
         start = 0
@@ -277,7 +305,6 @@ class FunctionalClipping:
             while start < rows:
                 k = min(size, rows - start) if how == "vmap" else 1
                 chunk = [leaves[i][start : start + k] for i in batched]
-                grads, loss = None, None
                 if how == "vmap":
                     try:
                         grads, loss = self._vmapped(leaves, spec, batched, chunk, step)
@@ -294,17 +321,8 @@ class FunctionalClipping:
                         self.fallback = vmap_obstacle(error)
                 else:
                     grads, loss = self._looped(leaves, spec, batched, chunk, step)
-                norm = _norms(grads)
-                factors = clip_factors(norm, self.max_grad_norm)
-                for total, g in zip(sums, grads):
-                    total.add_(torch.einsum("i,i...->...", factors.to(g.dtype), g))
-                norms.append(norm)
-                losses.append(loss.detach().reshape(-1))
+                yield grads, loss, how
                 start += k
-        empty = torch.zeros(0, dtype=torch.float64, device=sums[0].device if sums else None)
-        return ClippedSum(
-            sums, torch.cat(norms) if norms else empty, torch.cat(losses) if losses else empty.clone(), how
-        )
 
     def losses_alone(self, batch: Any, step: Callable[[Any], Any]) -> torch.Tensor:
         """Each example's loss from ``step`` on its row alone, without gradients (vmap, or the loop after a

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat
-from lightning_privacy.dpsgd import checks, functional, strategies
+from lightning_privacy.dpsgd import checks, functional, sampled_exactness, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
@@ -133,6 +133,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         exactness_examples=dp.exactness_examples,
         sharded=fsdp,
         engine=_functional_engine(dp, pl_module),
+        sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
     )
     # The divisor of the noised sum: a public constant, never computed from the private N (dpsgd.settings.dp_divisor);
     # each rank divides its share by 1/W of it, so the ranks' average is the whole step's sum / divisor.
@@ -172,6 +173,17 @@ def _functional_engine(dp: Any, pl_module: pl.LightningModule) -> Any:
         return None
     chunk_size = getattr(dp, "functional_chunk_size", None)
     return functional.FunctionalClipping(pl_module, max_grad_norm=dp.max_grad_norm, chunk_size=chunk_size)
+
+
+def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rtol: float) -> Any:
+    """The exactness check on sampled later steps (:mod:`lightning_privacy.dpsgd.sampled_exactness`); ``None`` under
+    FSDP2 (sharded parameters) or with ``exactness_rate=0``."""
+    rate = getattr(dp, "exactness_rate", sampled_exactness.DEFAULT_RATE)
+    if fsdp or rate == 0:
+        return None
+    return sampled_exactness.SampledExactness(
+        pl_module, rate=rate, mode=dp.grad_sample_mode, rtol=rtol, names=dp._param_names
+    )
 
 
 def record_step(dp: Any, optimizer: DPOptimizer) -> None:

@@ -95,6 +95,10 @@ class SelfChecks:
             if self.distributed:  # (every rank checks the same steps: a collective call, as the check's)
                 rows = float(self.trainer.strategy.reduce(torch.tensor(rows), reduce_op="sum"))
             self._step_had_rows = rows > 0
+        sampled = getattr(self.backward, "sampled", None)
+        if sampled is not None and sampled.active:  # a sampled later step (the same steps on every rank)
+            sampled.active = False
+            self.collectively(sampled.raise_pending)
         noises_here = not self.distributed or self.fsdp or self.trainer.is_global_zero
         return self.noise_steps_left > 0 and noises_here
 

@@ -103,6 +103,7 @@ def set_arguments(
     sample_rate: Any = None,
     expected_batch_size: Any = None,
     functional_chunk_size: Any = None,
+    exactness_rate: Any = 0.02,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -122,6 +123,9 @@ def set_arguments(
     if exactness_examples is not None:
         exactness_examples = check_int("exactness_examples", exactness_examples, minimum=1, exc=bad)
     dp.exactness_examples = exactness_examples
+    if isinstance(exactness_rate, bool) or not isinstance(exactness_rate, (int, float)) or not 0 <= exactness_rate <= 1:
+        raise bad(f"DPSGD(exactness_rate={exactness_rate!r}): expected a share of the steps in [0, 1] (0: never).")
+    dp.exactness_rate = float(exactness_rate)
     dp.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
     dp._planned = noise_multiplier is None
     dp.target_bayes_security = target_bayes_security
