@@ -31,6 +31,7 @@ __all__ = [
     "cpu_generator_from_words",
     "clear_norm_sample",
     "ddp_start_method",
+    "forward_pre_hooks",
     "install_train_loader_transform",
     "norm_sample",
     "original_train_loader",
@@ -162,6 +163,12 @@ def tensorboard_file_writer(logger: Any) -> Optional[Any]:
 
 
 # --- torch.nn.Module: hook dictionaries --------------------------------------------------------------------------------
+def forward_pre_hooks(module: Any) -> list:
+    """The forward pre-hooks registered on ``module`` (torch keeps them in the private ``_forward_pre_hooks``; the
+    legacy ``nn.utils.spectral_norm`` is one, found by its type)."""
+    return list(getattr(module, "_forward_pre_hooks", {}).values())
+
+
 def remove_module_hooks(module: Any) -> None:
     """Drop every forward/backward hook of ``module`` (not its children): torch has handles, no public "clear all".
 

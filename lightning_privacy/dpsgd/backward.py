@@ -64,6 +64,11 @@ EXAMPLE = (
     "e.g. `F.cross_entropy(logits, y, reduction='none')`, or for a language model one loss per sequence from "
     "`lightning_privacy.functional.sequence_loss.causal_lm_losses`"
 )
+REENTRANT = (
+    "DPSGD(grad_sample_mode={mode!r}): the model runs reentrant `torch.utils.checkpoint` (use_reentrant=True), which "
+    "torch cannot differentiate with `torch.autograd.grad` as DP-SGD's per-example computations and checks do, so use "
+    "`use_reentrant=False` with grad_sample_mode='functional' (or 'auto'), or turn gradient checkpointing off."
+)
 # torch/utils/hooks.py, BackwardHook: a full backward hook fired on a module none of whose inputs needs a gradient
 FULL_BACKWARD_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 
@@ -206,6 +211,7 @@ class PerExampleBackward:
         """The module's ``training_step``, its ``"per_example_loss"`` put where Lightning takes the loss from; an
         empty batch does not reach it (see the module docstring)."""
         batch = args[0] if args else kwargs.get("batch")
+        self._check_trainable_unchanged()
         empty = is_empty_batch(batch)
         self._start_sampled(batch, args, kwargs, empty=empty)
         self._empty_step = empty and not self.sharded
@@ -235,6 +241,22 @@ class PerExampleBackward:
                 )
             out = {**out, "loss": losses}
         return out
+
+    def _check_trainable_unchanged(self) -> None:
+        """Every step: the trainable parameters are those of the fit's start (Opacus' hooks and the DP optimizer
+        took them then: a parameter unfrozen since would be updated without clipping or noise)."""
+        trainable = {id(p) for p in self.trainable}
+        for name, param in self.pl_module.named_parameters():
+            if param.requires_grad != (id(param) in trainable):
+                became = "trainable" if param.requires_grad else "frozen"
+                raise MisconfigurationException(
+                    f"DPSGD: parameter `{name}` became {became} during the fit (at global step "
+                    f"{self.pl_module.trainer.global_step}; e.g. a fine-tuning scheduler's unfreezing), but DP-SGD's "
+                    "per-example gradients, clipping and noise cover the parameters trainable when the fit started, so "
+                    f"{'its updates would be neither clipped nor noised' if param.requires_grad else 'its step would break'}"
+                    ": set `requires_grad` before `trainer.fit`, or end the fit and start another with the new "
+                    "trainable set (the ledger composes both fits' steps on the same module)."
+                )
 
     def _rows_step(self, args: tuple, kwargs: Dict[str, Any]) -> Callable[[Any], Any]:
         """The user's ``training_step`` on other rows, its other arguments as Lightning gave them."""
@@ -328,10 +350,11 @@ class PerExampleBackward:
         twice = [f"`{name}` ({type(m).__name__})" for name, m in self._layers if len(getattr(m, "activations", ())) > 1]
         layer = ", ".join(twice) if twice else "a Linear or Embedding layer"
         return (
-            f"DPSGD(grad_sample_mode='ghost'): {layer} ran more than once in one forward pass, and ghost clipping "
-            "computes one gradient norm per call of a Linear or Embedding layer that it cannot combine into the "
-            "example's norm, so use grad_sample_mode='hooks' (whose per-example gradients add up the calls) or call "
-            "each trainable layer once per step."
+            f"DPSGD(grad_sample_mode='ghost'): {layer} ran more than once in one step (called twice in the forward "
+            "pass, or re-run in the backward pass by gradient checkpointing, `torch.utils.checkpoint`), and ghost "
+            "clipping computes one gradient norm per call of a Linear or Embedding layer that it cannot combine into "
+            "the example's norm, so use grad_sample_mode='functional' (or 'auto'), which differentiates each "
+            "example's loss itself, or grad_sample_mode='hooks' for a layer called twice without checkpointing."
         )
 
     def _check_train_mode(self) -> None:
@@ -395,12 +418,20 @@ class PerExampleBackward:
         if self.mode == "functional":
             self._functional_backward(loss, *args, **kwargs)
             return
-        if self.mode == "hooks":
+        try:
             with opacus_hooks_backward():
-                self._hooks_mode(loss, *args, **kwargs)
-            return
-        with opacus_hooks_backward():
-            self._ghost(loss, *args, **kwargs)
+                if self.mode == "hooks":
+                    self._hooks_mode(loss, *args, **kwargs)
+                else:
+                    self._ghost(loss, *args, **kwargs)
+        except NotImplementedError as err:  # (Opacus' words for it name no layer and no fix)
+            if self.mode == "ghost" and "Parameter tying is not supported" in str(err):
+                raise MisconfigurationException(self._called_twice_message()) from err
+            raise
+        except RuntimeError as err:  # (torch's words for it name no layer and no fix)
+            if "use_reentrant=True" in str(err):
+                raise MisconfigurationException(REENTRANT.format(mode=self.mode)) from err
+            raise
 
     def _sampled(self) -> Dict[str, Any]:
         return {"max_examples": self.exactness_examples, "generator": self._rows_generator}

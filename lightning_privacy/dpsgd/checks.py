@@ -66,8 +66,10 @@ def check_per_sample_gradients(params: Sequence[torch.Tensor], param_names: Dict
         if getattr(param, "grad_sample", None) is None:
             raise MisconfigurationException(
                 f"DP-SGD self-check: trainable parameter `{name}` has no per-sample gradient, so it would be updated "
-                "without clipping and the privacy accounting would be wrong. Its layer type may have no Opacus grad "
-                "sampler, or it is unused in the forward pass: freeze it (requires_grad=False) or replace the layer."
+                "without clipping and the privacy accounting would be wrong: its layer type may have no Opacus grad "
+                "sampler, it may run under `torch.utils.checkpoint` (whose re-run in the backward pass Opacus' hooks "
+                "do not record), or it is unused in the forward pass; use grad_sample_mode='functional' (or 'auto'), "
+                "which differentiates each example's loss itself, or freeze it (requires_grad=False)."
             )
         sizes[name] = int(_grad_sample(param).shape[0])
     if len(set(sizes.values())) > 1:

@@ -378,14 +378,30 @@ class FunctionalClipping:
         self, leaves: List[Any], spec: Any, batched: List[int], chunk: List[torch.Tensor], step: Callable[[Any], Any]
     ) -> Tuple[List[torch.Tensor], torch.Tensor]:
         value = example_loss(step(_rebuild(leaves, spec, batched, chunk)))
-        grads = (
-            torch.autograd.grad(value, self.params, allow_unused=True)
-            if value.requires_grad
-            else [None] * len(self.params)
-        )
+        grads: Sequence[Optional[torch.Tensor]] = [None] * len(self.params)
+        if value.requires_grad:
+            try:
+                grads = torch.autograd.grad(value, self.params, allow_unused=True, retain_graph=True)
+            except RuntimeError as error:
+                if "use_reentrant=True" not in str(error):
+                    raise
+                grads = _by_backward(value, self.params)  # (reentrant checkpointing: only `.backward()` runs it)
         return [
             (g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self.params)
         ], value.detach().reshape(1)
+
+
+def _by_backward(value: torch.Tensor, params: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
+    """``value``'s gradients of ``params`` by ``value.backward()``, the parameters' own ``.grad`` left as they were."""
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        value.backward()
+        return [p.grad for p in params]
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
 
 
 def _split(batch: Any) -> Tuple[List[Any], Any, int, List[int]]:
@@ -555,4 +571,11 @@ def hooks_obstacles(module: nn.Module) -> List[str]:
         + " outside any layer"
         for prefix, holder, names in outside.values()
     ]
-    return list(dict.fromkeys([*tied, *layout, *held, *unsampled]))
+    from lightning_privacy.dpsgd.modules import hooks_unsampled_layers
+
+    buffered = [
+        f"`{i.name}` ({i.kind}) is a trainable layer holding buffers, which Opacus' hooks refuse"
+        for i in hooks_unsampled_layers(module)
+        if "buffers" in i.reason
+    ]
+    return list(dict.fromkeys([*tied, *layout, *held, *unsampled, *buffered]))

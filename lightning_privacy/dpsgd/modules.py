@@ -20,6 +20,7 @@ from opacus.utils.module_utils import trainable_modules
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from lightning_privacy import _compat
 from lightning_privacy.checkpoints import fixable_module_names, replace_module
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "attention_fix_changes_outputs",
     "fix_modules_in_place",
     "fixed_modules_record",
+    "hooks_unsampled_layers",
     "incompatible_layers",
     "incompatible_layers_message",
     "replacements_warning",
@@ -204,8 +206,14 @@ def incompatible_layers(module: nn.Module) -> List[Incompatible]:
         >>> [(i.name, i.kind, i.replacement) for i in incompatible_layers(model)]
         [('1', 'BatchNorm1d', 'GroupNorm'), ('2', 'LSTM', 'DPLSTM')]
     """
-    found: List[Incompatible] = []
+    found: List[Incompatible] = [
+        Incompatible(name or "(the module itself)", type(sub).__name__, None, _SPECTRAL)
+        for name, sub in module.named_modules()
+        if _spectral_norm(sub) and any(p.requires_grad for p in sub.parameters())
+    ]
     for name, sub in trainable_modules(module):
+        if _spectral_norm(sub):
+            continue
         embedding = _embedding_reason(sub)
         if embedding is not None:
             found.append(Incompatible(name or "(the module itself)", type(sub).__name__, None, embedding))
@@ -230,6 +238,64 @@ def incompatible_layers(module: nn.Module) -> List[Incompatible]:
             replacement = "Opacus' replacement"
         reason = _REASONS.get(type(sub)) or str(errors[0]).split(". ")[0].rstrip(".")  # Opacus' first sentence
         found.append(Incompatible(name or "(the module itself)", kind, replacement, reason))
+    return found
+
+
+_SPECTRAL = (
+    "spectral_norm updates its power-iteration vectors (`weight_u`, `weight_v`) in place at every forward pass in "
+    "train mode, and DP-SGD runs the forward pass more than once per step (per-example passes and checks), so the "
+    "layer would not compute one function per step (and Opacus' hooks refuse a trainable layer with buffers): remove "
+    "spectral_norm from trainable layers (normalise the weight in `forward` instead, e.g. by its norm), or freeze "
+    "the layer"
+)
+
+
+def _spectral_norm(layer: nn.Module) -> bool:
+    """``layer`` is under ``nn.utils.spectral_norm`` (a forward pre-hook) or its parametrization."""
+    from torch.nn.utils import parametrize
+    from torch.nn.utils.spectral_norm import SpectralNorm
+
+    if any(isinstance(hook, SpectralNorm) for hook in _compat.forward_pre_hooks(layer)):
+        return True
+    return parametrize.is_parametrized(layer) and any(
+        type(p).__name__ == "_SpectralNorm" for plist in layer.parametrizations.values() for p in plist
+    )
+
+
+def hooks_unsampled_layers(module: nn.Module) -> List[Incompatible]:
+    """Trainable layers Opacus' per-layer hooks cannot handle at all, where functional mode can (each refused in
+    hooks and ghost mode, in one sentence instead of Opacus' raw error): a trainable layer holding buffers (Opacus
+    raises "trainable layer with buffers"), and a layer without an Opacus sampler whose ``forward`` takes several
+    inputs (``nn.Bilinear``: Opacus' per-layer fallback calls it with one)."""
+    import inspect
+
+    from opacus.grad_sample import GradSampleHooks
+
+    found: List[Incompatible] = []
+    for name, sub in trainable_modules(module):
+        kind, where = type(sub).__name__, name or "(the module itself)"
+        if _spectral_norm(sub) or type(sub) in ModuleValidator.VALIDATORS:
+            continue  # (refused in every mode, or by Opacus' validator with its own reason)
+        buffers = [b for b, _ in sub.named_buffers()]
+        if buffers:
+            found.append(Incompatible(where, kind, None, (
+                f"Opacus' per-example hooks do not handle a trainable layer holding buffers "
+                f"({', '.join(f'`{b}`' for b in buffers[:3])}): use grad_sample_mode='functional' (or 'auto'), "
+                "which differentiates each example's loss itself"
+            )))  # fmt: skip
+            continue
+        if type(sub) in GradSampleHooks.GRAD_SAMPLERS:
+            continue
+        required = [
+            p for p in list(inspect.signature(sub.forward).parameters.values())
+            if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]  # fmt: skip
+        if len(required) > 1:
+            found.append(Incompatible(where, kind, None, (
+                f"Opacus has no per-example gradient for {kind}, and its per-layer fallback calls a layer with one "
+                f"input while `{kind}.forward` takes {len(required)}: use grad_sample_mode='functional' (or 'auto'), "
+                "which differentiates each example's loss itself"
+            )))  # fmt: skip
     return found
 
 

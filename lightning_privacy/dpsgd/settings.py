@@ -19,6 +19,7 @@ from lightning_privacy._validation import check_bool, check_choice, check_int, c
 from lightning_privacy.dpsgd.modules import (
     fix_modules_in_place,
     fixed_modules_record,
+    hooks_unsampled_layers,
     incompatible_layers,
     incompatible_layers_message,
     replacements_warning,
@@ -289,6 +290,8 @@ def check_module(module: torch.nn.Module, *, fix_modules: bool, grad_sample_mode
     layers = incompatible_layers(module)  # (also what Opacus' validator lets through: padded convolutions)
     if functional:
         layers = [layer for layer in layers if layer.kind not in _HOOKS_ONLY]
+    else:
+        layers += hooks_unsampled_layers(module)
     if layers or (not functional and ModuleValidator.validate(module, strict=False) and module.training):
         owner = type(module).__name__
         other = (
