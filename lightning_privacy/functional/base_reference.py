@@ -8,7 +8,8 @@ where the fine-tuned model predicts the next token *wrongly*: there a member's t
 relative to the base, a non-member's has not.
 
 What :func:`error_zone_scores` computes for one sequence ``x`` with counted target tokens ``t`` (not padding, label not
-``ignore_index``; the first counted one left out, as the code's ``ignore_bos`` does: its prediction sees one token):
+``ignore_index``; the target at position 0 of the unpadded sequence left out, as the code's ``ignore_bos`` does: its
+prediction sees one token; under left padding the same token, and with labels ``-100`` on a prefix nothing more):
 
 - the error zone ``E = {t : argmax_v p_ft(v | x_<t) ≠ x_t}``, where the fine-tuned model's top-1 token is not the true
   one;
@@ -90,11 +91,21 @@ class ErrorZoneParts(NamedTuple):
 
 
 def _scored(labels: Tensor, attention_mask: Optional[Tensor], ignore_index: int, skip_first: bool) -> Tensor:
-    """``[B, T − 1]``: the counted targets, without each sequence's first one when ``skip_first``."""
+    """``[B, T − 1]``: the counted targets, without, when ``skip_first``, each sequence's first target position — the
+    token predicted from the sequence's first real token, position 0 of the unpadded sequence, as EZ-MIA's
+    ``ignore_bos`` skips position 0 (a label of ``ignore_index`` there leaves nothing more to skip: a prefix masked
+    by labels is not skipped into)."""
     counted = _counted(labels, attention_mask, ignore_index)
-    if skip_first:
-        first = counted & (counted.long().cumsum(dim=1) == 1)
-        counted = counted & ~first
+    if skip_first and counted.shape[1] > 0:
+        first = (
+            attention_mask.long().argmax(dim=1)  # (the first real token; 0 without padding or under right padding)
+            if attention_mask is not None
+            else torch.zeros(counted.shape[0], dtype=torch.long, device=counted.device)
+        )
+        counted = counted.clone()
+        rows = torch.arange(counted.shape[0], device=counted.device)
+        inside = first < counted.shape[1]
+        counted[rows[inside], first[inside]] = False
     return counted
 
 
@@ -118,7 +129,8 @@ def error_zone_parts(
         ignore_index: the label of tokens left out.
         min_error_tokens: the smallest error zone scored on its own (EZ-MIA's code: 2); smaller zones fall back to
             all counted tokens.
-        skip_first: leave out each sequence's first counted target (EZ-MIA's ``ignore_bos``).
+        skip_first: leave out each sequence's target at position 0 of the unpadded sequence (EZ-MIA's
+            ``ignore_bos``).
 
     Raises:
         ValueError: shapes that do not match, ``min_error_tokens`` < 1, or a sequence with no scored token.
@@ -298,7 +310,8 @@ class ErrorZoneSignal:
     Args:
         base_model: the model fine-tuning started from, called like the fine-tuned one (``None`` for PEFT models).
         min_error_tokens: the smallest error zone scored on its own (EZ-MIA's code: 2).
-        skip_first: leave out each sequence's first counted target (EZ-MIA's ``ignore_bos``).
+        skip_first: leave out each sequence's target at position 0 of the unpadded sequence (EZ-MIA's
+            ``ignore_bos``).
         ignore_index: the label of tokens left out.
         pad_token_id: for the warning on padding without ``attention_mask`` (as :class:`CausalLMSignal`).
 

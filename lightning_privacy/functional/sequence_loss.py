@@ -27,6 +27,7 @@ model's ``config.pad_token_id``) then warns once, since the same sequence scores
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import warnings
 from typing import Any, Mapping, Optional, Tuple
@@ -43,6 +44,7 @@ __all__ = [
     "causal_lm_signal",
     "causal_lm_token_losses",
     "min_k_percent_signal",
+    "position_ids",
     "signal_kind",
 ]
 
@@ -77,10 +79,12 @@ def signal_kind(signal_fn: Any) -> str:
 
 
 def _counted(labels: Tensor, attention_mask: Optional[Tensor], ignore_index: int) -> Tensor:
-    """``[B, T − 1]``: whether target token t + 1 is scored (its label is not ``ignore_index``, it is not padding)."""
+    """``[B, T − 1]``: whether target token t + 1 is scored: its label is not ``ignore_index``, and neither it nor
+    the token it is predicted from is padding (under left padding the first real token follows a pad: it is no
+    target, as it is none in the unpadded sequence)."""
     counted = labels[:, 1:] != ignore_index
     if attention_mask is not None:
-        counted &= attention_mask[:, 1:].bool()
+        counted &= attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
     return counted
 
 
@@ -90,8 +94,8 @@ def causal_lm_token_losses(
     """Every target token's next-token cross-entropy and whether it counts: ``([B, T − 1] losses, [B, T − 1] mask)``.
 
     Token t + 1 is predicted from ``logits[:, t]`` (the shift a causal LM's ``labels`` imply); a token counts when its
-    label is not ``ignore_index`` and, with ``attention_mask``, it is not padding. Losses of tokens that do not count
-    are 0.
+    label is not ``ignore_index`` and, with ``attention_mask``, neither it nor token t is padding (so a left-padded
+    sequence counts the targets of the unpadded one). Losses of tokens that do not count are 0.
 
     Args:
         logits: ``[B, T, V]`` next-token logits.
@@ -125,7 +129,7 @@ def causal_lm_token_losses(
     if _any_outside_vmap(counts == 0):
         rows = torch.nonzero(counts == 0).flatten().tolist()
         raise ValueError(f"sequence(s) {rows[:10]} of the batch have no scored token (all padding or ignore_index)")
-    return per_token * counted, counted
+    return per_token.masked_fill(~counted, 0.0), counted
 
 
 def _any_outside_vmap(mask: Tensor) -> bool:
@@ -229,10 +233,40 @@ def _warn_unmasked_padding(signal: Any, model: Any, batch: Mapping[str, Any], wh
     )
 
 
+def _takes_position_ids(model: Any) -> bool:
+    """``model``'s ``forward`` names ``position_ids``, or takes ``**kwargs`` and is a Hugging Face model (a ``config``;
+    PEFT's wrappers pass them on)."""
+    forward = getattr(model, "forward", model)
+    try:
+        parameters = inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+    if "position_ids" in parameters:
+        return True
+    keywords = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    return keywords and getattr(model, "config", None) is not None
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Each token's position among its sequence's real tokens, as Hugging Face's ``generate`` forms them
+    (``cumsum − 1``; padding gets 1): a left-padded sequence's tokens keep the positions of the unpadded one.
+
+    Example::
+
+        >>> position_ids(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]]))
+        tensor([[1, 1, 0, 1, 2],
+                [0, 1, 2, 1, 1]])
+    """
+    positions = attention_mask.long().cumsum(dim=-1) - 1
+    return positions.masked_fill(attention_mask == 0, 1)
+
+
 def _logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Optional[Tensor]) -> Tensor:
     kwargs = {"input_ids": input_ids}
     if attention_mask is not None:
         kwargs["attention_mask"] = attention_mask
+        if _takes_position_ids(model):  # (else GPT-2 and Llama count positions from the first pad)
+            kwargs["position_ids"] = position_ids(attention_mask)
     out = model(**kwargs)
     logits = getattr(out, "logits", None)
     if logits is None:
