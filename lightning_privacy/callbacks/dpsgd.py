@@ -173,7 +173,7 @@ class DPSGD(Callback, DPSGDRun):
         sample_rate: Optional[float] = None,
         expected_batch_size: Optional[float] = None,
         functional_chunk_size: Optional[int] = None,
-        exactness_rate: float = 0.02,
+        exactness_rate: float = 0.01,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)

@@ -241,6 +241,7 @@ class FunctionalClipping:
         self.chunk_size = chunk_size
         self.chunk_bytes = chunk_bytes
         self.fallback: Optional[str] = None
+        self.loop = False  # the examples one at a time by autograd even where vmap runs (exact both ways)
         self._out_of_memory: Optional[int] = None  # half the chunk that ran out of GPU memory
         self._call = _Call(module)
 
@@ -298,7 +299,7 @@ class FunctionalClipping:
         """Chunks of per-example gradients and losses of ``batch``'s rows, each row alone (vmap, or the loop after a
         :attr:`fallback`)."""
         leaves, spec, rows, batched = _split(batch)
-        how = "loop" if self.fallback is not None else "vmap"
+        how = "loop" if self.fallback is not None or self.loop else "vmap"
         size = self.rows_per_chunk(rows)
         start = 0
         with logging_suppressed(self.module), torch.enable_grad():

@@ -18,8 +18,9 @@ the same on every rank): :data:`EXAMPLES` examples of its batch, drawn uniformly
   loss; privacy does not depend on it).
 
 On a checked step ``nn.Dropout`` modules are switched off (``p = 0``) for that step's forward pass and for the
-reference, so both see the same function; where the forward pass is still random (a functional dropout), two
-evaluations of the examples' losses alone differ and the step is counted as not comparable rather than compared.
+reference, so both see the same function. Where they disagree, the examples' losses alone are evaluated twice more:
+if those differ, the forward pass is still random (a functional dropout) and the step is counted as not comparable
+rather than stopped.
 A disagreement stops the fit before that step's noised update (the error is raised in the DP optimizer's pre-noise
 check, collectively under DDP), in a sentence naming the parameter, the example, the size of the mismatch and the
 likely cause. Not run under FSDP2 (the parameters are sharded, as for the first steps' check).
@@ -28,7 +29,8 @@ likely cause. Not run under FSDP2 (the parameters are sharded, as for the first 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
@@ -39,7 +41,7 @@ from lightning_privacy.dpsgd import functional
 __all__ = ["DEFAULT_RATE", "EXAMPLES", "SampledExactness", "dropout_off", "likely_causes"]
 
 #: DPSGD's default ``exactness_rate``: the share of the steps after the first self-checked ones that are checked
-DEFAULT_RATE = 0.02
+DEFAULT_RATE = 0.01
 EXAMPLES = 4  # examples compared on a sampled step (each costs about one forward and backward pass of one example)
 ALONE = "each sampled example's gradient computed alone (torch.func on a batch of one)"
 
@@ -123,6 +125,7 @@ class SampledExactness:
         self.pending: Optional[MisconfigurationException] = None
         self.active = False  # this step is checked (drawn at its batch's start)
         self._dropout: Optional[contextlib.ExitStack] = None
+        self._seconds: List[float] = []  # the first two checks' reference: by vmap, then by the loop
 
     # -------------------------------------------------------------------------------------------- the step's life
     def start_step(self, *, first_steps: bool) -> bool:
@@ -168,11 +171,9 @@ class SampledExactness:
         if index is None:
             return
         chosen = _select(batch, index)
-        first = self.engine.losses_alone(chosen, step)  # (a second evaluation, with the gradients: the same or random)
-        grads, losses, _ = self.engine.gradients_alone(chosen, step)
-        if not _same(first, losses):
-            self.random_steps += 1
-            return
+        grads, losses = self._gradients_alone(chosen, step)
+        found: Optional[MisconfigurationException] = None
+        worst = 0.0
         flat = [g.reshape(len(index), -1).to(torch.float64) for g in grads]
         total = torch.stack([f.pow(2).sum(1) for f in flat], 1).sum(1).sqrt()
         scale = float(total.max())
@@ -188,12 +189,12 @@ class SampledExactness:
                 error = (ref - mine).norm(dim=1)
             bound = self.rtol * torch.maximum(ref_size, mine_size) + self.rtol * 1e-2 * scale + 1e-12
             relative = error / total.clamp_min(1e-30)
-            self.max_relative_error = max(self.max_relative_error, float(relative.max()))
+            worst = max(worst, float(relative.max()))
             bad = torch.nonzero(error > bound).flatten()
-            if bad.numel() and self.pending is None:
+            if bad.numel() and found is None:
                 i = int(bad[relative[bad].argmax()])
                 name = self.names.get(id(param), f"<parameter of shape {tuple(param.shape)}>")
-                self.pending = MisconfigurationException(
+                found = MisconfigurationException(
                     f"DP-SGD exactness check (a sampled later step): {what} of `{name}` for example {int(index[i])} "
                     f"is {float(error[i]):.4g} away from that example's gradient computed alone by torch.func (norm "
                     f"{float(ref_size[i]):.4g}; {float(relative[i]):.1%} of the example's gradient norm), so what DP-SGD "
@@ -202,6 +203,11 @@ class SampledExactness:
                     "(or 'auto'), which computes each example's gradient alone; DPSGD stopped before this step's "
                     "noised update."
                 )
+        if found is not None and self._random(chosen, step):  # (only a disagreement pays for this test)
+            self.random_steps += 1
+            return
+        self.pending = self.pending or found
+        self.max_relative_error = max(self.max_relative_error, worst)
         self.steps += 1
         self.examples_compared += len(index)
 
@@ -213,16 +219,16 @@ class SampledExactness:
         if index is None or batch_losses is None or batch_losses.numel() != rows:
             return
         chosen = _select(batch, index)
-        if self._random(chosen, step):
-            self.random_steps += 1
-            return
         alone = self.engine.losses_alone(chosen, step).to(torch.float64)
         together = batch_losses.detach().to(torch.float64).reshape(-1)[index.to(batch_losses.device)].cpu()
         alone = alone.cpu()
         scale = max(float(together.abs().max()), float(alone.abs().max()), 1e-12)
         error = (together - alone).abs()
-        self.max_relative_error = max(self.max_relative_error, float(error.max()) / scale)
         i = int(error.argmax())
+        if float(error[i]) > self.rtol * scale and self._random(chosen, step):  # (only a disagreement pays for it)
+            self.random_steps += 1
+            return
+        self.max_relative_error = max(self.max_relative_error, float(error.max()) / scale)
         if float(error[i]) > self.rtol * scale and self.pending is None:
             self.pending = MisconfigurationException(
                 f"DPSGD(grad_sample_mode='functional') exactness check (a sampled later step): example "
@@ -234,6 +240,20 @@ class SampledExactness:
             )
         self.steps += 1
         self.examples_compared += len(index)
+
+    def _gradients_alone(self, chosen: Any, step: Callable[[Any], Any]) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        """The sampled examples' gradients alone, by vmap or by a loop of single-example passes, whichever the first
+        two checked steps found faster (vmap over a Hugging Face model falls back to slow per-operation loops)."""
+        if len(self._seconds) < 2:
+            self.engine.loop = len(self._seconds) == 1
+            began = time.perf_counter()
+            grads, losses, _ = self.engine.gradients_alone(chosen, step)
+            self._seconds.append(time.perf_counter() - began)
+            if len(self._seconds) == 2:
+                self.engine.loop = self._seconds[1] < self._seconds[0]
+            return grads, losses
+        grads, losses, _ = self.engine.gradients_alone(chosen, step)
+        return grads, losses
 
     def _rows(self, rows: int) -> Optional[torch.Tensor]:
         if rows <= 0:

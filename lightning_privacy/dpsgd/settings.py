@@ -104,7 +104,7 @@ def set_arguments(
     sample_rate: Any = None,
     expected_batch_size: Any = None,
     functional_chunk_size: Any = None,
-    exactness_rate: Any = 0.02,
+    exactness_rate: Any = 0.01,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
