@@ -191,12 +191,15 @@ def test_the_audit_cli_audits_the_checkpoint_on_its_saved_members_with_its_warni
     callback = run.cb.epsilon_star.result.to_dict()
     assert result[names.EPSILON_STAR] == pytest.approx(callback[names.EPSILON_STAR], rel=1e-6, abs=1e-9)
     assert (result["fits_rejected"], result["warnings"]) == (callback["fits_rejected"], callback["warnings"])
+    # (the DP noise is secret, so the trained weights differ run to run: besides the KS rejection, the audit may add
+    # other warnings, e.g. that a lower bound of 0 shows nothing; each is printed once, as the CLI's stderr shows)
+    rejected = [w for w in result["warnings"] if w.startswith("the Normal fits of Epsilon* are rejected (KS p = ")]
     if result["fits_rejected"]:
-        (ks,) = result["warnings"]
-        assert ks.startswith("the Normal fits of Epsilon* are rejected (KS p = ") and "use the empirical ε*" in ks
-        assert ks in warnings_
+        (ks,) = rejected
+        assert "use the empirical ε*" in ks
     else:
-        assert result["warnings"] == []
+        assert rejected == []
+    assert all(warnings_.count(w) == 1 for w in result["warnings"]), (result["warnings"], warnings_)
 
 
 @pytest.mark.parametrize("kind", USER_MODELS)
