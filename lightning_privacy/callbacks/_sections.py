@@ -49,6 +49,7 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
         ("noise multiplier σ", sigma, "Gaussian noise of std σ·C is added to every summed batch gradient"),
         ("clipping norm C", f"{cb.max_grad_norm:g}", "each example's gradient is clipped to norm ≤ C"),
         _mode_row(cb),
+        _exactness_row(cb),
         (
             "sample rate p",
             "—" if rate is None else f"{rate:.6g}",
@@ -89,6 +90,22 @@ def _mode_row(cb: Any) -> tuple:
         reason = getattr(cb, "grad_sample_mode_reason", None)
         mode, note = f"{mode} (auto)", f"{note}; chosen because {reason}" if reason else note
     return ("per-example gradients", mode, note)
+
+
+def _exactness_row(cb: Any) -> tuple:
+    """What the exactness check compared: the self-checked first steps, and the sampled later steps."""
+    record = getattr(cb, "exactness", None)
+    if record is None or (not record.steps and not record.later_steps):
+        return ("exactness check", "not run", getattr(record, "reference", "") or "")
+    value = f"{record.steps} first + {record.later_steps} sampled later steps"
+    note = (
+        f"{record.reference}; later: a share {record.later_rate:g} of the steps, a few examples each against their "
+        f"gradients computed alone ({record.later_examples} examples); largest mismatch "
+        f"{record.max_relative_error:.1e} of an example's gradient norm"
+    )
+    if record.later_not_comparable:
+        note += f"; {record.later_not_comparable} sampled steps not comparable (the forward pass stayed random)"
+    return ("exactness check", value, note)
 
 
 def _rate_note(cb: Any) -> str:

@@ -119,6 +119,7 @@ def test_a_parameter_used_outside_its_layer_is_refused_before_the_first_step(cls
         _trainer([dpsgd]).fit(model, DataLoader(_data(), batch_size=16))
     message = str(err.value)
     assert f"`{param}`" in message and "move that use into the layer" in message and "freeze" in message
+    assert "grad_sample_mode='functional'" in message  # (the mode that clips such a use exactly)
     assert _one_sentence(message), message
     assert dpsgd.steps == 0
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # no step was taken

@@ -164,3 +164,10 @@ def test_a_forward_pass_still_random_with_dropout_off_is_not_compared():
 def test_a_bad_rate_is_refused_naming_it(rate):
     with pytest.raises(MisconfigurationException, match=r"exactness_rate="):
         DPSGD(noise_multiplier=1.0, exactness_rate=rate)
+
+
+def test_the_report_says_what_the_exactness_check_compared():
+    dp, trainer = _fit(Clean(), "ghost", rate=1.0, steps=6)
+    rows = {name: (value, note) for name, value, note in dp.report_section(trainer).rows}
+    value, note = rows["exactness check"]
+    assert value == "2 first + 4 sampled later steps" and "(16 examples)" in note and "a share 1 of the steps" in note
