@@ -67,6 +67,35 @@ def small_cnn() -> nn.Sequential:
     )  # fmt: skip
 
 
+class TinyGPT2(nn.Module):
+    """A GPT-2 (transformers, eager attention) of 2 blocks, width 128, vocabulary 4,000: its ``lm_head`` is tied to
+    ``wte`` (full fine-tuning), or frozen with LoRA adapters (rank 8) on ``c_attn`` (``lora``). Returns the logits."""
+
+    def __init__(self, lora: bool = False) -> None:
+        super().__init__()
+        import warnings
+
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(
+            vocab_size=4000, n_positions=64, n_embd=128, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+        )
+        config._attn_implementation = "eager"
+        model = GPT2LMHeadModel(config)
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["c_attn"],
+                                                         fan_in_fan_out=True, lora_dropout=0.0))  # fmt: skip
+        self.model = model
+
+    def forward(self, tokens):
+        positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0], 1)
+        return self.model(input_ids=tokens, position_ids=positions).logits
+
+
 class Classifier(pl.LightningModule):
     """``net`` trained with SGD on cross-entropy; the same module with or without DPSGD (per-example losses too)."""
 
@@ -78,8 +107,14 @@ class Classifier(pl.LightningModule):
         return self.net(x)
 
     def training_step(self, batch, batch_idx):
-        losses = F.cross_entropy(self.net(batch[0]), batch[1], reduction="none")
+        out = self.net(batch[0])
+        if out.ndim == 3:  # a language model's logits: one loss per sequence (mean over its next-token targets)
+            from lightning_privacy.functional.sequence_loss import causal_lm_losses
+
+            losses = causal_lm_losses(out, batch[1])
+        else:
+            losses = F.cross_entropy(out, batch[1], reduction="none")
         return {"loss": losses.mean(), "per_example_loss": losses}
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)

@@ -1,11 +1,14 @@
-"""Peak memory and step time of DPSGD's per-sample gradient modes: hooks vs ghost clipping (vs no DP-SGD).
+"""Peak memory and step time of DPSGD's per-sample gradient modes: hooks, ghost, functional (vs no DP-SGD).
 
 Two models of 10–20 M parameters train on CPU with ``DPSGD(grad_sample_mode=...)`` (σ = 1, C = 1, Poisson batches
 of expected size ``--batch-size``): a wide MLP on flat inputs and a small transformer (token + position Embedding,
 two blocks of DPMultiheadAttention + LayerNorm + feed-forward Linear layers) on sequences. ``hooks`` stores every
 example's gradient (batch × parameters floats); ``ghost`` computes each example's gradient norm layer by layer
 (Linear and Embedding by the ghost-norm identity) and backpropagates the clipped sum in a second pass. ``none`` is
-the same module and optimizer without DPSGD, for reference.
+the same module and optimizer without DPSGD, for reference; ``functional`` computes each example's whole gradient by
+``torch.func`` in chunks of 256 MiB of per-example gradients. Two GPT-2s of the same blocks, one with GPT-2's head
+tied to its token embedding (ghost clipping refuses it; functional mode trains it) and one with its own head, show a
+tied-head model's memory in functional mode beside ghost clipping's on the untied one.
 
 Each (model, mode) runs in a fresh subprocess, so one run's allocations cannot hide another's. Memory is the peak
 resident set size (``VmHWM`` in ``/proc/self/status``), reset with ``/proc/self/clear_refs`` once the model and data
@@ -29,8 +32,8 @@ import subprocess
 import sys
 import time
 
-MODES = ("none", "hooks", "ghost")
-MODELS = ("mlp", "transformer")
+MODES = ("none", "hooks", "ghost", "functional")
+MODELS = ("mlp", "transformer", "gpt2", "gpt2_untied")
 
 
 def _status_kb(field: str) -> int:
@@ -54,11 +57,13 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
     import lightning.pytorch as pl
     import torch
     from _models import QUIET, Transformer, wide_mlp
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
     from torch import nn
     from torch.nn import functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_privacy import DPSGD
+    from lightning_privacy.functional.sequence_loss import causal_lm_losses
 
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -71,7 +76,11 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
             self.net = net
 
         def training_step(self, batch, batch_idx):
-            losses = F.cross_entropy(self.net(batch[0]), batch[1], reduction="none")
+            out = self.net(batch[0])
+            if out.ndim == 3:  # a language model: one loss per sequence
+                losses = causal_lm_losses(out, batch[1])
+            else:
+                losses = F.cross_entropy(out, batch[1], reduction="none")
             return losses if mode != "none" else losses.mean()
 
         def configure_optimizers(self):
@@ -82,10 +91,30 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
         net = wide_mlp()
         data = TensorDataset(torch.randn(n, 1024), torch.randint(0, 10, (n,)))
         shape = "1024 → 2048 → 2048 → 2048 → 10"
-    else:
+    elif model_name == "transformer":
         net = Transformer()
         data = TensorDataset(torch.randint(0, 8000, (n, 32)), torch.randint(0, 2, (n,)))
         shape = "Embedding 8000×512 + 2 × (DPMultiheadAttention 8 heads + FFN 2048), T = 32"
+    else:  # GPT-2 of 4 blocks, width 512, vocabulary 8,000, its head tied to wte (GPT-2's) or its own (untied)
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        tied = model_name == "gpt2"
+        config = GPT2Config(vocab_size=8000, n_positions=64, n_embd=512, n_layer=4, n_head=8, bos_token_id=0,
+                            eos_token_id=0, tie_word_embeddings=tied)  # fmt: skip
+        config._attn_implementation = "eager"
+
+        class LM(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = GPT2LMHeadModel(config)
+
+            def forward(self, tokens):
+                return self.model(input_ids=tokens).logits
+
+        net = LM()
+        tokens = torch.randint(0, 8000, (n, 32))
+        data = TensorDataset(tokens, tokens)
+        shape = f"GPT-2, 4 blocks of width 512, vocabulary 8,000, T = 32, lm_head {'tied to wte' if tied else 'untied'}"
     params = sum(p.numel() for p in net.parameters())
 
     times: list = []
@@ -105,7 +134,10 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
     base_kb = _status_kb("VmRSS")
     _reset_peak()
     pl.seed_everything(1, verbose=False)
-    trainer.fit(module, train_dataloaders=DataLoader(data, batch_size=batch_size))
+    try:
+        trainer.fit(module, train_dataloaders=DataLoader(data, batch_size=batch_size))
+    except MisconfigurationException as err:  # ghost clipping refuses the tied head: the row says so
+        return {"model": model_name, "shape": shape, "mode": mode, "params": params, "refused": str(err).split(" (")[0]}
     peak_kb = _status_kb("VmHWM")
     measured = times[warmup:]
     return {
@@ -146,6 +178,9 @@ def main() -> None:
                 print(f"  repeat {repeat + 1}: measured {model} / {mode}", file=sys.stderr, flush=True)
     rows = []
     for measured in runs.values():
+        if "refused" in measured[0]:
+            rows.append(measured[0])
+            continue
         row = dict(measured[0], step_s=min(r["step_s"] for r in measured))
         row.update(peak_mb=max(r["peak_mb"] for r in measured), train_mb=max(r["train_mb"] for r in measured))
         row["all_step_s"] = [round(r["step_s"], 3) for r in measured]
@@ -157,6 +192,11 @@ def main() -> None:
     print("| model | parameters | mode | step time (s) | × hooks | peak RSS | RSS added by training | × hooks |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
+        if "refused" in row:
+            print(
+                f"| {row['model']} | {row['params'] / 1e6:.1f} M | {row['mode']} | refused: {row['refused']} | | | | |"
+            )
+            continue
         hooks = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "hooks")
         print(
             f"| {row['model']} | {row['params'] / 1e6:.1f} M | {row['mode']} | {row['step_s']:.2f} | "
@@ -166,7 +206,7 @@ def main() -> None:
     print()
     for model in args.models:
         print(f"{model}: {next(r['shape'] for r in rows if r['model'] == model)}")
-    for row in rows:
+    for row in (r for r in rows if "refused" not in r):
         print(
             f"  {row['model']} / {row['mode']}: batch sizes {row['batch_sizes']}, medians per repeat {row['all_step_s']} s"
         )
