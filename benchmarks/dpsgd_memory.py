@@ -108,8 +108,9 @@ def run_one(model_name: str, mode: str, batch_size: int, steps: int, warmup: int
                 super().__init__()
                 self.model = GPT2LMHeadModel(config)
 
-            def forward(self, tokens):
-                return self.model(input_ids=tokens).logits
+            def forward(self, tokens):  # (position ids per row: Opacus' hooks see a batch in wpe's input too)
+                positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0], 1)
+                return self.model(input_ids=tokens, position_ids=positions).logits
 
         net = LM()
         tokens = torch.randint(0, 8000, (n, 32))
