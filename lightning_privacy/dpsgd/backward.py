@@ -187,6 +187,7 @@ class PerExampleBackward:
         self.last_norms: Optional[torch.Tensor] = None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
+        self._trainable_ids = {id(p) for p in self.trainable}  # (checked unchanged at every step)
         self._layers = [
             (name, m) for name, m in pl_module.named_modules() if any(p.requires_grad for p in m.parameters(False))
         ]
@@ -245,9 +246,8 @@ class PerExampleBackward:
     def _check_trainable_unchanged(self) -> None:
         """Every step: the trainable parameters are those of the fit's start (Opacus' hooks and the DP optimizer
         took them then: a parameter unfrozen since would be updated without clipping or noise)."""
-        trainable = {id(p) for p in self.trainable}
         for name, param in self.pl_module.named_parameters():
-            if param.requires_grad != (id(param) in trainable):
+            if param.requires_grad != (id(param) in self._trainable_ids):
                 became = "trainable" if param.requires_grad else "frozen"
                 raise MisconfigurationException(
                     f"DPSGD: parameter `{name}` became {became} during the fit (at global step "
@@ -293,13 +293,6 @@ class PerExampleBackward:
             if self.hooks is not None:
                 self.hooks.enable_hooks()
             self.sampled.end_step()
-            self._record_sampled()
-
-    def _record_sampled(self) -> None:
-        sampled, record = self.sampled, self.record
-        record.later_rate, record.later_steps = sampled.rate, sampled.steps
-        record.later_examples, record.later_not_comparable = sampled.examples_compared, sampled.random_steps
-        record.max_relative_error = max(record.max_relative_error, sampled.max_relative_error)
 
     @contextlib.contextmanager
     def _no_per_step_sync(self) -> Iterator[None]:
@@ -623,7 +616,6 @@ class PerExampleBackward:
                 )
             finally:
                 self.sampled.end_step()
-                self._record_sampled()
         if _distributed():  # DDP's reducer waits for every parameter's gradient: a zero that reaches each one
             loss = loss + torch.stack([p.sum() for p in self.trainable]).sum() * 0.0
         return {**out, "loss": loss} if isinstance(out, dict) else loss

@@ -47,6 +47,7 @@ __all__ = [
     "check_summed_gradients",
     "checked_rows",
     "reference_gradients",
+    "row_mismatch",
 ]
 
 #: elements of per-example gradients one vmapped backward pass may hold (chunk size = this ÷ trainable elements)
@@ -182,6 +183,24 @@ def reference_gradients(
         start += k
 
 
+def row_mismatch(
+    ref: torch.Tensor, mine: torch.Tensor, *, norms_only: bool, rtol: float, scale: float
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per example, how far what DP-SGD clips (``mine``: ``[k, n]`` gradients, or ``[k]`` norms with ``norms_only``)
+    is from the reference gradients ``ref`` (``[k, n]``), the bound it may not exceed, and the reference's norms:
+    ``rtol`` of the larger of the two sizes, plus ``rtol · 1e-2 · scale`` (``scale``: the largest example's whole
+    gradient norm, so a parameter whose gradient is nearly zero is not held to float rounding of its own size)."""
+    ref_size = ref.norm(dim=1)
+    if norms_only:
+        mine_size = mine.reshape(-1)
+        error = (ref_size - mine_size).abs()
+    else:
+        mine_size = mine.norm(dim=1)
+        error = (ref - mine).norm(dim=1)
+    bound = rtol * torch.maximum(ref_size, mine_size) + rtol * 1e-2 * scale + 1e-12
+    return error, bound, ref_size
+
+
 def _raise(message: str) -> None:
     raise MisconfigurationException(f"DP-SGD exactness check: {message}.")
 
@@ -212,13 +231,7 @@ def _compare_rows(
         scale = total.max().item() if k else 0.0
         for j, (param, ref) in enumerate(zip(params, flat)):
             mine = got(j, ref, index).reshape(k, -1).to(torch.float64)
-            if norms_only:
-                ref_n, mine_n = ref.norm(dim=1), mine.reshape(-1)
-                error = (ref_n - mine_n).abs()
-                bound = rtol * torch.maximum(ref_n, mine_n) + rtol * 1e-2 * scale + 1e-12
-            else:
-                error = (ref - mine).norm(dim=1)
-                bound = rtol * torch.maximum(ref.norm(dim=1), mine.norm(dim=1)) + rtol * 1e-2 * scale + 1e-12
+            error, bound, _ = row_mismatch(ref, mine, norms_only=norms_only, rtol=rtol, scale=scale)
             relative = error / total.clamp_min(1e-30)
             worst = max(worst, float(relative.max()) if k else 0.0)
             bad = torch.nonzero(error > bound).flatten()

@@ -121,6 +121,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     cls = strategies.dp_optimizer_class(trainer, dp.grad_sample_mode)
     strategies.disable_ddp_gradient_sync(trainer)
     dp.exactness = ExactnessRecord(reference="not run (FSDP2: the parameters are sharded)" if fsdp else "not run")
+    rtol = 5e-2 if "16" in str(trainer.precision) else 1e-3  # the exactness checks' (16-bit precision needs more)
     dp._backward = PerExampleBackward(
         pl_module,
         mode=dp.grad_sample_mode,
@@ -128,12 +129,12 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         hooks=dp._hooks,
         param_names=dp._param_names,
         should_check=lambda: dp._checks is not None and dp._checks.checking_clipping and not fsdp,
-        rtol=5e-2 if "16" in str(trainer.precision) else 1e-3,
+        rtol=rtol,
         record=dp.exactness,
         exactness_examples=dp.exactness_examples,
         sharded=fsdp,
         engine=_functional_engine(dp, pl_module),
-        sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=5e-2 if "16" in str(trainer.precision) else 1e-3),
+        sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol),
     )
     # The divisor of the noised sum: a public constant, never computed from the private N (dpsgd.settings.dp_divisor);
     # each rank divides its share by 1/W of it, so the ranks' average is the whole step's sum / divisor.
@@ -182,7 +183,7 @@ def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rt
     if fsdp or rate == 0:
         return None
     return sampled_exactness.SampledExactness(
-        pl_module, rate=rate, mode=dp.grad_sample_mode, rtol=rtol, names=dp._param_names
+        pl_module, rate=rate, rtol=rtol, names=dp._param_names, record=dp.exactness
     )
 
 

@@ -37,13 +37,13 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
 from lightning_privacy.dpsgd import functional
+from lightning_privacy.dpsgd.exactness import ExactnessRecord, row_mismatch
 
 __all__ = ["DEFAULT_RATE", "EXAMPLES", "SampledExactness", "dropout_off", "likely_causes"]
 
 #: DPSGD's default ``exactness_rate``: the share of the steps after the first self-checked ones that are checked
 DEFAULT_RATE = 0.01
 EXAMPLES = 4  # examples compared on a sampled step (each costs about one forward and backward pass of one example)
-ALONE = "each sampled example's gradient computed alone (torch.func on a batch of one)"
 
 
 @contextlib.contextmanager
@@ -94,14 +94,13 @@ class SampledExactness:
     Args:
         module: the LightningModule (its trainable parameters as at fit start).
         rate: the probability that a step after the first self-checked ones is checked (0: never).
-        mode: ``"hooks"``, ``"ghost"`` or ``"functional"``.
         rtol: the relative tolerance (as the first steps' check).
         names: parameter names by ``id``.
+        record: the fit's :class:`~lightning_privacy.dpsgd.exactness.ExactnessRecord`, whose ``later_*`` fields and
+            ``max_relative_error`` this check keeps.
         examples: examples compared per checked step.
 
     Attributes:
-        steps: steps compared; ``examples_compared`` the examples over them; ``random_steps`` steps drawn whose
-            forward pass stayed random with dropout off (not compared); ``max_relative_error`` the largest mismatch.
         pending: the disagreement found in this step's backward, raised before its noise (``None``: none).
     """
 
@@ -110,18 +109,17 @@ class SampledExactness:
         module: nn.Module,
         *,
         rate: float,
-        mode: str,
         rtol: float,
         names: Dict[int, str],
+        record: ExactnessRecord,
         examples: int = EXAMPLES,
     ) -> None:
-        self.module, self.rate, self.mode, self.rtol, self.names = module, float(rate), mode, rtol, names
+        self.module, self.rate, self.rtol, self.names, self.record = module, float(rate), rtol, names, record
         self.examples = examples
+        record.later_rate = self.rate
         self.engine = functional.FunctionalClipping(module, max_grad_norm=1.0)
         self._steps = torch.Generator().manual_seed(1)  # which steps: the same draws on every rank
         self._examples = torch.Generator().manual_seed(2)  # which examples (each rank its own batch)
-        self.steps = self.examples_compared = self.random_steps = 0
-        self.max_relative_error = 0.0
         self.pending: Optional[MisconfigurationException] = None
         self.active = False  # this step is checked (drawn at its batch's start)
         self._dropout: Optional[contextlib.ExitStack] = None
@@ -180,14 +178,7 @@ class SampledExactness:
         mixes = self._mixes(batch_losses, index, losses)
         for j, (param, ref) in enumerate(zip(self.engine.params, flat)):
             mine = got(j, index).reshape(len(index), -1).to(torch.float64)
-            ref_size = ref.norm(dim=1)
-            if norms_only:
-                mine_size = mine.reshape(-1)
-                error = (ref_size - mine_size).abs()
-            else:
-                mine_size = mine.norm(dim=1)
-                error = (ref - mine).norm(dim=1)
-            bound = self.rtol * torch.maximum(ref_size, mine_size) + self.rtol * 1e-2 * scale + 1e-12
+            error, bound, ref_size = row_mismatch(ref, mine, norms_only=norms_only, rtol=self.rtol, scale=scale)
             relative = error / total.clamp_min(1e-30)
             worst = max(worst, float(relative.max()))
             bad = torch.nonzero(error > bound).flatten()
@@ -204,12 +195,10 @@ class SampledExactness:
                     "noised update."
                 )
         if found is not None and self._random(chosen, step):  # (only a disagreement pays for this test)
-            self.random_steps += 1
+            self.record.later_not_comparable += 1
             return
         self.pending = self.pending or found
-        self.max_relative_error = max(self.max_relative_error, worst)
-        self.steps += 1
-        self.examples_compared += len(index)
+        self._compared(len(index), worst)
 
     def check_losses(
         self, batch: Any, step: Callable[[Any], Any], batch_losses: Optional[torch.Tensor], rows: int
@@ -226,9 +215,8 @@ class SampledExactness:
         error = (together - alone).abs()
         i = int(error.argmax())
         if float(error[i]) > self.rtol * scale and self._random(chosen, step):  # (only a disagreement pays for it)
-            self.random_steps += 1
+            self.record.later_not_comparable += 1
             return
-        self.max_relative_error = max(self.max_relative_error, float(error.max()) / scale)
         if float(error[i]) > self.rtol * scale and self.pending is None:
             self.pending = MisconfigurationException(
                 f"DPSGD(grad_sample_mode='functional') exactness check (a sampled later step): example "
@@ -238,8 +226,13 @@ class SampledExactness:
                 "layer fed batch-first data), and DP-SGD would train on other losses than the batch's: compute each "
                 "example's output from that example alone; DPSGD stopped before this step's noised update."
             )
-        self.steps += 1
-        self.examples_compared += len(index)
+        self._compared(len(index), float(error.max()) / scale)
+
+    def _compared(self, examples: int, worst: float) -> None:
+        record = self.record
+        record.later_steps += 1
+        record.later_examples += examples
+        record.max_relative_error = max(record.max_relative_error, worst)
 
     def _gradients_alone(self, chosen: Any, step: Callable[[Any], Any]) -> Tuple[List[torch.Tensor], torch.Tensor]:
         """The sampled examples' gradients alone, by vmap or by a loop of single-example passes, whichever the first
