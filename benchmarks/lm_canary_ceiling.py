@@ -1,0 +1,126 @@
+"""What a canary seen only in the final model can show, at the language-model benchmark's DP fine-tune (issue 50).
+
+A black-box canary (the LM canaries of ``audits/lm_canaries.py``, Panda et al.'s new-token secrets included) is
+scored on the last model only. Its best case is a canary whose whole clipped gradient lands on parameters nothing
+else moves (a new token's own row) and whose score reads them exactly: with SGD-like accumulation the final model then
+holds the sum over the T steps, S = C·(times sampled) + N(0, T·σ²C²) if included and N(0, T·σ²C²) if not — the
+summed score of the white-box gradient canaries, the per-step values lost. The pair (S | included, S | excluded) is a
+mixture of Gaussians against a Gaussian; dp_accounting's ``from_mixture_gaussian_mechanism`` gives its ε at δ
+("last-iterate ε": the most any final-model canary of this kind can show, with unlimited canaries), and m = 1000
+simulated ideal canaries give what the audit's estimators show (binomial and Gaussian f-DP, the ones valid for
+canaries that share a model; the order statistics only if the canaries were independent, as a reference).
+
+Rows: the language-model benchmark's DP full fine-tune (1,000 members + 507 canaries, expected batch 64: p = 1/24,
+5 epochs = 120 steps; σ planned for ε) and the same data for 50 epochs (1,200 steps), at ε = 4 and 8, δ = 1e-5,
+α = 0.05; each bound ÷ the accountant's ε, median [min, max] over ``--seeds`` seeds.
+
+    python benchmarks/lm_canary_ceiling.py [--seeds 5] > benchmarks/results/lm_canary_ceiling.md
+
+About a minute on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import time
+from functools import cache
+from typing import Dict
+
+import numpy as np
+from dp_accounting.pld import privacy_loss_distribution
+from scipy import optimize, stats
+
+from lightning_privacy import names
+from lightning_privacy.audits.canary import audit_canaries
+from lightning_privacy.claims import Claim
+
+DELTA, ALPHA, M = 1e-5, 0.05, 1000
+RATE = 1 / 24  # ⌈(1000 members + 507 canaries) / 64⌉ = 24 batches per epoch
+CONFIGS = (("the benchmark's DP fine-tune, 5 epochs", 120), ("the same data, 50 epochs", 1200))
+TARGETS = (4.0, 8.0)
+COLUMNS = ("binomial", "gdp", "tightest", "orderstat")
+
+
+@cache
+def sigma_for(epsilon: float, steps: int) -> float:
+    """σ whose accountant ε at δ is ``epsilon`` (p = RATE), to 1e-4."""
+    return optimize.brentq(
+        lambda s: Claim.dp_sgd(noise_multiplier=s, sample_rate=RATE, steps=steps, delta=DELTA).epsilon - epsilon,
+        0.3,
+        20.0,
+        xtol=1e-4,
+    )
+
+
+def _times_sampled(steps: int):
+    counts = np.arange(0, int(stats.binom.ppf(1 - 1e-16, steps, RATE)) + 1)
+    return counts, stats.binom.pmf(counts, steps, RATE)
+
+
+def last_iterate_epsilon(sigma: float, steps: int) -> float:
+    """ε at δ of S = C·Binomial(T, p) + N(0, Tσ²C²) against N(0, Tσ²C²) (C = 1), both directions (dp_accounting,
+    pessimistic estimate)."""
+    counts, probs = _times_sampled(steps)
+    pld = privacy_loss_distribution.from_mixture_gaussian_mechanism(
+        standard_deviation=sigma * math.sqrt(steps),
+        sensitivities=counts.astype(float).tolist(),
+        sampling_probs=(probs / probs.sum()).tolist(),
+        value_discretization_interval=1e-3,
+    )
+    return float(pld.get_epsilon_for_delta(DELTA))
+
+
+def ideal_canaries(sigma: float, steps: int, seed: int) -> Dict[str, float]:
+    """m ideal final-model canaries' bounds (summed score), shared-model estimators and the order statistics."""
+    rng = np.random.default_rng([seed, steps, int(sigma * 1e4)])
+    included = rng.random(M) < 0.5
+    scores = rng.binomial(steps, RATE, size=M) * included + sigma * math.sqrt(steps) * rng.standard_normal(M)
+    shared = audit_canaries(scores, included, delta=DELTA, alpha=ALPHA, seed=seed).values
+    alone = audit_canaries(scores, included, delta=DELTA, alpha=ALPHA, seed=seed, independent=True).values
+    return {
+        "binomial": shared[names.CANARY_EPSILON_LOWER],
+        "gdp": shared[names.CANARY_EPSILON_LOWER_GDP],
+        "tightest": shared[names.CANARY_EPSILON_LOWER_TIGHTEST],
+        "orderstat": alone[names.CANARY_EPSILON_LOWER_ORDERSTAT],
+    }
+
+
+def _cell(values) -> str:
+    return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    print(
+        f"The ideal final-model canary: p = 1/24, C = 1, δ = {DELTA:g}, α = {ALPHA}, m = {M}; every value ÷ the "
+        f"accountant's ε; bounds: median [min, max] over {args.seeds} seeds. 'tightest' is the audit's for canaries "
+        "that share a model (binomial and Gaussian f-DP at α/2 each); 'orderstat' would apply only to independent "
+        "canaries.\n"
+    )
+    print("| run | steps | accountant ε | σ | last-iterate ε ÷ ε | " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * (5 + len(COLUMNS)))
+    for label, steps in CONFIGS:
+        for epsilon in TARGETS:
+            sigma = sigma_for(epsilon, steps)
+            ceiling = last_iterate_epsilon(sigma, steps)
+            runs = [ideal_canaries(sigma, steps, seed) for seed in range(args.seeds)]
+            cells = [_cell([r[c] / epsilon for r in runs]) for c in COLUMNS]
+            print(
+                f"| {label} | {steps} | {epsilon:g} | {sigma:.3f} | {ceiling / epsilon:.3f} | "
+                + " | ".join(cells)
+                + " |"
+            )
+    print(
+        f"\n<!-- written by benchmarks/lm_canary_ceiling.py in {(time.perf_counter() - started) / 60:.1f} min, "
+        f"{datetime.date.today()} -->"
+    )
+
+
+if __name__ == "__main__":
+    main()
