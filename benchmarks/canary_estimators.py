@@ -34,7 +34,7 @@ comes from at large ε.
 
 Progress goes to stderr, the tables to stdout.
 
-About 25 minutes on one core (simulations 3 min, each trained run 1–4 min).
+About 40 minutes on one shared core (simulations 2 min, each trained run 4–9 min); `--seeds 6` adds four runs.
 """
 
 from __future__ import annotations

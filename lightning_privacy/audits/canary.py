@@ -194,10 +194,15 @@ class CanaryResult(ClaimChecked, AuditResult):
     def summary(self) -> str:
         """The Markdown text: both bounds, the warnings (if any), the table of both methods."""
         eps = self.accountant_epsilon
+        tightest = (
+            ""
+            if self.tightest is None
+            else f"ε ≥ {self.tightest.epsilon_lower:.3f} (tightest sound bound: {self.tightest.method} test); "
+        )  # the first line is what the console shows: the headline number first
         lines = [
-            f"Canary audit ({self.kind}, m = {self.num_canaries}): ε ≥ {self.values[names.CANARY_EPSILON_LOWER]:.3f} "
-            f"(binomial), ≥ {self.values[names.CANARY_EPSILON_LOWER_GDP]:.3f} (Gaussian f-DP); accountant ε "
-            + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
+            f"Canary audit ({self.kind}, m = {self.num_canaries}): {tightest}ε ≥ "
+            f"{self.values[names.CANARY_EPSILON_LOWER]:.3f} (binomial), ≥ {self.values[names.CANARY_EPSILON_LOWER_GDP]:.3f} "
+            "(Gaussian f-DP); accountant ε " + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
             "",
         ]
         if self.tightest is not None:

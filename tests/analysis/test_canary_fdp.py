@@ -216,6 +216,12 @@ def test_audit_canaries_reports_the_tightest_bound_and_names_the_test():
     assert res.tightest.method == "orderstat"
     assert v[names.CANARY_EPSILON_LOWER_TIGHTEST] == res.tightest.epsilon_lower > v[names.CANARY_EPSILON_LOWER_GDP]
     assert "from the orderstat test" in res.summary()
+    # the console shows the first line only: it leads with the tightest bound and names its test
+    first = res.summary().splitlines()[0]
+    assert first.startswith(
+        f"Canary audit (scores, m = 1000): ε ≥ {res.tightest.epsilon_lower:.3f} (tightest sound bound: orderstat test); "
+        f"ε ≥ {v[names.CANARY_EPSILON_LOWER]:.3f} (binomial)"
+    )
     assert [t["kind"] for t in res.claim_verdict.tests] == ["binomial", "fdp", "orderstat"]
     assert res.verdict == "contradicted" and res.claim_verdict.tests[2]["contradicts"]
     d = res.to_dict()
