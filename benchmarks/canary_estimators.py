@@ -215,7 +215,7 @@ def goals(sim: List[tuple], real: List[tuple]) -> List[str]:
     default = best(real, 4.0, 1000)
     if default is not None:
         out.append(
-            f"- trained, default 1000 canaries, ε = 4: tightest ÷ ε = {default[0]:.2f} ({default[1]} score); goal ≥ 0.5: "
+            f"- trained, default 1000 canaries, ε = 4: tightest ÷ ε = {default[0]:.3f} ({default[1]} score); goal ≥ 0.5: "
             f"{'met' if default[0] >= 0.5 else 'not met'}"
         )
     for source, rows in (("trained", real), ("simulated", sim)):
@@ -223,7 +223,7 @@ def goals(sim: List[tuple], real: List[tuple]) -> List[str]:
             found = best(rows, epsilon, 10_000)
             if found is not None:
                 out.append(
-                    f"- {source}, m = 10⁴, ε = {epsilon:g}: tightest ÷ ε = {found[0]:.2f} ({found[1]} score); goal ≥ 0.6: "
+                    f"- {source}, m = 10⁴, ε = {epsilon:g}: tightest ÷ ε = {found[0]:.3f} ({found[1]} score); goal ≥ 0.6: "
                     f"{'met' if found[0] >= 0.6 else 'not met'}"
                 )
     return out

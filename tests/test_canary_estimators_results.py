@@ -119,7 +119,8 @@ def test_the_goals_lines_say_what_the_rows_show():
         best = max(_median(tables[title][(epsilon, m, s)]["tightest"]) for s in ("summed", "likelihood ratio"))
         assert float(value) == pytest.approx(best, abs=0.005)
         assert _median(tables[title][(epsilon, m, score)]["tightest"]) == pytest.approx(best, abs=0.005)
-        assert verdict == ("met" if float(value) >= float(goal) else "not met")
+        if float(value) != float(goal):  # (a value printed equal to the goal was rounded: either side of it)
+            assert verdict == ("met" if float(value) > float(goal) else "not met")
 
 
 def test_the_guide_quotes_the_tables():
@@ -135,7 +136,7 @@ def test_the_guide_quotes_the_tables():
     low = min(spread(summed)[1], spread(ratio)[1])
     high = max(spread(summed)[2], spread(ratio)[2])
     assert (
-        f"({_median(summed):.2f} summed, {_median(ratio):.2f} likelihood ratio: medians of two trained seeds, single "
+        f"({_median(summed):.2f} summed, {_median(ratio):.2f} likelihood ratio: medians of six trained seeds, single "
         f"runs from {low:.2f} to {high:.2f})" in guide
     )
 
@@ -157,8 +158,11 @@ def test_the_guide_quotes_the_tables():
         if _median(src[(e, m, "likelihood ratio")]["tightest"]) > _median(src[(e, m, "summed")]["tightest"])
     ]
     assert f"ahead of the summed score in {len(ahead)} of the {len(pairs)} pairs of rows" in guide
-    behind = [(e, m) for src, e, m in pairs if (src, e, m) not in ahead]
-    assert behind == [(2.0, 1000)]  # "behind only at ε = 2 with 1,000 canaries"
+    behind = [(src is sim, e, m) for src, e, m in pairs if (src, e, m) not in ahead]
+    assert behind == [(True, 2.0, 1000), (False, 4.0, 1000)]  # "behind only with 1,000 canaries at ε = 2 (simulated)
+    # and ε = 4 (trained)"
+    alone = _median(real[(4.0, 1000, "summed")]["orderstat"])
+    assert f"given all of α, is {alone:.2f} there" in guide and alone > _median(real[(4.0, 1000, "summed")]["tightest"])
     eight = real[(8.0, 10_000, "summed")]["tightest"], real[(8.0, 10_000, "likelihood ratio")]["tightest"]
     assert f"most at ε = 8 ({eight[0]} → {eight[1]} trained with 10⁴ canaries)" in guide
     lift = _median(real[(4.0, 1000, "summed")]["orderstat"]), _median(real[(4.0, 10_000, "summed")]["orderstat"])
