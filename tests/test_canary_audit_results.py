@@ -11,21 +11,13 @@ from pathlib import Path
 import pytest
 
 from lightning_privacy.ledger import PrivacyLedger
+from tests._results import markdown_table
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "canary_audit.txt"
 
 
 def _rows() -> dict:
-    lines = RESULTS.read_text(encoding="utf-8").splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("| σ | accountant ε |"))
-    columns = [c.strip() for c in lines[at].strip("|").split("|")]
-    rows = {}
-    for line in lines[at + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
-        rows[cells["σ"]] = cells
-    return rows
+    return {row["σ"]: row for row in markdown_table(RESULTS, "| σ | accountant ε |")}
 
 
 def _cell(text: str):

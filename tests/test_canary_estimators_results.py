@@ -4,7 +4,6 @@ the same run, and the published results file (``benchmarks/results/canary_estima
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD, CanaryAudit
 from lightning_privacy.models import TabularMLP
+from tests._results import load_benchmark
 from tests.callbacks._tiny import trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,10 +22,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "canary_estimators.md"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("canary_estimators", ROOT / "benchmarks" / "canary_estimators.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("canary_estimators")
 
 
 def _fit(audit):

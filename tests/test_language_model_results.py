@@ -11,19 +11,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tests._results import markdown_table
+
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "language_model.md"
 
 
 def _table(header_start: str) -> list:
-    lines = RESULTS.read_text(encoding="utf-8").splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    columns = [c.strip() for c in lines[at].strip("|").split("|")]
-    rows = []
-    for line in lines[at + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append(dict(zip(columns, (c.strip() for c in line.strip("|").split("|")))))
-    return rows
+    return markdown_table(RESULTS, header_start)
 
 
 def _audits() -> list:

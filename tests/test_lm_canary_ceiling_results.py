@@ -5,7 +5,6 @@ bounds come back to the digit, and the guide quotes the table."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -14,29 +13,19 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
+from tests._results import load_benchmark, markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md"
 GUIDE = ROOT / "docs" / "guides" / "language_models.md"
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("lm_canary_ceiling", ROOT / "benchmarks" / "lm_canary_ceiling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lm_canary_ceiling")
 
 
 def _rows() -> dict:
-    lines = RESULTS.read_text(encoding="utf-8").splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("| run |"))
-    columns = [c.strip() for c in lines[at].strip("|").split("|")]
-    rows = {}
-    for line in lines[at + 2 :]:
-        if not line.startswith("|"):
-            break
-        cells = dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
-        rows[(int(cells["steps"]), float(cells["accountant ε"]))] = cells
-    return rows
+    return {(int(r["steps"]), float(r["accountant ε"])): r for r in markdown_table(RESULTS, "| run |")}
 
 
 def test_the_configuration_is_the_language_model_benchmarks():
