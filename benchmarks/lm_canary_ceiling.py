@@ -31,11 +31,11 @@ from typing import Dict
 
 import numpy as np
 from dp_accounting.pld import privacy_loss_distribution
-from scipy import optimize, stats
+from scipy import stats
 
 from lightning_privacy import names
 from lightning_privacy.audits.canary import audit_canaries
-from lightning_privacy.claims import Claim
+from lightning_privacy.ledger import PrivacyLedger
 
 DELTA, ALPHA, M = 1e-5, 0.05, 1000
 RATE = 1 / 24  # ⌈(1000 members + 507 canaries) / 64⌉ = 24 batches per epoch
@@ -46,13 +46,8 @@ COLUMNS = ("binomial", "gdp", "tightest", "orderstat")
 
 @cache
 def sigma_for(epsilon: float, steps: int) -> float:
-    """σ whose accountant ε at δ is ``epsilon`` (p = RATE), to 1e-4."""
-    return optimize.brentq(
-        lambda s: Claim.dp_sgd(noise_multiplier=s, sample_rate=RATE, steps=steps, delta=DELTA).epsilon - epsilon,
-        0.3,
-        20.0,
-        xtol=1e-4,
-    )
+    """σ whose accountant ε at δ is at most ``epsilon`` (p = RATE): the ledger's own calibration, as DPSGD plans it."""
+    return PrivacyLedger.calibrate(sample_rate=RATE, steps=steps, target_epsilon=epsilon, delta=DELTA)
 
 
 def _times_sampled(steps: int):
