@@ -158,13 +158,9 @@ def trained(epsilon: float, m: int, hidden: Sequence[int], seed: int) -> Dict[st
 
 @lru_cache(maxsize=1)
 def _adult():
-    from lightning_privacy.data import AdultDataModule
+    from canary_audit import _adult as adult  # the reproduction's own Adult set-up, batch ⌈n·p⌉
 
-    probe = AdultDataModule(batch_size=256)
-    probe.setup("fit")
-    dm = AdultDataModule(batch_size=math.ceil(len(probe.train_dataset) * RATE))
-    dm.setup("fit")
-    return dm
+    return adult(math.ceil(len(adult(256).train_dataset) * RATE))
 
 
 # ----------------------------------------------------------------------------------------------------- tables
