@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import names
@@ -30,6 +30,7 @@ from lightning_privacy.loggers import log_figure, log_histogram, log_text, shows
 from lightning_privacy.reporting import ReportSection
 
 __all__ = [
+    "publish_summary",
     "ScheduledAudit",
     "announce_skip",
     "check_every_n_epochs",
@@ -96,6 +97,15 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float], step: Optiona
 
 
 # --- reading ----------------------------------------------------------------------------------
+def publish_summary(trainer: pl.Trainer, who: str, tag: str, text: str, warnings: Iterable[str] = ()) -> None:
+    """An audit's Markdown summary as text on every logger (``tag``), its first line (the headline) on the console,
+    and each warning as one ``"<who>: <warning>"``."""
+    log_text(trainer, tag, text)
+    rank_zero_info(text.splitlines()[0])
+    for warning in warnings:
+        rank_zero_warn(f"{who}: {warning}")
+
+
 def sharded_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -> Iterable:
     """:func:`~lightning_privacy.audits._common.sequential_loader`, failing as a misconfiguration.
 

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from matplotlib.figure import Figure
 from typing_extensions import override
@@ -250,11 +250,7 @@ class CanaryAudit(Callback):
         self.accountant_epsilon = self.result.accountant_epsilon
         self.results, self.details = {**self.result.values, **self.result.metrics()}, dict(self.result.details)
         audit.log_scalars(trainer, self.result.metrics())
-        text = self.summary()
-        audit.log_text(trainer, names.CANARY_SUMMARY, text)
-        rank_zero_info(text.splitlines()[0])
-        for warning in self.result.warnings:
-            rank_zero_warn(f"CanaryAudit: {warning}")
+        audit.publish_summary(trainer, "CanaryAudit", names.CANARY_SUMMARY, self.summary(), self.result.warnings)
         self._figure_pending = True  # drawn in teardown, after every callback's on_fit_end (ε*, PANORAMIA)
 
     @override

@@ -10,7 +10,6 @@ from lightning.pytorch.callbacks import Callback
 from opacus.optimizers import DPOptimizer
 from typing_extensions import override
 
-from lightning_privacy import names
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
@@ -253,26 +252,8 @@ class DPSGD(Callback, DPSGDRun):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        install.check_steps_accounted(self, trainer)
-        # dp/exactness_error: the largest relative mismatch found, over the ranks (logged by every rank or none)
-        if self._checks is not None and self._checks.exactness_compared:
-            pl_module.log(
-                names.DP_EXACTNESS_ERROR, self.exactness.max_relative_error, on_step=False, on_epoch=True,
-                sync_dist=True, reduce_fx="max",
-            )  # fmt: skip
-        if self.log_clipping:
-            self._log_clipping(trainer, pl_module)
-
-    def _log_clipping(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The epoch's ``dp/clip_fraction``, ``dp/grad_norm_median`` and ``dp/grad_norms`` histogram (every rank's
-        norms; a collective call); the next epoch's record starts."""
-        summary = self._clipping.epoch_summary(trainer, pl_module.device, self.max_grad_norm)
-        if summary is None:
-            return
-        fraction, median, norms = summary
-        for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, median)):
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
-        log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
+        # every step accounted; dp/exactness_error; with log_clipping the clipping statistics (install.epoch_end)
+        install.epoch_end(self, trainer, pl_module, log_histogram)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

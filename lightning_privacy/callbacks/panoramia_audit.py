@@ -12,7 +12,6 @@ from typing import Any, Callable, Dict, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
@@ -189,11 +188,8 @@ class PanoramiaAudit(Callback):
         audit.log_scalars(trainer, self._last)
         if audit.shows_figures(trainer):
             audit.log_figure(trainer, FIGURE_TAG, result.figure())
-        text = result.summary()  # led by the result's warnings, if it carries no information
-        audit.log_text(trainer, SUMMARY_TAG, text)
-        rank_zero_info(text.splitlines()[0])
-        for warning in result.warnings:
-            rank_zero_warn(f"PanoramiaAudit: {warning}")
+        # the summary is led by the result's warnings, if it carries no information
+        audit.publish_summary(trainer, "PanoramiaAudit", SUMMARY_TAG, result.summary(), result.warnings)
 
     def report_section(self, trainer: Any = None) -> Any:
         """The report's section (:mod:`lightning_privacy.reporting`): ε̃, c_lb, {c+ε}_lb, the warnings, the figure."""

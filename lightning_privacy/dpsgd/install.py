@@ -5,21 +5,22 @@ sampling); :func:`install_dp_optimizer` is the body of ``DPSGD.on_fit_start``: i
 loader to learn the sample rate, plans σ where asked, attaches Opacus' per-example hooks (per-sample or ghost
 clipping, FSDP2's hook views), replaces the module's backward (:class:`~lightning_privacy.dpsgd.backward.PerExampleBackward`), wraps the
 optimizer in the strategy's DP optimizer class (:mod:`lightning_privacy.dpsgd.strategies`) with its noise source, and arms the self-checks.
-:func:`remove_dp_hooks` undoes the hooks at ``teardown``. (Logging is the callback's: :class:`~lightning_privacy.DPSGD`.)
+:func:`epoch_end` is the body of ``DPSGD.on_train_epoch_end`` (the steps' accounting checked, the epoch's logs);
+:func:`remove_dp_hooks` undoes the hooks at ``teardown``.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
-from lightning_privacy import _compat
+from lightning_privacy import _compat, names
 from lightning_privacy.dpsgd import checks, functional, sampled_exactness, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
@@ -31,6 +32,7 @@ from lightning_privacy.ledger import PrivacyLedger
 __all__ = [
     "check_steps_accounted",
     "check_trainer",
+    "epoch_end",
     "install_dp_optimizer",
     "prepare_fit",
     "record_step",
@@ -208,6 +210,29 @@ def check_steps_accounted(dp: Any, trainer: pl.Trainer) -> None:
             f"DP-SGD self-check: the accountant recorded {accounted} steps in this fit but the optimizer took "
             f"{taken}; the privacy accounting is wrong (was the DPOptimizer's step hook replaced?)."
         )
+
+
+def epoch_end(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, log_histogram: Callable[..., None]) -> None:
+    """The body of ``DPSGD.on_train_epoch_end``: every step accounted (:func:`check_steps_accounted`), then
+    ``dp/exactness_error`` (the largest relative mismatch found, over the ranks: logged by every rank or none) and,
+    with ``log_clipping``, the epoch's ``dp/clip_fraction``, ``dp/grad_norm_median`` and ``dp/grad_norms`` histogram
+    (every rank's norms, a collective call; written by ``log_histogram``, the callbacks' writer); the next epoch's
+    record of norms starts."""
+    check_steps_accounted(dp, trainer)
+    if dp._checks is not None and dp._checks.exactness_compared:
+        pl_module.log(
+            names.DP_EXACTNESS_ERROR, dp.exactness.max_relative_error, on_step=False, on_epoch=True, sync_dist=True,
+            reduce_fx="max",
+        )  # fmt: skip
+    if not dp.log_clipping:
+        return
+    summary = dp._clipping.epoch_summary(trainer, pl_module.device, dp.max_grad_norm)
+    if summary is None:
+        return
+    fraction, median, norms = summary
+    for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, median)):
+        pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
+    log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
 
 
 def remove_dp_hooks(dp: Any) -> None:
