@@ -114,8 +114,9 @@ def test_the_goals_lines_say_what_the_rows_show():
         m = 1000 if "default" in where else 10_000
         epsilon = float(re.search(r"ε = ([\d.]+)", where).group(1))
         best = max(_median(tables[title][(epsilon, m, s)]["tightest"]) for s in ("summed", "likelihood ratio"))
-        assert float(value) == pytest.approx(best, abs=0.005)
-        assert _median(tables[title][(epsilon, m, score)]["tightest"]) == pytest.approx(best, abs=0.005)
+        # (three decimals against the table's two: 0.8249 prints 0.825 and 0.82)
+        assert float(value) == pytest.approx(best, abs=0.0051)
+        assert _median(tables[title][(epsilon, m, score)]["tightest"]) == pytest.approx(best, abs=0.0051)
         if float(value) != float(goal):  # (a value printed equal to the goal was rounded: either side of it)
             assert verdict == ("met" if float(value) > float(goal) else "not met")
 
@@ -159,13 +160,20 @@ def test_the_guide_quotes_the_tables():
     assert behind == [(True, 2.0, 1000), (False, 4.0, 1000)]  # "behind only with 1,000 canaries at ε = 2 (simulated)
     # and ε = 4 (trained)"
     alone = _median(real[(4.0, 1000, "summed")]["orderstat"])
-    assert f"given all of α, is {alone:.2f} there" in guide and alone > _median(real[(4.0, 1000, "summed")]["tightest"])
+    assert f"given all of α, is {alone:.2f} there" in guide and alone >= _median(
+        real[(4.0, 1000, "summed")]["tightest"]
+    )
+    equal = [_median(real[(4.0, 1000, s)]["tightest α/3"]) for s in ("summed", "likelihood ratio")]
+    assert f"the same runs show {equal[0]:.2f} and {equal[1]:.2f} at the default m" in guide
+    small = sim[(2.0, 1000, "summed")]
+    assert f"({_median(small['tightest α/3']):.2f} → {_median(small['tightest']):.2f} simulated at ε = 2" in guide
+    # the fixed shares never lose to the equal split by more than rounding, row by row (medians)
+    assert all(_median(c["tightest"]) >= _median(c["tightest α/3"]) - 0.005 for _, c in rows)
     eight = real[(8.0, 10_000, "summed")]["tightest"], real[(8.0, 10_000, "likelihood ratio")]["tightest"]
     assert f"most at ε = 8 ({eight[0]} → {eight[1]} trained with 10⁴ canaries)" in guide
     lift = _median(real[(4.0, 1000, "summed")]["orderstat"]), _median(real[(4.0, 10_000, "summed")]["orderstat"])
     steady = _median(real[(4.0, 1000, "summed")]["binomial"]), _median(real[(4.0, 10_000, "summed")]["binomial"])
     assert f"lift them from {lift[0]:.2f} to {lift[1]:.2f} of ε at ε = 4" in guide
     assert f"leave the binomial bound where it was ({steady[0]:.2f} → {steady[1]:.2f})" in guide
-    # the tightest is the order-statistic bound everywhere but ε = 2 with 1,000 canaries
-    others = {k for k, c in rows if c["tightest's test"] != "orderstat"}
-    assert {(e, m) for e, m, _ in others} == {(2.0, 1000)}
+    # "On these canaries it is the order-statistic bound in every row."
+    assert all(c["tightest's test"] == "orderstat" for _, c in rows)

@@ -43,9 +43,13 @@ file's example) — so a true claim can look refuted. The summed released coordi
 included one carries C·Binomial(T, p)). Hence ``"gauss"`` is reported, never used by :func:`tightest_canary_bound`
 unless asked for, and never used by the claim verdicts.
 
-**The tightest bound** (:func:`tightest_canary_bound`): each chosen estimator at α/K (Bonferroni over the K
-estimators, since the largest of K level-α bounds is not a level-α bound), the largest as ε at δ, and the name of the
-test that gave it. It is sound when the assumptions of every chosen estimator hold.
+**The tightest bound** (:func:`tightest_canary_bound`): each chosen estimator at its share of α (Bonferroni over
+the K estimators, since the largest of K level-α bounds is not a level-α bound; α/K each unless ``weights`` fixes
+other shares before the run), the largest as ε at δ, and the name of the test that gave it. It is sound when the
+assumptions of every chosen estimator hold. For independent canaries the audit fixes the shares
+:data:`INDEPENDENT_WEIGHTS` (order statistics 0.9, binomial and Gaussian f-DP 0.05 each): the order-statistic test
+gave the largest bound in nearly every measured row, so an equal split spent two thirds of α on tests that rarely
+win; ``benchmarks/results/canary_estimators.md`` puts the tightest under both splits side by side.
 
 **Measured** (simulated μ-GDP canaries: scores N(μ·b, 1), m = 1000, α = 0.05, δ = 1e-5, seeds 0–19, medians; the
 gain is checked in ``tests/analysis/test_canary_fdp.py``): at μ = 2 (true ε = 10.00) the binomial bound is 2.87,
@@ -60,7 +64,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import optimize, special, stats
@@ -69,6 +73,7 @@ from ._checks import expect_choice, expect_real
 from .canary import _check_scores, _epsilon_from_mu, canary_audit_from_scores
 
 __all__ = [
+    "INDEPENDENT_WEIGHTS",
     "FdpBound",
     "TightestBound",
     "gauss_mu_lower",
@@ -81,6 +86,9 @@ __all__ = [
 SCORE_METHODS = ("orderstat", "gauss")
 ALL_METHODS = ("binomial", "gdp", "orderstat", "gauss")
 SOUND_DEFAULT = ("binomial", "gdp")  # sound for every (ε, δ) / Gaussian-trade-off mechanism, interacting canaries too
+INDEPENDENT_METHODS = ("binomial", "gdp", "orderstat")
+#: shares of α the audit gives each test of the tightest bound for independent canaries (fixed before any run)
+INDEPENDENT_WEIGHTS = {"binomial": 0.05, "gdp": 0.05, "orderstat": 0.9}
 _XTOL = 1e-10
 
 
@@ -324,11 +332,13 @@ class TightestBound:
     """Result of :func:`tightest_canary_bound`.
 
     Attributes:
-        epsilon_lower: the largest of the estimators' ε lower bounds at δ, each at ``alpha_per_method``: valid at
+        epsilon_lower: the largest of the estimators' ε lower bounds at δ, each at its level in ``levels``: valid at
             level ``alpha`` when the assumptions of every estimator in ``methods`` hold.
         method: the estimator that gave it (``"binomial"``, ``"gdp"``, ``"orderstat"`` or ``"gauss"``).
-        bounds: every estimator's ε lower bound (at ``alpha_per_method``).
-        methods, alpha, alpha_per_method, delta: what ran.
+        bounds: every estimator's ε lower bound (each at its level).
+        methods, alpha, delta: what ran.
+        alpha_per_method: the level of the estimator that gave the bound (α/K when α is split equally).
+        levels: every estimator's level (its share of α); they sum to at most ``alpha``.
     """
 
     epsilon_lower: float
@@ -338,6 +348,7 @@ class TightestBound:
     alpha: float
     alpha_per_method: float
     delta: float
+    levels: Dict[str, float]
 
     def to_dict(self) -> dict:
         """Plain Python values."""
@@ -351,9 +362,10 @@ def tightest_canary_bound(
     delta: float,
     alpha: float = 0.05,
     methods: Sequence[str] = SOUND_DEFAULT,
+    weights: Optional[Mapping[str, float]] = None,
     seed: int = 0,
 ) -> TightestBound:
-    """The tightest ε lower bound among ``methods``, each run at α/len(methods), and which test gave it.
+    """The tightest ε lower bound among ``methods``, each run at its share of α, and which test gave it.
 
     ``"binomial"`` holds for every (ε, δ)-DP run; ``"gdp"`` for Gaussian-trade-off runs (needs δ > 0); add
     ``"orderstat"`` only when the canaries are independent (assumption (I): white-box gradient canaries with the
@@ -367,13 +379,17 @@ def tightest_canary_bound(
             a Gaussian trade-off is (ε, 0)-DP for no finite ε).
         alpha: overall significance in (0, 1).
         methods: a non-empty subset of ``("binomial", "gdp", "orderstat", "gauss")``, no repeats.
+        weights: each method's share of α, positive and summing to at most 1 (Bonferroni), keyed by exactly the
+            names in ``methods``; ``None`` splits α equally. Fix them before seeing the scores — shares chosen after
+            looking make the bound invalid. :data:`INDEPENDENT_WEIGHTS` is the audit's choice for independent canaries.
         seed: tie-breaking order of the grid estimators.
 
     Returns:
         A :class:`TightestBound` (ties go to the first method in ``methods``).
 
     Raises:
-        ValueError: an empty or unknown ``methods``, δ = 0 with a Gaussian method, or bad inputs.
+        ValueError: an empty or unknown ``methods``, ``weights`` that do not match ``methods``, are not positive or
+            sum to more than 1, δ = 0 with a Gaussian method, or bad inputs.
 
     Example::
 
@@ -384,6 +400,10 @@ def tightest_canary_bound(
         ...                             methods=("binomial", "gdp", "orderstat"))
         >>> res.method, round(res.epsilon_lower, 2), {k: round(v, 2) for k, v in res.bounds.items()}
         ('orderstat', 7.25, {'binomial': 2.33, 'gdp': 3.77, 'orderstat': 7.25})
+        >>> res = tightest_canary_bound(scores=scores, included=included, delta=1e-5,
+        ...                             methods=("binomial", "gdp", "orderstat"), weights=INDEPENDENT_WEIGHTS)
+        >>> round(res.epsilon_lower, 2), round(res.alpha_per_method, 4)
+        (7.5, 0.045)
     """
     methods = tuple(methods)
     if not methods or len(set(methods)) != len(methods):
@@ -395,24 +415,43 @@ def tightest_canary_bound(
         raise ValueError(
             f"Expected argument `delta` > 0 with the Gaussian-trade-off methods {methods!r}, but got delta=0.0."
         )
-    each = alpha / len(methods)
-    runners: Dict[str, Callable[[], float]] = {
-        "binomial": lambda: (
+    levels = {name: alpha * share for name, share in _shares(methods, weights).items()}
+    runners: Dict[str, Callable[[float], float]] = {
+        "binomial": lambda level: (
             canary_audit_from_scores(
-                scores=scores, included=included, delta=delta, alpha=each, method="binomial", seed=seed
+                scores=scores, included=included, delta=delta, alpha=level, method="binomial", seed=seed
             ).epsilon_lower
         ),
-        "gdp": lambda: (
+        "gdp": lambda level: (
             canary_audit_from_scores(
-                scores=scores, included=included, delta=delta, alpha=each, method="gdp", seed=seed
+                scores=scores, included=included, delta=delta, alpha=level, method="gdp", seed=seed
             ).epsilon_lower
         ),
-        "orderstat": lambda: orderstat_mu_lower(scores, included, alpha=each, delta=delta).epsilon_lower,
-        "gauss": lambda: gauss_mu_lower(scores, included, alpha=each, delta=delta).epsilon_lower,
+        "orderstat": lambda level: orderstat_mu_lower(scores, included, alpha=level, delta=delta).epsilon_lower,
+        "gauss": lambda level: gauss_mu_lower(scores, included, alpha=level, delta=delta).epsilon_lower,
     }
-    bounds = {name: float(runners[name]()) for name in methods}
+    bounds = {name: float(runners[name](levels[name])) for name in methods}
     best = max(methods, key=lambda name: (bounds[name], -methods.index(name)))
-    return TightestBound(bounds[best], best, bounds, methods, alpha, each, delta)
+    return TightestBound(bounds[best], best, bounds, methods, alpha, levels[best], delta, levels)
+
+
+def _shares(methods: Tuple[str, ...], weights: Optional[Mapping[str, float]]) -> Dict[str, float]:
+    """Each method's share of α: equal without ``weights``; else checked (same names, positive, sum ≤ 1)."""
+    if weights is None:
+        return {name: 1.0 / len(methods) for name in methods}
+    if not isinstance(weights, Mapping) or set(weights) != set(methods):
+        raise ValueError(
+            f"Expected `weights` to be a mapping with exactly the keys of `methods` {methods!r}, but got {weights!r}."
+        )
+    shares = {
+        name: expect_real(f"weights[{name!r}]", weights[name], low=0.0, high=1.0, low_open=True) for name in methods
+    }
+    if sum(shares.values()) > 1.0 + 1e-12:
+        raise ValueError(
+            f"Expected argument `weights` to sum to at most 1 (shares of α, Bonferroni), but got {weights!r} "
+            f"(sum {sum(shares.values()):.6g})."
+        )
+    return shares
 
 
 def orderstat_claim_test(scores: Any, included: Any, *, xi: Callable[[float], float], alpha: float) -> Dict[str, Any]:

@@ -32,7 +32,14 @@ import numpy as np
 from lightning_privacy import names
 from lightning_privacy.analysis._checks import expect_choice, expect_real
 from lightning_privacy.analysis.canary import CanaryAuditResult, canary_audit_from_scores, guess_grid, max_epsilon_lower
-from lightning_privacy.analysis.canary_fdp import gauss_mu_lower, orderstat_mu_lower, tightest_canary_bound
+from lightning_privacy.analysis.canary_fdp import (
+    INDEPENDENT_METHODS,
+    INDEPENDENT_WEIGHTS,
+    SOUND_DEFAULT,
+    gauss_mu_lower,
+    orderstat_mu_lower,
+    tightest_canary_bound,
+)
 from lightning_privacy.analysis.estimation import score_orientation
 from lightning_privacy.audits._common import AuditResult, ClaimChecked, jsonable, warnings_markdown
 from lightning_privacy.reporting import ReportSection, claim_rows, result_warnings
@@ -208,8 +215,8 @@ class CanaryResult(ClaimChecked, AuditResult):
         if self.tightest is not None:
             t = self.tightest
             lines += [
-                f"Tightest sound bound: ε ≥ {t.epsilon_lower:.3f} from the {t.method} test (each of "
-                f"{', '.join(t.methods)} at α/{len(t.methods)} = {t.alpha_per_method:.3g}).",
+                f"Tightest sound bound: ε ≥ {t.epsilon_lower:.3f} from the {t.method} test (α = {t.alpha:g} split "
+                "before the run: " + ", ".join(f"{name} at {t.levels[name]:.3g}" for name in t.methods) + ").",
                 "",
             ]
         for name, b in self.score_bounds.items():
@@ -359,7 +366,9 @@ def audit_canaries(
             canaries): adds the order-statistic bound (``names.CANARY_EPSILON_LOWER_ORDERSTAT``), the Gaussian
             model's estimate (``names.CANARY_EPSILON_GAUSS``), the order-statistic test to the claim's verdict with
             ``claim_tests="both"`` (α split three ways; ``"fdp"`` keeps all of α on the f-DP test) and to the tightest
-            bound (:mod:`~lightning_privacy.analysis.canary_fdp`).
+            bound, where it gets 0.9 of α and the binomial and f-DP bounds 0.05 each
+            (:data:`~lightning_privacy.analysis.canary_fdp.INDEPENDENT_WEIGHTS`, fixed before any run; without
+            ``independent`` the two share α equally; :mod:`~lightning_privacy.analysis.canary_fdp`).
 
     Raises:
         TypeError, ValueError: on bad arguments (named), from here or from
@@ -385,7 +394,7 @@ def audit_canaries(
         values[bound], values[guesses], values[correct] = res.epsilon_lower, res.num_guesses, res.num_correct
         values[ceiling] = max_epsilon_lower(num_canaries=tested, alpha=per_test, delta=delta, method=method)
         values[optimistic] = res.optimistic
-    methods = ("binomial", "gdp", "orderstat") if independent else ("binomial", "gdp")
+    methods = INDEPENDENT_METHODS if independent else SOUND_DEFAULT
     score_bounds: Dict[str, Any] = {}
     if independent:
         score_bounds["orderstat"] = orderstat_mu_lower(scores, included, alpha=alpha, delta=delta)
@@ -394,7 +403,13 @@ def audit_canaries(
             score_bounds["gauss"] = gauss_mu_lower(scores, included, alpha=alpha, delta=delta)
             values[names.CANARY_EPSILON_GAUSS] = score_bounds["gauss"].epsilon_lower
     tightest = tightest_canary_bound(
-        scores=scores, included=included, delta=delta, alpha=alpha, methods=methods, seed=seed
+        scores=scores,
+        included=included,
+        delta=delta,
+        alpha=alpha,
+        methods=methods,
+        weights=INDEPENDENT_WEIGHTS if independent else None,  # fixed before the run (Bonferroni)
+        seed=seed,
     )
     values[names.CANARY_EPSILON_LOWER_TIGHTEST] = tightest.epsilon_lower
     orientation = score_orientation(scores, included_arr)

@@ -12,6 +12,7 @@ from scipy import special
 
 from lightning_privacy.analysis.canary import canary_audit_from_scores, epsilon_from_mu
 from lightning_privacy.analysis.canary_fdp import (
+    INDEPENDENT_WEIGHTS,
     gauss_mu_lower,
     orderstat_claim_test,
     orderstat_mu_lower,
@@ -128,6 +129,48 @@ def test_tightest_is_sound():
     assert over / 100 <= ALPHA + 3.0 * math.sqrt(ALPHA * (1 - ALPHA) / 100)
 
 
+def test_tightest_with_fixed_shares_of_alpha():
+    """``weights`` gives each test its share of α (Bonferroni): the bound is the one at that level, the levels are
+    reported, the audit's shares for independent canaries put 0.9 of α on the order statistics, and bad shares are
+    refused by name."""
+    s, inc = _draw(3, 1000, 1.0)
+    methods = ("binomial", "gdp", "orderstat")
+    res = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods, weights=INDEPENDENT_WEIGHTS)
+    assert INDEPENDENT_WEIGHTS == {"binomial": 0.05, "gdp": 0.05, "orderstat": 0.9}
+    assert res.levels == pytest.approx({"binomial": 0.0025, "gdp": 0.0025, "orderstat": 0.045})
+    assert res.method == "orderstat" and res.alpha_per_method == pytest.approx(0.045)
+    assert res.epsilon_lower == orderstat_mu_lower(s, inc, alpha=0.045, delta=1e-5).epsilon_lower
+    assert (
+        res.bounds["gdp"]
+        == canary_audit_from_scores(scores=s, included=inc, delta=1e-5, alpha=0.0025, method="gdp").epsilon_lower
+    )
+    equal = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods)
+    assert equal.levels == pytest.approx(dict.fromkeys(methods, ALPHA / 3))
+    assert res.epsilon_lower > equal.epsilon_lower  # more of α on the test that wins
+    for bad, match in (
+        ({"binomial": 0.5, "gdp": 0.5}, "exactly the keys of `methods`"),
+        ({"binomial": 0.5, "gdp": 0.3, "orderstat": 0.3}, "sum to at most 1"),
+        ({"binomial": 0.0, "gdp": 0.5, "orderstat": 0.5}, r"`weights\['binomial'\]`"),
+        ([0.3, 0.3, 0.3], "a mapping"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods, weights=bad)
+
+
+def test_tightest_with_the_audit_s_shares_is_sound():
+    """binomial + gdp + orderstat at 0.05 / 0.05 / 0.9 of α on 1-GDP canaries (m = 200): ε̂ > ε(μ) in at most α of
+    runs (the shares are fixed before the scores, so Bonferroni holds)."""
+    true_eps = epsilon_from_mu(mu=1.0, delta=1e-5)
+    over = 0
+    for seed in range(100):
+        s, inc = _draw(seed, 200, 1.0)
+        res = tightest_canary_bound(
+            scores=s, included=inc, delta=1e-5, methods=("binomial", "gdp", "orderstat"), weights=INDEPENDENT_WEIGHTS
+        )
+        over += res.epsilon_lower > true_eps
+    assert over / 100 <= ALPHA + 3.0 * math.sqrt(ALPHA * (1 - ALPHA) / 100)
+
+
 def test_orderstat_rungs_and_limits():
     assert orderstat_rungs(0) == [] and orderstat_rungs(1) == [0] and orderstat_rungs(3) == [0]
     assert orderstat_rungs(100) == [0, 1, 2, 4, 8, 16, 32]
@@ -215,7 +258,10 @@ def test_audit_canaries_reports_the_tightest_bound_and_names_the_test():
     assert v[names.CANARY_EPSILON_GAUSS] == gauss_mu_lower(s, inc, delta=1e-5).epsilon_lower
     assert res.tightest.method == "orderstat"
     assert v[names.CANARY_EPSILON_LOWER_TIGHTEST] == res.tightest.epsilon_lower > v[names.CANARY_EPSILON_LOWER_GDP]
+    assert res.tightest.levels == pytest.approx({"binomial": 0.0025, "gdp": 0.0025, "orderstat": 0.045})
+    assert plain.tightest.levels == pytest.approx({"binomial": 0.025, "gdp": 0.025})  # interacting: an equal split
     assert "from the orderstat test" in res.summary()
+    assert "(α = 0.05 split before the run: binomial at 0.0025, gdp at 0.0025, orderstat at 0.045)" in res.summary()
     # the console shows the first line only: it leads with the tightest bound and names its test
     first = res.summary().splitlines()[0]
     assert first.startswith(
