@@ -114,17 +114,66 @@ class LanguageModelCanaries:
         labels[:, : self.scored_from] = -100
         return _Rows(self.input_ids, self.attention_mask, labels)
 
-    def inserted(self) -> Dataset:
-        """The included canaries only, without ``labels`` (what the fine-tuning sees: every token trained on)."""
-        rows = _Rows(self.input_ids, self.attention_mask)
+    def inserted(self, loss_on: str = "all") -> Dataset:
+        """The included canaries only: what the fine-tuning sees.
+
+        Args:
+            loss_on: ``"all"``: rows without ``labels``, every token trained on; ``"secret"`` (new-token canaries
+                only): ``labels`` −100 on the prefix, so a canary's training loss — and so its clipped gradient —
+                is its secret's alone, Panda et al.'s recipe (the prefix's random tokens would otherwise spend most
+                of the clipping budget on tokens the audit never scores).
+        """
+        rows = (
+            self.dataset()
+            if _loss_on(loss_on, self.scored_from) == "secret"
+            else _Rows(self.input_ids, self.attention_mask)
+        )
         return Subset(rows, np.flatnonzero(self.included).tolist())
 
-    def with_canaries(self, dataset: Dataset) -> Dataset:
+    def with_canaries(self, dataset: Dataset, loss_on: str = "all") -> Dataset:
         """``dataset`` followed by the included canaries, each once (``ConcatDataset``): build the training loader on it.
 
         The rows of ``dataset`` must be mappings with ``input_ids`` and ``attention_mask`` of the canaries' length
-        (or a collator that pads them)."""
+        (or a collator that pads them). With ``loss_on="secret"`` (see :meth:`inserted`) the canaries carry
+        ``labels``, so every row of ``dataset`` without them gets ``labels`` = its ``input_ids`` (one batch, one set
+        of keys; the loss of those rows is unchanged)."""
+        if _loss_on(loss_on, self.scored_from) == "secret":
+            return ConcatDataset([_Labelled(dataset), self.inserted("secret")])
         return ConcatDataset([dataset, self.inserted()])
+
+
+class _Labelled(Dataset):
+    """``dataset``'s mapping rows, with ``labels`` = ``input_ids`` where a row has none."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, i: int) -> Mapping[str, Tensor]:
+        row = self.dataset[i]
+        if not isinstance(row, Mapping) or "input_ids" not in row:
+            raise TypeError(
+                "with_canaries(..., loss_on='secret') needs dataset rows that are mappings with `input_ids`, but row "
+                f"{i} is {type(row).__name__}"
+            )
+        return row if "labels" in row else {**row, "labels": row["input_ids"]}
+
+
+LOSS_ON = ("all", "secret")
+
+
+def _loss_on(loss_on: str, scored_from: int) -> str:
+    from lightning_privacy.analysis._checks import expect_choice
+
+    expect_choice("loss_on", loss_on, LOSS_ON)
+    if loss_on == "secret" and scored_from == 0:
+        raise ValueError(
+            "loss_on='secret' is for new-token canaries (language_model_canaries(..., secret_token_ids=...)); these "
+            "canaries have no secret: use loss_on='all'"
+        )
+    return loss_on
 
 
 def _int(name: str, value: Any, low: int) -> int:

@@ -153,6 +153,44 @@ def test_new_token_canaries_end_in_a_secret_of_new_tokens_and_only_the_secret_is
             language_model_canaries(4, vocab_size=VOCAB, length=LENGTH, exclude_token_ids=[PAD], **bad)
 
 
+def test_loss_on_the_secret_gives_the_inserted_canaries_the_secret_s_loss_alone():
+    """Panda et al.'s recipe: with ``loss_on="secret"`` an inserted canary's training loss is its secret's mean token
+    loss (checked by hand), the data's rows keep their loss (labels = their ids) and one batch mixes both."""
+    canaries = _new_token_canaries()
+    data = _data_without_the_new_tokens()
+    train = canaries.with_canaries(data, loss_on="secret")
+    n = len(data)
+    assert len(train) == n + int(canaries.included.sum())
+    assert torch.equal(train[0]["labels"], data[0]["input_ids"])  # the data's rows: every token, as before
+    first = train[n]  # the first inserted canary
+    j = int(np.flatnonzero(canaries.included)[0])
+    assert torch.equal(first["input_ids"], canaries.input_ids[j])
+    assert (first["labels"][: LENGTH - 4] == -100).all() and torch.equal(
+        first["labels"][-4:], canaries.input_ids[j, -4:]
+    )
+    assert "labels" not in canaries.with_canaries(data)[n] and "labels" not in canaries.inserted()[0]  # default "all"
+    batch = next(iter(DataLoader(train, batch_size=len(train), shuffle=False)))
+    model = TinyCausalLM("llama", lora=False, seed=0).eval()
+    with torch.no_grad():
+        losses = causal_lm_signal(model, batch)
+        per_token, _ = causal_lm_token_losses(
+            model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]),
+            batch["input_ids"],
+            batch["attention_mask"],
+        )
+        plain = causal_lm_signal(model, {k: batch[k] for k in ("input_ids", "attention_mask")})
+    # canaries (the rows after the data): the mean of the 4 secret tokens' losses (predicted from positions T-5 … T-2)
+    torch.testing.assert_close(losses[n:], per_token[n:, LENGTH - 5 :].mean(1))
+    assert not torch.allclose(losses[n:], plain[n:])  # the prefix's loss is gone from their training loss
+    torch.testing.assert_close(losses[:n], plain[:n])  # the data's unchanged
+    with pytest.raises(ValueError, match="loss_on='secret' is for new-token canaries"):
+        _canaries().with_canaries(data, loss_on="secret")
+    with pytest.raises(ValueError, match="`loss_on`"):
+        canaries.inserted(loss_on="prefix")
+    with pytest.raises(TypeError, match="mappings with `input_ids`"):
+        canaries.with_canaries([torch.zeros(LENGTH, dtype=torch.long)], loss_on="secret")[0]
+
+
 def test_new_token_canaries_are_memorised_by_a_full_fine_tune_and_contradict_a_small_claim():
     canaries = _new_token_canaries()
     torch.manual_seed(0)
