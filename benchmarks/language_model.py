@@ -363,7 +363,7 @@ def main(argv=None) -> None:
             print(*rows, sep="\n", flush=True)
         for what, drawn in canary_sets:  # the canary audits: the same recipes on members + canaries
             start, start_model = (base, reference) if drawn is canaries else (extended, extended_reference)
-            training = drawn.with_canaries(members)
+            training = drawn.with_canaries(members, loss_on="all")  # (the published rows: every token trained on)
             for kind, label, epochs, lr, epsilon in targets:
                 target, dpsgd, seconds = train_target(training, start, kind, epochs=epochs, lr=lr, epsilon=epsilon)
                 claim = (1.0, DELTA) if dpsgd is None else dpsgd.ledger

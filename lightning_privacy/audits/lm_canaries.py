@@ -14,7 +14,8 @@ the analysis the input and gradient canaries use. Panda et al. ("Privacy Auditin
   ``secret_length`` tokens drawn from ids that nothing but the canaries uses — tokens added to the tokenizer for the
   audit, never in the fine-tuning data nor in the base's — and scored on the secret alone (``labels`` −100 on the
   prefix). The base never saw those tokens and the training data never asks for them: the only rows that pull the
-  secret's probability up are the inserted canaries. Given at least m × ``secret_length`` ids, no two canaries share
+  secret's probability up are the inserted canaries. By default an inserted new-token canary is trained on its
+  secret alone (``with_canaries(..., loss_on="secret")``: the prefix's labels −100), Panda et al.'s recipe. Given at least m × ``secret_length`` ids, no two canaries share
   a secret token, so training on one canary raises its own secret and nobody else's; with fewer, tokens are shared
   (``secret_tokens_shared``) and an included canary also raises the secrets of excluded ones, which costs the audit
   power. Under LoRA the new tokens' own embedding rows are frozen: only the adapters can move them. Their
@@ -114,14 +115,16 @@ class LanguageModelCanaries:
         labels[:, : self.scored_from] = -100
         return _Rows(self.input_ids, self.attention_mask, labels)
 
-    def inserted(self, loss_on: str = "all") -> Dataset:
+    def inserted(self, loss_on: Optional[str] = None) -> Dataset:
         """The included canaries only: what the fine-tuning sees.
 
         Args:
             loss_on: ``"all"``: rows without ``labels``, every token trained on; ``"secret"`` (new-token canaries
                 only): ``labels`` −100 on the prefix, so a canary's training loss — and so its clipped gradient —
                 is its secret's alone, Panda et al.'s recipe (the prefix's random tokens would otherwise spend most
-                of the clipping budget on tokens the audit never scores).
+                of the clipping budget on tokens the audit never scores; measured in
+                ``benchmarks/results/lm_canary_designs.md``). ``None``: ``"secret"`` for new-token canaries,
+                ``"all"`` for random-token ones.
         """
         rows = (
             self.dataset()
@@ -130,16 +133,17 @@ class LanguageModelCanaries:
         )
         return Subset(rows, np.flatnonzero(self.included).tolist())
 
-    def with_canaries(self, dataset: Dataset, loss_on: str = "all") -> Dataset:
+    def with_canaries(self, dataset: Dataset, loss_on: Optional[str] = None) -> Dataset:
         """``dataset`` followed by the included canaries, each once (``ConcatDataset``): build the training loader on it.
 
         The rows of ``dataset`` must be mappings with ``input_ids`` and ``attention_mask`` of the canaries' length
-        (or a collator that pads them). With ``loss_on="secret"`` (see :meth:`inserted`) the canaries carry
+        (or a collator that pads them). With ``loss_on="secret"`` (see :meth:`inserted`; the default for new-token
+        canaries) the canaries carry
         ``labels``, so every row of ``dataset`` without them gets ``labels`` = its ``input_ids`` (one batch, one set
         of keys; the loss of those rows is unchanged)."""
         if _loss_on(loss_on, self.scored_from) == "secret":
             return ConcatDataset([_Labelled(dataset), self.inserted("secret")])
-        return ConcatDataset([dataset, self.inserted()])
+        return ConcatDataset([dataset, self.inserted("all")])
 
 
 class _Labelled(Dataset):
@@ -164,9 +168,11 @@ class _Labelled(Dataset):
 LOSS_ON = ("all", "secret")
 
 
-def _loss_on(loss_on: str, scored_from: int) -> str:
+def _loss_on(loss_on: Optional[str], scored_from: int) -> str:
     from lightning_privacy.analysis._checks import expect_choice
 
+    if loss_on is None:
+        return "secret" if scored_from > 0 else "all"
     expect_choice("loss_on", loss_on, LOSS_ON)
     if loss_on == "secret" and scored_from == 0:
         raise ValueError(

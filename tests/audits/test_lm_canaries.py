@@ -129,7 +129,8 @@ def test_new_token_canaries_end_in_a_secret_of_new_tokens_and_only_the_secret_is
     assert not torch.isin(canaries.input_ids[:, :-4], torch.tensor([PAD, *SECRET])).any()
     assert np.array_equal(canaries.included, plain.included)  # the same seed draws the same inclusion
     assert torch.equal(canaries.dataset()[0]["labels"][: LENGTH - 4], torch.full((LENGTH - 4,), -100))
-    assert "labels" not in canaries.inserted()[0]  # training sees every token of an inserted canary
+    assert "labels" not in canaries.inserted("all")[0]  # loss_on="all": training sees every token
+    assert torch.equal(canaries.inserted()[0]["labels"][: LENGTH - 4], torch.full((LENGTH - 4,), -100))  # default
     model = TinyCausalLM("llama", lora=True, seed=0)
     for name, p in model.named_parameters():
         if "lora_B" in name:
@@ -158,7 +159,7 @@ def test_loss_on_the_secret_gives_the_inserted_canaries_the_secret_s_loss_alone(
     loss (checked by hand), the data's rows keep their loss (labels = their ids) and one batch mixes both."""
     canaries = _new_token_canaries()
     data = _data_without_the_new_tokens()
-    train = canaries.with_canaries(data, loss_on="secret")
+    train = canaries.with_canaries(data)  # new-token canaries: loss_on="secret" by default
     n = len(data)
     assert len(train) == n + int(canaries.included.sum())
     assert torch.equal(train[0]["labels"], data[0]["input_ids"])  # the data's rows: every token, as before
@@ -168,7 +169,7 @@ def test_loss_on_the_secret_gives_the_inserted_canaries_the_secret_s_loss_alone(
     assert (first["labels"][: LENGTH - 4] == -100).all() and torch.equal(
         first["labels"][-4:], canaries.input_ids[j, -4:]
     )
-    assert "labels" not in canaries.with_canaries(data)[n] and "labels" not in canaries.inserted()[0]  # default "all"
+    assert "labels" not in canaries.with_canaries(data, loss_on="all")[n] and "labels" not in _canaries().inserted()[0]
     batch = next(iter(DataLoader(train, batch_size=len(train), shuffle=False)))
     model = TinyCausalLM("llama", lora=False, seed=0).eval()
     with torch.no_grad():
