@@ -1,0 +1,141 @@
+"""Language-model canary designs under DP-SGD (``benchmarks/lm_canary_designs.py`` →
+``benchmarks/results/lm_canary_designs.md``; issue 50): the runs are the language-model benchmark's DP fine-tune and
+ten times longer, every ledger stays consistent with its canaries, the goals lines say what the rows show, the guide
+quotes the file, and the low-prior rows do what they claim on a real GPT-2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._results import load_benchmark, markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "lm_canary_designs.md"
+GUIDE = ROOT / "docs" / "guides" / "language_models.md"
+
+
+def _table(lines) -> list:
+    at = next(i for i, line in enumerate(lines) if line.startswith("| run |"))
+    columns = [c.strip() for c in lines[at].strip("|").split("|")]
+    rows = []
+    for line in lines[at + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(columns, (c.strip() for c in line.strip("|").split("|")))))
+    return rows
+
+
+def _tables():
+    """(part 1's rows, part 2's rows), each a dict of the header's cells."""
+    text = RESULTS.read_text(encoding="utf-8")
+    first, second = text.split("**Part 2")
+    return _table(first.splitlines()), _table(second.splitlines())
+
+
+def _ratio(row) -> float:
+    return float(row["tightest ÷ ε"])
+
+
+def _tightest(row) -> float:
+    return float(row["tightest (test)"].split()[0])
+
+
+def test_the_runs_are_the_language_model_benchmarks_and_ten_times_longer():
+    part1, part2 = _tables()
+    text = (ROOT / "benchmarks" / "results" / "language_model.md").read_text(encoding="utf-8")
+    sigma8 = float(
+        re.search(r"DP-SGD ε = 8 with the canaries \(either kind\): σ = ([\d.]+), q = [\d.]+, 120 steps", text)[1]
+    )
+    assert {r["canaries"] for r in part1} == {d[0] for d in load_benchmark("lm_canary_designs").DESIGNS}
+    for row in part1:
+        assert int(row["steps"]) == 120 and float(row["σ"]) == pytest.approx(sigma8, abs=1e-3)
+        assert row["fine-tuning"] == "full" and float(row["accountant ε"]) == pytest.approx(8.0, abs=0.01)
+    ceiling = load_benchmark("lm_canary_ceiling")
+    assert {(r["fine-tuning"], round(float(r["accountant ε"]))) for r in part2} == {
+        (kind, e) for kind in ("full", "LoRA r = 8") for e in (4, 8)
+    }
+    for row in part2:
+        assert int(row["steps"]) == 1200
+        sigma = ceiling.sigma_for(round(float(row["accountant ε"])) * 1.0, 1200)
+        assert float(row["σ"]) == pytest.approx(sigma, abs=1e-3)  # the ceiling benchmark's long rows
+
+
+def test_every_bound_is_sound_and_every_ledger_consistent():
+    part1, part2 = _tables()
+    for row in part1 + part2:
+        epsilon = float(row["accountant ε"])
+        binomial, gdp, tightest = float(row["binomial"]), float(row["Gaussian f-DP"]), _tightest(row)
+        assert 0 <= tightest <= max(binomial, gdp) + 1e-3  # the tightest runs each test at α/2
+        assert tightest < epsilon and _ratio(row) == pytest.approx(tightest / epsilon, abs=6e-4)
+        assert row["ledger verdict"] == "consistent"  # true claims: never contradicted
+
+
+def test_the_goals_lines_say_what_the_rows_show():
+    _, part2 = _tables()
+    text = RESULTS.read_text(encoding="utf-8")
+    lines = re.findall(
+        r"^- ten times longer \(50 epochs\), ε = (\d): tightest ÷ ε = ([\d.]+): (met|not met)$", text, re.M
+    )
+    full = {round(float(r["accountant ε"])): _ratio(r) for r in part2 if r["fine-tuning"] == "full"}
+    assert sorted(int(e) for e, _, _ in lines) == [4, 8]
+    for epsilon, value, verdict in lines:
+        assert float(value) == pytest.approx(full[int(epsilon)], abs=6e-4)
+        assert verdict == ("met" if float(value) >= 0.25 else "not met")
+
+
+def test_low_prior_rows_give_the_new_tokens_almost_no_probability(tmp_path):
+    """On a GPT-2 (random weights, saved like the base): every old row unchanged, the new rows tied to the output,
+    the new tokens' total probability at most the asked mass on the public sequences."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    designs = load_benchmark("lm_canary_designs")
+    lm = designs.lm
+    plain, folder = tmp_path / "plain", tmp_path / "low"
+    lm.base_model().save_pretrained(plain)
+    public = lm.MarkovSequences(64, seed=4, successors=8)
+    lam, mass = designs.with_low_prior_tokens(str(plain), str(folder), lm.VOCAB + 100, public, mass=1e-4)
+    assert lam >= 2.0 and 0.0 <= mass <= 1e-4
+    old = AutoModelForCausalLM.from_pretrained(plain, local_files_only=True)
+    new = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    rows = new.get_input_embeddings().weight
+    assert rows.shape[0] == lm.VOCAB + 100 and rows.data_ptr() == new.get_output_embeddings().weight.data_ptr()
+    torch.testing.assert_close(rows[: lm.VOCAB], old.get_input_embeddings().weight)
+    loader = torch.utils.data.DataLoader(public, batch_size=32)
+    with torch.no_grad():
+        assert designs._new_mass(new, loader, lm.VOCAB) == pytest.approx(mass, rel=1e-4)
+        resized = AutoModelForCausalLM.from_pretrained(plain, local_files_only=True).eval()
+        resized.resize_token_embeddings(lm.VOCAB + 100)  # the default rows, for contrast
+        assert designs._new_mass(resized, loader, lm.VOCAB) > 100 * mass
+
+
+def test_the_guide_quotes_the_file():
+    guide = " ".join(GUIDE.read_text(encoding="utf-8").split())
+    part1, part2 = _tables()
+    one = {r["canaries"]: r for r in part1}
+    f = lambda row: f"{_ratio(row):.3f}"  # noqa: E731
+    assert (
+        f"show {float(one['new token, loss on all']['tightest ÷ ε']):g} of ε when trained on all 32 tokens and "
+        f"{f(one['new token, loss on secret'])} of ε on the secret alone, and four secret tokens of their own reach "
+        f"{f(one['4 new tokens, loss on secret'])} — above the random-token canaries' {f(one['random tokens'])}"
+        in guide
+    )
+    assert _ratio(one["new token, loss on secret"]) > _ratio(one["new token, loss on all"])  # what the default rests on
+    low = one["4 new tokens, loss on secret, low-prior rows"]
+    assert f": {f(low)} of ε against {f(one['4 new tokens, loss on secret'])} with the default rows)" in guide
+    full = {round(float(r["accountant ε"])): r for r in part2 if r["fine-tuning"] == "full"}
+    assert f"shows {f(full[4])} of ε at ε = 4 and {f(full[8])} at ε = 8" in guide
+    assert all(_tightest(r) == 0 for r in part2 if r["fine-tuning"] != "full")  # "Under LoRA it shows nothing"
+    ceiling = {
+        (int(r["steps"]), float(r["accountant ε"])): r["tightest"].split()[0]
+        for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
+    }
+    assert f"of the ideal canary's {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]} there" in guide
+    losses = [float(r["member loss"]) for r in full.values()]
+    assert f"(mean token loss {min(losses):.1f}–{max(losses):.1f} after 1,200" in guide
+    base = float(re.search(r"around the old rows' mean\) ([\d.]+)", RESULTS.read_text(encoding="utf-8"))[1])
+    assert f"against {base:.1f} for the base with its new rows" in guide
