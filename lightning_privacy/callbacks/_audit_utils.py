@@ -103,7 +103,7 @@ def publish_summary(trainer: pl.Trainer, who: str, tag: str, text: str, warnings
     log_text(trainer, tag, text)
     rank_zero_info(text.splitlines()[0])
     for warning in warnings:
-        rank_zero_warn(f"{who}: {warning}")
+        rank_zero_warn(f"{who}: {warning}", stacklevel=5)  # attributed to the callback's hook, not to this helper
 
 
 def sharded_loader(loader: Iterable, *, rank: int = 0, world_size: int = 1) -> Iterable:

@@ -134,8 +134,14 @@ def test_approximate_is_below_exact_on_the_same_run(tmp_path):
     )
     with pytest.warns(UserWarning, match="Section 5.3"):
         _fit([DPSGD(noise_multiplier=SIGMA), exact, approx, extremes], tmp_path, max_epochs=1)
-    assert approx.bayes_security() <= exact.bayes_security() <= extremes.bayes_security()
-    assert approx.max_sensitivity >= exact.max_sensitivity >= extremes.max_sensitivity
+    # (values symmetric about their mean and nearly collinear clipped gradients make the approximate bound 2·max‖ḡₐ − v‖
+    # equal to the diameter: then the two float32 computations may order them either way, by ~1e-7 — CI saw
+    # 1.2891785 against 1.2891786 — far inside the 1.2e-4·C allowance both carry)
+    rounding = 1e-6
+    assert approx.bayes_security() <= exact.bayes_security() + rounding
+    assert exact.bayes_security() <= extremes.bayes_security() + rounding
+    assert approx.max_sensitivity >= exact.max_sensitivity - rounding
+    assert exact.max_sensitivity >= extremes.max_sensitivity - rounding
     assert exact.state_key != approx.state_key != extremes.state_key
 
 
