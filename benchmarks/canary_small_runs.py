@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from canary_estimators import TwoScores  # noqa: E402  (both scores of one run)
+from canary_estimators import KEYS, SCORES, TwoScores  # noqa: E402  (the estimators' keys; both scores of one run)
 
-from lightning_privacy import DPSGD, names  # noqa: E402
+from lightning_privacy import DPSGD  # noqa: E402
 from lightning_privacy.analysis.canary_fdp import INDEPENDENT_METHODS, tightest_canary_bound  # noqa: E402
 from lightning_privacy.audits.canary import audit_canaries  # noqa: E402
 from lightning_privacy.claims import Claim  # noqa: E402
@@ -43,14 +43,6 @@ from lightning_privacy.models import TabularMLP  # noqa: E402
 DELTA, ALPHA, M, RATE, STEPS = 1e-5, 0.05, 1000, 0.1, 100
 SIGMAS, SEEDS = (1.5, 1.0, 0.7), (0, 1, 2)
 CLAIMED, NOISES, CLAIM_SEEDS = 1.0, (0.5, 0.7, 1.0), (0, 1, 2, 3)
-SCORES = ("summed", "likelihood ratio")
-KEYS = {
-    "binomial": names.CANARY_EPSILON_LOWER,
-    "gdp": names.CANARY_EPSILON_LOWER_GDP,
-    "orderstat": names.CANARY_EPSILON_LOWER_ORDERSTAT,
-    "gauss": names.CANARY_EPSILON_GAUSS,
-    "tightest": names.CANARY_EPSILON_LOWER_TIGHTEST,
-}
 
 
 def data() -> DataLoader:

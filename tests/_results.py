@@ -18,11 +18,11 @@ def load_benchmark(name: str) -> ModuleType:
     return module
 
 
-def markdown_table(path: Path, header_start: str) -> List[Dict[str, str]]:
-    """The rows of the first Markdown table of ``path`` whose header line starts with ``header_start``, each a dict
-    of its header's cells (stripped)."""
+def markdown_table(path: Path, header_start: str, occurrence: int = 0) -> List[Dict[str, str]]:
+    """The rows of the Markdown table of ``path`` whose header line starts with ``header_start`` (the first such
+    table, or the ``occurrence``-th counting from 0), each a dict of its header's cells (stripped)."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    at = [i for i, line in enumerate(lines) if line.startswith(header_start)][occurrence]
     columns = [c.strip() for c in lines[at].strip("|").split("|")]
     rows = []
     for line in lines[at + 2 :]:

@@ -105,16 +105,10 @@ BASES = RESULTS.with_name("language_model_bases.md")
 
 
 def _bases() -> list:
-    lines = BASES.read_text(encoding="utf-8").splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("| base | target |"))
-    columns = [c.strip() for c in lines[at].strip("|").split("|")]
-    rows = []
-    for line in lines[at + 2 :]:
-        if not line.startswith("|"):
-            break
-        row = dict(zip(columns, (c.strip() for c in line.strip("|").split("|"))))
-        rows.append({k: tuple(map(float, v.split(" / "))) if " / " in v else v for k, v in row.items()})
-    return rows
+    return [
+        {k: tuple(map(float, v.split(" / "))) if " / " in v else v for k, v in row.items()}
+        for row in markdown_table(BASES, "| base | target |")
+    ]
 
 
 def test_base_zero_of_the_bases_table_is_the_benchmarks_own_base():

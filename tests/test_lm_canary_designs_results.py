@@ -18,22 +18,9 @@ RESULTS = ROOT / "benchmarks" / "results" / "lm_canary_designs.md"
 GUIDE = ROOT / "docs" / "guides" / "language_models.md"
 
 
-def _table(lines) -> list:
-    at = next(i for i, line in enumerate(lines) if line.startswith("| run |"))
-    columns = [c.strip() for c in lines[at].strip("|").split("|")]
-    rows = []
-    for line in lines[at + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append(dict(zip(columns, (c.strip() for c in line.strip("|").split("|")))))
-    return rows
-
-
 def _tables():
     """(part 1's rows, part 2's rows), each a dict of the header's cells."""
-    text = RESULTS.read_text(encoding="utf-8")
-    first, second = text.split("**Part 2")
-    return _table(first.splitlines()), _table(second.splitlines())
+    return markdown_table(RESULTS, "| run |"), markdown_table(RESULTS, "| run |", occurrence=1)
 
 
 def _ratio(row) -> float:
