@@ -21,6 +21,8 @@ One module per audit; each function returns a result with the same four views �
   (:mod:`lightning_privacy.audits.canary`; :class:`~lightning_privacy.CanaryAudit` inserts the canaries).
 - :func:`language_model_canaries`, :func:`audit_language_model_canaries` — the same game, black box, on a language
   model's fine-tuning: random-token canaries scored against the base model (:mod:`lightning_privacy.audits.lm_canaries`).
+- :func:`optimize_input_canaries` — input canaries for ``CanaryAudit("input", examples=...)`` optimised by
+  metagradient descent through a proxy training run (:mod:`lightning_privacy.audits.canary_design`).
 
 A checkpoint becomes a model to audit with :func:`load_checkpoint` (``load_checkpoint(Net, "model.ckpt")``,
 weights-only): the modules ``DPSGD(fix_modules=True)`` replaced in training are replaced the same way first
@@ -40,6 +42,8 @@ _EXPORTS = {
     "AuditResult": "lightning_privacy.audits._common",
     "CanaryResult": "lightning_privacy.audits.canary",
     "audit_canaries": "lightning_privacy.audits.canary",
+    "CanaryDesign": "lightning_privacy.audits.canary_design",
+    "optimize_input_canaries": "lightning_privacy.audits.canary_design",
     "LanguageModelCanaries": "lightning_privacy.audits.lm_canaries",
     "audit_language_model_canaries": "lightning_privacy.audits.lm_canaries",
     "language_model_canaries": "lightning_privacy.audits.lm_canaries",

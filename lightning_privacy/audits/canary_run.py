@@ -53,7 +53,11 @@ model would not fit by chance. Included canaries are appended to the training se
 ``ConcatDataset`` behind a loader with the same batch size and collate_fn, installed before DP-SGD's
 Poisson sampling, so they are sampled like every row). Score: minus the final model's membership loss
 (``logsumexp`` of the other logits minus the label's logit, monotone in cross-entropy) on every
-canary, included or not. Only the last model is seen, so expect bounds far below the accountant's ε.
+canary, included or not. Only the last model is seen, so expect bounds far below the accountant's ε. With
+``examples`` (a map-style dataset of m ``(x, y)`` examples, e.g. optimised by
+:func:`~lightning_privacy.audits.canary_design.optimize_input_canaries`) canary j is one of those examples with its
+own label (their order drawn from ``seed``); their SHA-256 fingerprint is in the state, so a resume with other
+canaries is refused.
 
 Example::
 
@@ -67,6 +71,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
@@ -82,6 +87,8 @@ __all__ = [
     "GradientCanaries",
     "audit_run",
     "check_arguments",
+    "check_examples",
+    "fingerprint",
     "classes_of_model",
     "InputCanaries",
     "label_of",
@@ -149,6 +156,33 @@ def check_arguments(
         raise _bad("claim_tests", f"one of {CLAIM_TESTS}", claim_tests)
 
 
+def check_examples(examples: Any, kind: str, num_canaries: Optional[int]) -> Optional[int]:
+    """m for canaries given as ``examples`` (``None`` when none are given); ``ValueError`` naming what is wrong."""
+    if examples is None:
+        return None
+    if kind != "input":
+        raise ValueError(f"`examples` are input canaries: pass them with kind='input', not kind={kind!r}")
+    if isinstance(examples, IterableDataset) or not all(hasattr(examples, a) for a in ("__getitem__", "__len__")):
+        raise _bad("examples", "a map-style dataset of (x, y) canary examples", type(examples).__name__)
+    if len(examples) < 1:
+        raise _bad("examples", "a non-empty dataset", examples)
+    if num_canaries is not None and num_canaries != len(examples):
+        raise ValueError(
+            f"`num_canaries`={num_canaries} but `examples` holds {len(examples)} canaries: leave num_canaries=None"
+        )
+    return len(examples)
+
+
+def fingerprint(examples: Dataset) -> str:
+    """A SHA-256 digest of every canary example's input and label (a resumed audit checks its canaries by it)."""
+    digest = hashlib.sha256()
+    for j in range(len(examples)):
+        item = examples[j]
+        for part in (item[0], label_of(item)):
+            digest.update(torch.as_tensor(part).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def parse_claim(claim: Any) -> Any:
     """``None``, a ledger (read at the audit: it may still be empty), or a claim parsed by :meth:`Claim.parse`
     (``ValueError`` for anything else)."""
@@ -212,8 +246,8 @@ class CanarySet:
     trainable coordinates, one per coordinate (:meth:`draw` returns the sentence saying so).
     """
 
-    def __init__(self, kind: str, num_canaries: Optional[int], seed: int) -> None:
-        self.kind, self.seed = kind, int(seed)
+    def __init__(self, kind: str, num_canaries: Optional[int], seed: int, examples: Optional[str] = None) -> None:
+        self.kind, self.seed, self.examples = kind, int(seed), examples  # examples: the given canaries' fingerprint
         self.adaptive = num_canaries is None
         self.requested = DEFAULT_NUM_CANARIES if num_canaries is None else int(num_canaries)
         self._block: Optional[tuple] = None  # (block, uniforms) of the per-step sampling
@@ -299,6 +333,7 @@ class CanarySet:
             "included": None if self.included is None else [bool(b) for b in self.included],
             "scores": [float(s) for s in self.scores],
             "steps": self.steps,
+            "examples": self.examples,
         }
 
     def load_state_dict(self, state: Dict[str, Any], settings: Dict[str, Any]) -> None:
@@ -315,6 +350,11 @@ class CanarySet:
         for key in ("kind", "num_canaries", "seed", *settings):
             if state[key] != ours[key]:
                 raise RuntimeError(f"checkpoint audited with {key}={state[key]!r}, this CanaryAudit has {ours[key]!r}")
+        if state.get("examples") != self.examples:
+            given = lambda f: "the mislabelled training rows" if f is None else f"canary examples {f[:12]}…"  # noqa: E731
+            raise RuntimeError(
+                f"checkpoint audited {given(state.get('examples'))}, this CanaryAudit has {given(self.examples)}"
+            )
         if len(state["scores"]) != self.num_canaries:
             raise RuntimeError(f"CanaryAudit state has {len(state['scores'])} scores for {self.num_canaries} canaries")
         self.space = state["space"]
@@ -536,10 +576,11 @@ def check_loader(loader: Any) -> Dataset:
     return dataset
 
 
-def with_canaries(loader: DataLoader, canaries: CanarySet) -> DataLoader:
-    """``loader`` with the included canary rows appended (same batch size, collate_fn, shuffling)."""
+def with_canaries(loader: DataLoader, canaries: CanarySet, source: Optional[Dataset] = None) -> DataLoader:
+    """``loader`` with the included canary rows (of ``source``, default its dataset) appended (same batch size,
+    collate_fn, shuffling)."""
     dataset = loader.dataset
-    rows = CanaryRows(dataset, canaries.canaries, canaries.labels)
+    rows = CanaryRows(dataset if source is None else source, canaries.canaries, canaries.labels)
     kept = Subset(rows, np.flatnonzero(canaries.included).tolist())
     sampler = loader.sampler
     return DataLoader(
@@ -555,32 +596,43 @@ def with_canaries(loader: DataLoader, canaries: CanarySet) -> DataLoader:
 
 
 class InputCanaries:
-    """Input canaries in ``loader``'s training set: wrong-label copies of ``canaries`` rows, drawn here if not yet.
+    """Input canaries in ``loader``'s training set: wrong-label copies of ``canaries`` rows, drawn here if not yet,
+    or the given ``examples`` (e.g. :func:`~lightning_privacy.audits.canary_design.optimize_input_canaries`).
 
     Args:
         canaries: the :class:`CanarySet` (its rows and wrong labels are drawn here at the first loader).
         loader: the train loader (a batched ``DataLoader`` over a map-style dataset, else ``ValueError``).
         num_classes: K; ``None``: the number of logits of ``model`` on one row (2 for one logit).
         model, forward_fn: to count the logits, and to score (``forward_fn(model, batch) -> (logits, target)``).
+        examples: ``None`` (wrong-label training rows), or a map-style dataset of the m canaries, with their labels.
 
     Attributes:
         loader: the train loader with the included canary rows appended.
     """
 
     def __init__(
-        self, canaries: CanarySet, loader: Any, *, num_classes: Optional[int], model: Any, forward_fn: Any = None
+        self,
+        canaries: CanarySet,
+        loader: Any,
+        *,
+        num_classes: Optional[int],
+        model: Any,
+        forward_fn: Any = None,
+        examples: Optional[Dataset] = None,
     ) -> None:
         self.dataset, self.collate, self.forward_fn = check_loader(loader), loader.collate_fn, forward_fn
-        self.canaries = canaries
-        canaries.draw(len(self.dataset), "training rows")
+        self.canaries, self.source = canaries, self.dataset if examples is None else examples
+        canaries.draw(len(self.source), "training rows" if examples is None else "canary examples")
+        if canaries.labels is None and examples is not None:
+            canaries.labels = [label_of(examples[j]) for j in canaries.canaries]
         if canaries.labels is None:
             rows = canaries.canaries
             classes = num_classes or (lambda: classes_of_model(model, self.dataset, rows[0], self.collate, forward_fn))
             canaries.labels = wrong_labels(self.dataset, rows, classes, canaries.seed)
-        self.loader = with_canaries(loader, canaries)
+        self.loader = with_canaries(loader, canaries, self.source)
 
     def scores(self, model: Any) -> np.ndarray:
         """Minus the model's membership loss on every canary row (included or not): higher = looks included."""
-        rows = CanaryRows(self.dataset, self.canaries.canaries, self.canaries.labels)
+        rows = CanaryRows(self.source, self.canaries.canaries, self.canaries.labels)
         loader = DataLoader(rows, batch_size=SCORE_BATCH_SIZE, shuffle=False, collate_fn=self.collate)
         return -membership_losses_from_loader(model, loader, forward_fn=self.forward_fn).double().numpy()

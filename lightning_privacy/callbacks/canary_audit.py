@@ -41,8 +41,8 @@ class CanaryAudit(Callback):
     ``kind="gradient"`` (white box, needs :class:`~lightning_privacy.DPSGD`): canary j is the Dirac gradient C·e_j on
     one of m random coordinates of the trainable parameters, added to the clipped sum before the noise at the steps
     it is sampled (rate p); ``score`` reads it back from the released noisy sums. ``kind="input"`` (black box; with or
-    without DP-SGD): canary j is a training row with a wrong label, appended to the training set when included,
-    scored by the final model's loss. How each is drawn, inserted and scored (DDP, FSDP2), and why each score audits
+    without DP-SGD): canary j is a training row with a wrong label (or ``examples[j]``), appended to the training set
+    when included, scored by the final model's loss. How each is drawn, inserted and scored (DDP, FSDP2), and why each score audits
     what the accountant claims: :mod:`lightning_privacy.audits.canary_run`.
 
     **A claim, checked.** ``claim`` is the guarantee the canaries test (the in/out game: add/remove): a
@@ -77,6 +77,8 @@ class CanaryAudit(Callback):
         claim: the guarantee to test (see above); ``None``: DPSGD's ledger at fit end, if DPSGD trains the model.
         claim_tests: ``"both"`` (α split between the binomial and the f-DP test) or ``"fdp"`` (all of α on the f-DP
             test of the claim's curve: the stronger test of a DP-SGD claim; ``Claim.check_canaries``).
+        examples: input canaries to use instead of wrong-label rows: a map-style dataset of m ``(x, y)`` examples
+            (e.g. :func:`~lightning_privacy.audits.canary_design.optimize_input_canaries`); m = its length.
 
     Attributes:
         results: the fit-end values by key: the logged ones plus the uncorrected best
@@ -119,12 +121,14 @@ class CanaryAudit(Callback):
         forward_fn: Optional[Callable[[Any, Any], tuple]] = None,
         claim: Any = None,
         claim_tests: str = "both",
+        examples: Any = None,
     ) -> None:
         with audit.misconfiguration():
             run.check_arguments(kind, num_canaries, seed, alpha, delta, correction, score, num_classes, claim_tests)
-            claim = run.parse_claim(claim)
-        self.claim, self.claim_tests = claim, claim_tests
-        self.canaries = run.CanarySet(kind, num_canaries, seed)  # the run's canaries and scores (in state_dict)
+            claim, given = run.parse_claim(claim), run.check_examples(examples, kind, num_canaries)
+            fingerprint = None if given is None else run.fingerprint(examples)
+        self.claim, self.claim_tests, self.examples = claim, claim_tests, examples
+        self.canaries = run.CanarySet(kind, given or num_canaries, seed, fingerprint)  # canaries, scores: state_dict
         self.kind, self.seed = kind, int(seed)
         self.alpha, self.delta, self.correction = float(alpha), None if delta is None else float(delta), correction
         self.score, self.num_classes, self.forward_fn = score, num_classes, forward_fn
@@ -216,9 +220,9 @@ class CanaryAudit(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._pending is None:  # no DP step this batch (e.g. a skipped optimizer step): nothing released
-            return
         pending, self._pending = self._pending, None
+        if pending is None:  # no DP step this batch (e.g. a skipped optimizer step): nothing released
+            return
 
         def reduce(known: np.ndarray) -> np.ndarray:  # every rank's own batch sum (a collective: every rank is here)
             return trainer.strategy.reduce(torch.from_numpy(known).to(pl_module.device), reduce_op="sum").cpu().numpy()
@@ -228,9 +232,8 @@ class CanaryAudit(Callback):
     def _with_canaries(self, loader: Any) -> Any:
         """The train loader with the included canary rows appended (same batch size, collate_fn, shuffling)."""
         with audit.misconfiguration():
-            self._input = run.InputCanaries(
-                self.canaries, loader, num_classes=self.num_classes, model=self._module, forward_fn=self.forward_fn
-            )
+            self._input = run.InputCanaries(self.canaries, loader, num_classes=self.num_classes, model=self._module,
+                                            forward_fn=self.forward_fn, examples=self.examples)  # fmt: skip
         return self._input.loader
 
     # ------------------------------------------------------------------------------ the audit
