@@ -81,8 +81,20 @@ class Claim:
 
     # ------------------------------------------------------------------------------------------------ building
     @classmethod
-    def dp_sgd(cls, *, noise_multiplier: float, sample_rate: float, steps: int, delta: float = DEFAULT_DELTA) -> Claim:
+    def dp_sgd(
+        cls,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int,
+        delta: float = DEFAULT_DELTA,
+        group_size: int = 1,
+    ) -> Claim:
         """``steps`` steps of a Poisson subsampled Gaussian at (σ, q), as DP-SGD with clipping norm C and noise σC.
+
+        ``group_size`` k > 1: the same run's guarantee for adding or removing a group of k records (each sampled on its
+        own: :class:`~lightning_privacy.analysis.composition.ComposedPLD`'s ``group_size``), what canaries inserted k
+        times each audit (``LanguageModelCanaries.with_canaries(..., repetitions=k)``).
 
         Raises:
             ValueError: an argument out of range (named, with its value).
@@ -91,6 +103,9 @@ class Claim:
             >>> claim = Claim.dp_sgd(noise_multiplier=2.0, sample_rate=0.1, steps=300)
             >>> round(claim.epsilon, 2), claim.label  # dp_accounting: 4.18 (Opacus RDP: 4.56)
             (4.18, 'DP-SGD σ = 2, q = 0.1, 300 steps (δ = 1e-05)')
+            >>> pair = Claim.dp_sgd(noise_multiplier=2.0, sample_rate=0.1, steps=300, group_size=2)
+            >>> round(pair.epsilon, 2), pair.label  # dp_accounting's MixtureGaussianPrivacyLoss: 9.53
+            (9.53, 'DP-SGD σ = 2, q = 0.1, 300 steps, groups of 2 (δ = 1e-05)')
         """
         from lightning_privacy.ledger import PrivacyLedger
 
@@ -101,25 +116,36 @@ class Claim:
             raise ValueError(f"`steps` must be an int >= 1, got {steps!r}")
         ledger = PrivacyLedger(delta=_delta(delta, zero=False))
         ledger.step(noise_multiplier=sigma, sample_rate=float(sample_rate), steps=int(steps))
-        return cls.from_ledger(ledger)
+        return cls.from_ledger(ledger, group_size=group_size)
 
     @classmethod
-    def from_ledger(cls, ledger: Any, *, delta: Optional[float] = None) -> Claim:
+    def from_ledger(cls, ledger: Any, *, delta: Optional[float] = None, group_size: int = 1) -> Claim:
         """The guarantee of a :class:`~lightning_privacy.ledger.PrivacyLedger`'s history as it is now (a snapshot).
 
         Args:
             ledger: the ledger (e.g. ``DPSGD.ledger`` or :func:`lightning_privacy.checkpoints.privacy_ledger`).
             delta: the claim's δ (default: the ledger's).
+            group_size: k ≥ 1; k > 1: the history's guarantee for a group of k records (see :meth:`dp_sgd`).
 
         Raises:
-            ValueError: a ledger without steps, or a bad δ.
+            ValueError: a ledger without steps, a bad δ or group size.
         """
         if not ledger.steps:
             raise ValueError("`claim` is a PrivacyLedger without steps: it claims nothing to test")
+        if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
+            raise ValueError(f"`group_size` must be an int >= 1, got {group_size!r}")
         delta = ledger.delta if delta is None else _delta(delta, zero=False)
-        pld = ledger.privacy_loss_distribution(RELATION).copy()
         history = ledger.history
+        if group_size == 1:
+            pld = ledger.privacy_loss_distribution(RELATION).copy()
+        else:
+            from lightning_privacy.analysis.composition import ComposedPLD
+
+            chunks = [[rate, sigma, steps] for sigma, rate, steps in history]
+            pld = ComposedPLD.from_chunks(chunks, relation=RELATION, group_size=int(group_size))
         parameters: Dict[str, Any] = {"history": [list(seg) for seg in history], "steps": ledger.steps}
+        if group_size > 1:
+            parameters["group_size"] = int(group_size)
         if len(history) == 1:
             sigma, rate, steps = history[0]
             parameters.update(noise_multiplier=sigma, sample_rate=rate, steps=steps)
@@ -184,7 +210,8 @@ class Claim:
             what = f"σ = {p['noise_multiplier']:g}, q = {p['sample_rate']:g}, {p['steps']} steps"
         else:
             what = f"{len(p['history'])} segments, {p['steps']} steps"
-        return f"DP-SGD {what} (δ = {self.delta:g})"
+        group = f", groups of {p['group_size']}" if p.get("group_size", 1) > 1 else ""
+        return f"DP-SGD {what}{group} (δ = {self.delta:g})"
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain values: kind, relation, δ, ε, label and the parameters."""

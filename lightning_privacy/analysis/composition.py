@@ -322,7 +322,14 @@ def _square(key: tuple, base: _Pmf, level: int, cap: int) -> _Pmf:
 #   "remove":  P = (1−q)N(0, σ²) + qN(−s, σ²),  Q = N(0, σ²)                     (add/remove, P = with the record)
 #   "add":     P = N(0, σ²),                     Q = (1−q)N(0, σ²) + qN(s, σ²)   (add/remove, the other order)
 # These are dp_accounting's REPLACE, REMOVE and ADD pairs; the loss L(x) = log P(x)/Q(x) decreases in x.
-def _components(direction: str, q: float, s: float):
+def _components(direction: str, q: float, s: float, k: int = 1):
+    if k > 1:  # a group of k records, each sampled at rate q: j ~ Binomial(k, q) of them in the step
+        w = [math.comb(k, j) * q**j * (1.0 - q) ** (k - j) for j in range(k + 1)]
+        mixture_p, mixture_q = [(w[j], -j * s) for j in range(k + 1)], [(w[j], j * s) for j in range(k + 1)]
+        return tuple(
+            [(w, m) for w, m in comps if w > 0.0]
+            for comps in {"remove": (mixture_p, [(1.0, 0.0)]), "add": ([(1.0, 0.0)], mixture_q)}[direction]
+        )
     mixture_p = [(1.0 - q, 0.0), (q, -s)]
     mixture_q = [(1.0 - q, 0.0), (q, s)]
     single = [(1.0, 0.0)]
@@ -330,8 +337,34 @@ def _components(direction: str, q: float, s: float):
     return tuple([(w, m) for w, m in comps if w > 0.0] for comps in pq)
 
 
-def _inverse_loss(direction: str, eps: np.ndarray, q: float, sigma: float, s: float) -> np.ndarray:
+def _group_losses(direction: str, x: np.ndarray, q: float, sigma: float, s: float, k: int) -> np.ndarray:
+    """The privacy loss at outputs ``x`` of a step with a group of k records (remove or add; decreasing in x)."""
+    comps = _components(direction, q, s, k)[0 if direction == "remove" else 1]
+    logw = np.log([w for w, _ in comps])[:, None]
+    shift = np.array([m for _, m in comps])[:, None]  # remove: −j·s; add: +j·s
+    exponents = logw + (2.0 * x[None, :] * shift - shift * shift) / (2.0 * sigma * sigma)
+    total = special.logsumexp(exponents, axis=0)
+    return total if direction == "remove" else -total
+
+
+def _inverse_group_loss(direction: str, eps: np.ndarray, q: float, sigma: float, s: float, k: int) -> np.ndarray:
+    """x with loss(x) = ε for a group of k records, by bisection on [−span, span] (the loss is decreasing in x); the
+    bracket's end where the loss never reaches ε inside it (the caller clips to its tails' range, inside it)."""
+    span = 60.0 * sigma + 2.0 * k * s
+    lo, hi = np.full(eps.shape, -span), np.full(eps.shape, span)  # loss(lo) ≥ ε ≥ loss(hi) where reached
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if not np.any((mid > lo) & (mid < hi)):
+            break
+        above = _group_losses(direction, mid, q, sigma, s, k) >= eps
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def _inverse_loss(direction: str, eps: np.ndarray, q: float, sigma: float, s: float, k: int = 1) -> np.ndarray:
     """The output x at which the loss equals ε (±inf where the loss never reaches ε)."""
+    if k > 1:
+        return _inverse_group_loss(direction, eps, q, sigma, s, k)
     v = sigma * sigma / s
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if direction == "replace":  # x = v·(−asinh(α·sinh(ε/2)) − ε/2), α = (1−q)/q·exp(s²/2σ²), in logs (α overflows)
@@ -348,8 +381,8 @@ def _inverse_loss(direction: str, eps: np.ndarray, q: float, sigma: float, s: fl
         return np.where(arg > 0.0, v * (np.log(np.where(arg > 0, arg, 1.0)) - math.log(q)) + s / 2.0, -np.inf)
 
 
-def _loss(direction: str, x: float, q: float, sigma: float, s: float) -> float:
-    p_comps, q_comps = _components(direction, q, s)
+def _loss(direction: str, x: float, q: float, sigma: float, s: float, k: int = 1) -> float:
+    p_comps, q_comps = _components(direction, q, s, k)
     logpdf = lambda comps: special.logsumexp(
         [-((x - m) ** 2) / (2 * sigma * sigma) for _, m in comps], b=[w for w, _ in comps]
     )
@@ -374,21 +407,22 @@ def _log_tail(comps, x: float, sigma: float, left: bool) -> float:
     )
 
 
-def _single_step(direction: str, q: float, sigma: float, s: float, interval: float, cap: int) -> _Pmf:
-    """Connect-the-dots PMF of one step's privacy loss (pessimistic; see the module docstring)."""
+def _single_step(direction: str, q: float, sigma: float, s: float, interval: float, cap: int, k: int = 1) -> _Pmf:
+    """Connect-the-dots PMF of one step's privacy loss (pessimistic; see the module docstring); ``k`` > 1: of a
+    group of k records, each sampled independently (remove / add only)."""
     if s == 0.0:
         return _Pmf(0, np.ones(1), 0.0)
-    p_comps, q_comps = _components(direction, q, s)
+    p_comps, q_comps = _components(direction, q, s, k)
     target = math.log(_STEP_TAIL_MASS / 2.0)
-    span = 60.0 * sigma + 2.0 * s
+    span = 60.0 * sigma + 2.0 * k * s
     x_left = optimize.brentq(lambda x: _log_tail(p_comps, x, sigma, True) - target, -span, span, xtol=1e-12)
     x_right = optimize.brentq(lambda x: _log_tail(p_comps, x, sigma, False) - target, -span, span, xtol=1e-12)
     # grid range with one spare point on each side, so that rounding in the losses cannot leave the end points
     # inside the range of losses (they must bracket L(x_right) … L(x_left))
-    k_lo = max(math.floor(_loss(direction, x_right, q, sigma, s) / interval) - 1, -cap)
-    k_hi = max(min(math.ceil(_loss(direction, x_left, q, sigma, s) / interval) + 1, cap), k_lo + 1)
+    k_lo = max(math.floor(_loss(direction, x_right, q, sigma, s, k) / interval) - 1, -cap)
+    k_hi = max(min(math.ceil(_loss(direction, x_left, q, sigma, s, k) / interval) + 1, cap), k_lo + 1)
     eps = np.arange(k_lo, k_hi + 1) * interval
-    xs = np.clip(_inverse_loss(direction, eps, q, sigma, s), x_left, x_right)  # non-increasing in k
+    xs = np.clip(_inverse_loss(direction, eps, q, sigma, s, k), x_left, x_right)  # non-increasing in k
     if k_lo > -cap:  # ε_{k_lo} < L(x_right): every output up to x_right has a loss above ε_{k_lo}
         xs[0] = x_right
     if k_hi < cap:  # ε_{k_hi} > L(x_left)
@@ -440,18 +474,18 @@ def _directions(relation: str) -> Tuple[str, ...]:
     return ("replace",) if relation == "replace" else ("remove", "add")
 
 
-def _chunk(relation: str, interval: float, cap: int, p: float, sigma: float, steps: int, s: float):
-    """The PMFs (one per direction) of ``steps`` identical steps, cached."""
-    key = (relation, interval, cap, p, sigma, s, steps)
+def _chunk(relation: str, interval: float, cap: int, p: float, sigma: float, steps: int, s: float, k: int = 1):
+    """The PMFs (one per direction) of ``steps`` identical steps (of a group of ``k`` records), cached."""
+    key = (relation, interval, cap, p, sigma, s, steps, k)
     hit = _POWERS.get(key)
     if hit is not None:
         return hit
     out = []
     for direction in _directions(relation):
-        step_key = (direction, interval, cap, p, sigma, s)
+        step_key = (direction, interval, cap, p, sigma, s, k)
         single = _STEPS.get(step_key)
         if single is None:
-            single = _STEPS.put(step_key, (_single_step(direction, p, sigma, s, interval, cap),))
+            single = _STEPS.put(step_key, (_single_step(direction, p, sigma, s, interval, cap, k),))
         out.append(_power(step_key, single[0], steps, cap))
     return _POWERS.put(key, tuple(out))
 
@@ -557,6 +591,13 @@ class ComposedPLD:
             :func:`default_value_discretization_interval` from the first composed chunk.
         loss_cap: losses are kept in [−loss_cap, loss_cap]: larger ones go to +∞, smaller ones are raised to
             −loss_cap (default :data:`LOSS_CAP` = 50; :meth:`epsilon_uncapped` composes with wider ones).
+        group_size: k ≥ 1 (``"add_remove"`` only for k > 1): the PLD of adding or removing a group of k records,
+            each Poisson-sampled on its own, so a step carries j ~ Binomial(k, p) of them and the sensitivity is at
+            most j (their clipped gradients' sum): the mixture of Gaussians N(j·s, σ²) with binomial weights against
+            N(0, σ²), in both orders (dp_accounting's ``MixtureGaussianPrivacyLoss``; the vector mechanism is dominated
+            by the scalar one, Choquette-Choo et al. 2023, Cor. 4.7). The connect-the-dots construction is the same;
+            the outputs at each grid loss come from bisection (to adjacent doubles) instead of a closed form. This is
+            the guarantee a canary inserted k times is audited against.
 
     Attributes:
         relation: the neighbouring relation.
@@ -588,8 +629,14 @@ class ComposedPLD:
         relation: str = "replace",
         value_discretization_interval: Optional[float] = None,
         loss_cap: float = LOSS_CAP,
+        group_size: int = 1,
     ) -> None:
         self._relation = _check_relation(relation)
+        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
+            raise ValueError(f"Expected `group_size` to be an int >= 1, but got {group_size!r}.")
+        if group_size > 1 and self._relation != "add_remove":
+            raise ValueError(f"`group_size`={group_size} needs relation='add_remove', got {relation!r}.")
+        self._group = int(group_size)
         self._interval = _check_grid(value_discretization_interval)
         self._loss_cap = _scalar("loss_cap", loss_cap, low=0.0, high=math.inf, low_open=True, high_open=True)
         self._pmfs: Optional[Tuple[_Pmf, ...]] = None  # one per direction; None: no step yet
@@ -609,6 +656,10 @@ class ComposedPLD:
         return self._loss_cap
 
     @property
+    def group_size(self) -> int:
+        return self._group
+
+    @property
     def steps(self) -> int:
         return int(sum(c[2] for c in self._chunks))
 
@@ -624,13 +675,17 @@ class ComposedPLD:
     def __repr__(self) -> str:
         return (
             f"ComposedPLD(relation={self._relation!r}, value_discretization_interval={self._interval!r}, "
-            f"steps={self.steps}, chunks={len(self._chunks)}, size={self.size})"
+            + (f"group_size={self._group}, " if self._group > 1 else "")
+            + f"steps={self.steps}, chunks={len(self._chunks)}, size={self.size})"
         )
 
     def copy(self) -> ComposedPLD:
         """An independent copy (the distributions are immutable and shared, so this is cheap)."""
         other = ComposedPLD(
-            relation=self._relation, value_discretization_interval=self._interval, loss_cap=self._loss_cap
+            relation=self._relation,
+            value_discretization_interval=self._interval,
+            loss_cap=self._loss_cap,
+            group_size=self._group,
         )
         other._pmfs = self._pmfs
         other._chunks = self.chunks
@@ -644,6 +699,7 @@ class ComposedPLD:
         relation: str = "replace",
         value_discretization_interval: Optional[float] = None,
         loss_cap: float = LOSS_CAP,
+        group_size: int = 1,
     ) -> ComposedPLD:
         """Rebuild a :class:`ComposedPLD` from its :attr:`chunks` (one :meth:`compose` per chunk, in order).
 
@@ -652,6 +708,7 @@ class ComposedPLD:
             relation: the relation of the saved object.
             value_discretization_interval: the grid of the saved object (``None`` if it was automatic).
             loss_cap: the loss cap of the saved object.
+            group_size: its group size.
 
         Returns:
             A :class:`ComposedPLD` equal to the saved one (bit for bit when it was built one chunk per call).
@@ -664,7 +721,12 @@ class ComposedPLD:
             >>> ComposedPLD.from_chunks([[0.01, 1.0, 100], [0.02, 1.5, 50, 0.5]]).steps
             150
         """
-        out = cls(relation=relation, value_discretization_interval=value_discretization_interval, loss_cap=loss_cap)
+        out = cls(
+            relation=relation,
+            value_discretization_interval=value_discretization_interval,
+            loss_cap=loss_cap,
+            group_size=group_size,
+        )
         for i, chunk in enumerate(chunks):
             if isinstance(chunk, (str, bytes)) or not hasattr(chunk, "__len__") or len(chunk) not in (3, 4):
                 raise TypeError(
@@ -693,7 +755,7 @@ class ComposedPLD:
         for p, sigma, steps, s in segments:
             if steps == 0 or s == 0.0:
                 continue
-            pmfs = _chunk(self._relation, interval, cap, p, sigma, steps, s)
+            pmfs = _chunk(self._relation, interval, cap, p, sigma, steps, s, self._group)
             combined = (
                 pmfs if combined is None else tuple(_convolve(a, b, cap, _TAIL_MASS) for a, b in zip(combined, pmfs))
             )
@@ -841,6 +903,7 @@ class ComposedPLD:
                 relation=self._relation,
                 value_discretization_interval=max(self._interval, cap / _WIDE_POINTS),
                 loss_cap=cap,
+                group_size=self._group,
             ).compose(
                 sample_rate=[k[0] for k in keys],
                 noise_multiplier=[k[1] for k in keys],
@@ -936,7 +999,10 @@ class ComposedPLD:
             return self.bayes_security()
         if self._pmfs is None:
             probe = ComposedPLD(
-                relation=self._relation, value_discretization_interval=self._interval, loss_cap=self._loss_cap
+                relation=self._relation,
+                value_discretization_interval=self._interval,
+                loss_cap=self._loss_cap,
+                group_size=self._group,
             )
             pmfs = probe._chunk_pmfs(parsed)
             if pmfs is None:

@@ -36,8 +36,10 @@ The base is the model with its PEFT adapters disabled, else ``base_model`` (the 
 from; it must not have seen the canaries — drawn fresh at random, it has not). Either is a function of the released
 model or of public information fixed before training, so the bound stays valid whatever the score.
 
-Validity needs: each canary inserted at most once (a canary inserted k times audits k-record group privacy, not the
-claim), the inclusion vector drawn before training and never used in the score, and canaries sampled by the training
+Validity needs: each canary inserted at most once — or, inserted k times (``with_canaries(..., repetitions=k)``, a
+piece of Panda et al.'s recipe), tested against the guarantee for groups of k records
+(``Claim.from_ledger(dpsgd.ledger, group_size=k)``: the one-run game is then over groups, and the bounds are bounds on
+the group's ε, not the record's) — the inclusion vector drawn before training and never used in the score, and canaries sampled by the training
 loop like every other row. What the audit cannot see: anything but the last model (no intermediate steps, no
 gradients), so expect bounds far below the accountant's ε (Panda et al. reach ε ≈ 1 at ε = 4 with 1,000 canaries on
 real LLMs); and m canaries can never give more than the ceiling the result reports (all guesses right).
@@ -115,8 +117,8 @@ class LanguageModelCanaries:
         labels[:, : self.scored_from] = -100
         return _Rows(self.input_ids, self.attention_mask, labels)
 
-    def inserted(self, loss_on: Optional[str] = None) -> Dataset:
-        """The included canaries only: what the fine-tuning sees.
+    def inserted(self, loss_on: Optional[str] = None, repetitions: int = 1) -> Dataset:
+        """The included canaries only, each ``repetitions`` times: what the fine-tuning sees.
 
         Args:
             loss_on: ``"all"``: rows without ``labels``, every token trained on; ``"secret"`` (new-token canaries
@@ -125,16 +127,19 @@ class LanguageModelCanaries:
                 of the clipping budget on tokens the audit never scores; measured in
                 ``benchmarks/results/lm_canary_designs.md``). ``None``: ``"secret"`` for new-token canaries,
                 ``"all"`` for random-token ones.
+            repetitions: k ≥ 1 copies of each included canary (k > 1: audit against a claim for groups of k).
         """
+        k = _int("repetitions", repetitions, 1)
         rows = (
             self.dataset()
             if _loss_on(loss_on, self.scored_from) == "secret"
             else _Rows(self.input_ids, self.attention_mask)
         )
-        return Subset(rows, np.flatnonzero(self.included).tolist())
+        return Subset(rows, np.repeat(np.flatnonzero(self.included), k).tolist())
 
-    def with_canaries(self, dataset: Dataset, loss_on: Optional[str] = None) -> Dataset:
-        """``dataset`` followed by the included canaries, each once (``ConcatDataset``): build the training loader on it.
+    def with_canaries(self, dataset: Dataset, loss_on: Optional[str] = None, repetitions: int = 1) -> Dataset:
+        """``dataset`` followed by the included canaries, each once or ``repetitions`` times (``ConcatDataset``): build
+        the training loader on it (k > 1 copies: test the audit against ``Claim.from_ledger(ledger, group_size=k)``).
 
         The rows of ``dataset`` must be mappings with ``input_ids`` and ``attention_mask`` of the canaries' length
         (or a collator that pads them). With ``loss_on="secret"`` (see :meth:`inserted`; the default for new-token
@@ -142,8 +147,8 @@ class LanguageModelCanaries:
         ``labels``, so every row of ``dataset`` without them gets ``labels`` = its ``input_ids`` (one batch, one set
         of keys; the loss of those rows is unchanged)."""
         if _loss_on(loss_on, self.scored_from) == "secret":
-            return ConcatDataset([_Labelled(dataset), self.inserted("secret")])
-        return ConcatDataset([dataset, self.inserted("all")])
+            return ConcatDataset([_Labelled(dataset), self.inserted("secret", repetitions)])
+        return ConcatDataset([dataset, self.inserted("all", repetitions)])
 
 
 class _Labelled(Dataset):

@@ -204,3 +204,21 @@ def test_new_token_canaries_are_memorised_by_a_full_fine_tune_and_contradict_a_s
         pl.Trainer(max_epochs=30, **QUIET).fit(model, data)
     result = audit_language_model_canaries(model.eval(), canaries, delta=1e-5, base_model=base, claim=(0.05, 1e-5))
     assert 0.3 < result.epsilon_lower <= result.ceiling and result.verdict == "contradicted"
+
+
+def test_repetitions_insert_every_included_canary_k_times():
+    """``repetitions=k``: each included canary k times, in order (Panda et al.'s repetitions; the audit is then of
+    groups of k: ``tests/analysis/test_group_privacy.py``), with either loss."""
+    plain, secret = _canaries(), _new_token_canaries()
+    data = PaddedSequences(32, seed=1)
+    included = int(plain.included.sum())
+    train = plain.with_canaries(data, repetitions=3)
+    assert len(train) == 32 + 3 * included and len(plain.inserted(repetitions=3)) == 3 * included
+    order = np.repeat(np.flatnonzero(plain.included), 3)
+    assert all(torch.equal(train[32 + i]["input_ids"], plain.input_ids[j]) for i, j in enumerate(order))
+    labelled = secret.with_canaries(_data_without_the_new_tokens(), repetitions=2)
+    n = len(_data_without_the_new_tokens())
+    assert len(labelled) == n + 2 * int(secret.included.sum()) and "labels" in labelled[n]
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="`repetitions` to be an int >= 1"):
+            plain.inserted(repetitions=bad)
