@@ -27,11 +27,18 @@ the new tokens' rows stay frozen, only the adapters can raise a secret). Every b
 same run; canaries that share a model are not independent, so the tightest bound is the larger of Steinke et al.'s
 binomial bound and Mahloujifar et al.'s Gaussian f-DP bound at α/2 each; every run's ledger is tested as a claim.
 
+Part 3 — repetitions (Panda et al. insert each canary several times): part 1's four-new-token design (the same
+canaries and inclusion) with every included canary inserted k ∈ ``REPETITIONS`` times, at the benchmark's length and
+ε = 8 (σ planned for the larger training set). A canary inserted k times is a group of k records, so the one-run game
+bounds the group's ε, not the record's: each run's bound is set beside the accountant's record ε and the ε of the
+same run for groups of k (``Claim.from_ledger(ledger, group_size=k)``), and the scores are tested against both
+claims — the group claim must stand, the record claim is the one the repeated canaries can (rightly) contradict.
+
     OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py > benchmarks/results/lm_canary_designs.md
     OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --quick          # smaller, for a smoke run
 
 Progress goes to stderr, the Markdown to stdout. The runs are independent: on a machine with more than one core,
-``--part 1``, ``--part 2 --fine-tuning full`` and ``--part 2 --fine-tuning lora`` in three processes, each with
+``--part 1``, ``--part 2 --fine-tuning full``, ``--part 2 --fine-tuning lora`` and ``--part 3`` in processes, each with
 ``--rows FILE`` (one JSON row per run), then ``--report FILE...`` prints the same Markdown from their rows. About 2 min
 per run at the benchmark's length and 10–30 min per run ten times longer, on one core.
 """
@@ -72,6 +79,7 @@ DESIGNS = (
     ("4 new tokens, loss on secret, low-prior rows", 4, "secret", "low prior"),
 )
 LONG_DESIGN = DESIGNS[3]
+REPETITIONS = (2, 4)  # part 3: each included canary inserted k times
 
 
 def with_low_prior_tokens(plain: str, folder: str, vocab: int, public, *, mass: float = 1e-4) -> tuple:
@@ -144,26 +152,40 @@ def draw(m: int, secret_length: int, seed: int, vocab: int):
     return canaries
 
 
-def run(label, design, *, members, canaries, bases: dict, kind: str, epochs: int, epsilon: float) -> dict:
+def run(
+    label, design, *, members, canaries, bases: dict, kind: str, epochs: int, epsilon: float, repetitions: int = 1
+) -> dict:
     """One DP fine-tune of the design's base (``bases``: {rows: (folder, model)}) on the members plus the inserted
-    canaries, and its canary audit."""
+    canaries (each ``repetitions`` times), and its canary audit (against the group claim when ``repetitions`` > 1)."""
+    from lightning_privacy.audits.canary import audit_canaries
+    from lightning_privacy.audits.lm_canaries import canary_scores
+    from lightning_privacy.claims import Claim
+
     _, secret_length, loss_on, rows = design
     base, base_model = bases[rows]
-    training = canaries.with_canaries(members, loss_on=loss_on)
+    training = canaries.with_canaries(members, loss_on=loss_on, repetitions=repetitions)
     lr = LORA_DP_LR if kind == "lora" else bench.DP_LR
     start = time.process_time()
     model, dpsgd, _ = bench.train_target(training, base, kind, epochs=epochs, lr=lr, epsilon=epsilon)
     seconds = time.process_time() - start
     eps = dpsgd.epsilon()
-    result = audit_language_model_canaries(
-        model,
-        canaries,
-        delta=DELTA,
-        alpha=ALPHA,
-        base_model=None if kind == "lora" else base_model,
-        claim=dpsgd.ledger,
-        accountant_epsilon=eps,
-    )
+    group = Claim.from_ledger(dpsgd.ledger, delta=DELTA, group_size=repetitions)
+    if repetitions == 1:
+        result = audit_language_model_canaries(
+            model,
+            canaries,
+            delta=DELTA,
+            alpha=ALPHA,
+            base_model=None if kind == "lora" else base_model,
+            claim=dpsgd.ledger,
+            accountant_epsilon=eps,
+        )
+    else:
+        scores = canary_scores(model, canaries, base_model=None if kind == "lora" else base_model)
+        result = audit_canaries(
+            scores, canaries.included, delta=DELTA, alpha=ALPHA, claim=group, accountant_epsilon=eps
+        )
+        record = audit_canaries(scores, canaries.included, delta=DELTA, alpha=ALPHA, claim=dpsgd.ledger)
     v = result.values
     row = {
         "run": label,
@@ -180,6 +202,9 @@ def run(label, design, *, members, canaries, bases: dict, kind: str, epochs: int
         "verdict": result.verdict,
         "seconds": seconds,
         "member loss": lm.mean_loss(model, torch.utils.data.DataLoader(members, batch_size=250)),
+        "repetitions": repetitions,
+        "group epsilon": group.epsilon,
+        "record verdict": result.verdict if repetitions == 1 else record.verdict,
     }
     print(
         f"{label} / {design[0]} / {kind} / ε = {epsilon:g}: tightest {row['tightest']:.3f} "
@@ -208,7 +233,7 @@ def table(rows) -> list:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-    parser.add_argument("--part", choices=("1", "2", "both"), default="both")
+    parser.add_argument("--part", choices=("1", "2", "3", "both", "all"), default="all", help="'both': 1 and 2")
     parser.add_argument("--fine-tuning", choices=("full", "lora", "both"), default="both", help="part 2's")
     parser.add_argument("--designs", type=int, nargs="+", help="part 1's designs to run (indices of DESIGNS)")
     parser.add_argument("--rows", help="also append every run's row to this JSON-lines file")
@@ -221,7 +246,7 @@ def main(argv=None) -> None:
     if args.report:
         found = [json.loads(line) for path in args.report for line in Path(path).read_text().splitlines() if line]
         meta = next((r for r in found if "base loss" in r), found[0])  # (rows of every process share the base)
-        rows = {part: [r for r in found if r["part"] == part] for part in ("1", "2")}
+        rows = {part: [r for r in found if r["part"] == part] for part in ("1", "2", "3")}
         minutes = (sum(r["wall"] for r in found) + sum({r["base wall"] for r in found})) / 60
         report(rows, meta, minutes, "benchmarks/lm_canary_designs.py --report (runs in several processes)")
         return
@@ -231,7 +256,7 @@ def main(argv=None) -> None:
     members = lm.MarkovSequences(members_n, seed=1, successors=bench.SUCCESSORS)
     pretraining = lm.MarkovSequences(pretraining_n, seed=4, successors=bench.SUCCESSORS)
     vocab = lm.VOCAB + m * max(d[1] for d in DESIGNS)
-    rows = {"1": [], "2": []}
+    rows = {"1": [], "2": [], "3": []}
     meta = {
         "members": members_n,
         "pretraining": pretraining_n,
@@ -267,19 +292,28 @@ def main(argv=None) -> None:
         meta["base loss"]["no new tokens"] = lm.mean_loss(bench.fine_tuned(plain, "full", 1e-3).eval(), loader)
         print(f"base: {seconds:.0f} CPU s; {meta}", file=sys.stderr, flush=True)
         common = dict(members=members, bases=bases)
-        if args.part in ("1", "both"):
+        if args.part in ("1", "both", "all"):
             for design in DESIGNS if not args.designs else [DESIGNS[i] for i in args.designs]:
                 canaries = draw(m, design[1], bench.CANARY_SEED, vocab)
                 label, since = f"benchmark length ({short} epochs)", time.perf_counter()
                 row = run(label, design, canaries=canaries, kind="full", epochs=short, epsilon=8.0, **common)
                 keep("1", row, since)
-        if args.part in ("2", "both"):
+        if args.part in ("2", "both", "all"):
             canaries = draw(m, LONG_DESIGN[1], SECOND_SEED, vocab)
             for kind in ("full", "lora") if args.fine_tuning == "both" else (args.fine_tuning,):
                 for epsilon in (4.0, 8.0):
                     label, since = f"ten times longer ({long} epochs)", time.perf_counter()
                     row = run(label, LONG_DESIGN, canaries=canaries, kind=kind, epochs=long, epsilon=epsilon, **common)
                     keep("2", row, since)
+        if args.part in ("3", "all"):
+            canaries = draw(m, LONG_DESIGN[1], bench.CANARY_SEED, vocab)  # part 1's canaries of this design
+            for k in REPETITIONS:
+                label, since = f"benchmark length ({short} epochs), each canary {k} times", time.perf_counter()
+                row = run(
+                    label, LONG_DESIGN, canaries=canaries, kind="full", epochs=short, epsilon=8.0, repetitions=k,
+                    **common,
+                )  # fmt: skip
+                keep("3", row, since)
     minutes = (time.perf_counter() - started) / 60
     report(rows, meta, minutes, "benchmarks/lm_canary_designs.py" + (" --quick" if args.quick else ""))
 
@@ -319,6 +353,14 @@ def report(rows: dict, meta: dict, minutes: float, command: str) -> None:
                 f"- {r['run']}, ε = {r['epsilon']:.0f}: tightest ÷ ε = {ratio:.3f}: {'met' if ratio >= 0.25 else 'not met'}"
             )
         out.append("")
+    if rows.get("3"):
+        out += [
+            f"**Part 3: repetitions**: {LONG_DESIGN[0]} (part 1's canaries and inclusion, seed {bench.CANARY_SEED}), each "
+            "included canary inserted k times, full fine-tuning, ε = 8 for one record; 'group ε' is the same run's ε "
+            "for a group of k records, what the bounds bound; verdicts: the scores tested against each claim",
+            "",
+        ]
+        out += repetitions_table(rows["3"]) + [""]
     if "base loss" in meta:
         loss, (lam, mass) = meta["base loss"], meta["low prior"]
         out += [
@@ -336,9 +378,25 @@ def report(rows: dict, meta: dict, minutes: float, command: str) -> None:
     print("\n".join(out))
 
 
+def repetitions_table(rows) -> list:
+    lines = [
+        "| k | steps | q | σ | record ε | group ε | binomial | Gaussian f-DP | tightest (test) | tightest ÷ group ε "
+        "| tightest ÷ record ε | group claim | record claim | CPU s | member loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['repetitions']} | {r['steps']} | {r['q']:.4f} | {r['sigma']:.3f} | {r['epsilon']:.3f} | "
+            f"{r['group epsilon']:.3f} | {r['binomial']:.3f} | {r['gdp']:.3f} | {r['tightest']:.3f} ({r['test']}) | "
+            f"{r['tightest'] / r['group epsilon']:.3f} | {r['tightest'] / r['epsilon']:.3f} | {r['verdict']} | "
+            f"{r['record verdict']} | {r['seconds']:.0f} | {r['member loss']:.2f} |"
+        )
+    return lines
+
+
 def _order(row: dict) -> tuple:
     designs = [d[0] for d in DESIGNS]
-    return (designs.index(row["design"]), row["fine-tuning"] != "full", row["epsilon"])
+    return (designs.index(row["design"]), row["fine-tuning"] != "full", row.get("repetitions", 1), row["epsilon"])
 
 
 if __name__ == "__main__":
