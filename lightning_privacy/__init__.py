@@ -35,6 +35,7 @@ _FUNCTIONS = {
     "audit_panoramia": "lightning_privacy.audits.panoramia",
     "audit_privacy_profile": "lightning_privacy.audits.privacy_profile",
     "language_model_canaries": "lightning_privacy.audits.lm_canaries",
+    "optimize_input_canaries": "lightning_privacy.audits.canary_design",
     "load_checkpoint": "lightning_privacy.checkpoints",
     "train_references": "lightning_privacy.references",
 }
