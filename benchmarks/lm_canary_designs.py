@@ -34,7 +34,8 @@ bounds the group's ε, not the record's: each run's bound is set beside the acco
 same run for groups of k (``Claim.from_ledger(ledger, group_size=k)``), and the scores are tested against both
 claims — the group claim must stand, the record claim is the one the repeated canaries can (rightly) contradict.
 
-    OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py > benchmarks/results/lm_canary_designs.md
+    OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --part both > benchmarks/results/lm_canary_designs.md
+    OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --part 3 > benchmarks/results/lm_canary_repetitions.md
     OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --quick          # smaller, for a smoke run
 
 Progress goes to stderr, the Markdown to stdout. The runs are independent: on a machine with more than one core,
@@ -315,7 +316,8 @@ def main(argv=None) -> None:
                 )  # fmt: skip
                 keep("3", row, since)
     minutes = (time.perf_counter() - started) / 60
-    report(rows, meta, minutes, "benchmarks/lm_canary_designs.py" + (" --quick" if args.quick else ""))
+    part = "" if args.part == "all" else f" --part {args.part}"
+    report(rows, meta, minutes, "benchmarks/lm_canary_designs.py" + part + (" --quick" if args.quick else ""))
 
 
 def report(rows: dict, meta: dict, minutes: float, command: str) -> None:

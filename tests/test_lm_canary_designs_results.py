@@ -126,3 +126,53 @@ def test_the_guide_quotes_the_file():
     assert f"(mean token loss {min(losses):.1f}–{max(losses):.1f} after 1,200" in guide
     base = float(re.search(r"around the old rows' mean\) ([\d.]+)", RESULTS.read_text(encoding="utf-8"))[1])
     assert f"against {base:.1f} for the base with its new rows" in guide
+
+
+# ------------------------------------------------------------------------------------------ part 3: repetitions
+REPETITIONS = ROOT / "benchmarks" / "results" / "lm_canary_repetitions.md"
+
+
+def _repetitions() -> list:
+    return markdown_table(REPETITIONS, "| k |")
+
+
+def test_repeated_canaries_are_audited_against_the_runs_group_claim():
+    """Each row's group ε is recomputed from the run (q = 1 / batches per epoch, σ as DPSGD plans it for ε = 8 over
+    those steps) with ``Claim.dp_sgd(..., group_size=k)``; every bound is below it and both claims stand."""
+    from lightning_privacy.claims import Claim
+    from lightning_privacy.ledger import PrivacyLedger
+
+    bench = load_benchmark("lm_canary_designs")
+    rows = _repetitions()
+    assert [int(r["k"]) for r in rows] == list(bench.REPETITIONS)
+    text = REPETITIONS.read_text(encoding="utf-8")
+    assert f"{bench.LONG_DESIGN[0]} (part 1's canaries and inclusion, seed" in text
+    for row in rows:
+        k, steps = int(row["k"]), int(row["steps"])
+        q = 5 / steps  # 5 epochs of Poisson batches at rate 1 / (batches per epoch)
+        assert float(row["q"]) == pytest.approx(q, abs=6e-5)  # printed to 4 decimals
+        sigma = PrivacyLedger.calibrate(sample_rate=q, steps=steps, target_epsilon=8.0, delta=bench.DELTA)
+        assert float(row["σ"]) == pytest.approx(sigma, abs=1e-3)
+        group = Claim.dp_sgd(noise_multiplier=sigma, sample_rate=q, steps=steps, delta=bench.DELTA, group_size=k)
+        assert float(row["group ε"]) == pytest.approx(group.epsilon, abs=2e-3)
+        record = float(row["record ε"])
+        assert record == pytest.approx(8.0, abs=0.01) and group.epsilon > k * record / 2
+        tightest = _tightest(row)
+        assert tightest <= max(float(row["binomial"]), float(row["Gaussian f-DP"])) + 1e-3
+        assert tightest < group.epsilon and float(row["tightest ÷ group ε"]) == pytest.approx(
+            tightest / group.epsilon, abs=6e-4
+        )
+        assert float(row["tightest ÷ record ε"]) == pytest.approx(tightest / record, abs=6e-4)
+        assert row["group claim"] == row["record claim"] == "consistent"
+
+
+def test_the_guide_quotes_the_repetitions():
+    guide = " ".join(GUIDE.read_text(encoding="utf-8").split())
+    rows = {int(r["k"]): r for r in _repetitions()}
+    single = next(r for r in _tables()[0] if r["canaries"] == load_benchmark("lm_canary_designs").LONG_DESIGN[0])
+    assert (
+        f"{rows[2]['tightest ÷ group ε']} of the group's ε with two copies and {rows[4]['tightest ÷ group ε']} with "
+        f"four, against {single['tightest ÷ ε']} of the record's ε with one copy" in guide
+    )
+    assert f"the same bounds read {rows[2]['tightest ÷ record ε']} and {rows[4]['tightest ÷ record ε']}" in guide
+    assert float(rows[4]["tightest ÷ record ε"]) >= 0.25 > float(rows[2]["tightest ÷ record ε"])
