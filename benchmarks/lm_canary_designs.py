@@ -38,6 +38,10 @@ claims — the group claim must stand, the record claim is the one the repeated 
     OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --part 3 > benchmarks/results/lm_canary_repetitions.md
     OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --quick          # smaller, for a smoke run
 
+A learning-rate sweep of part 2's full fine-tune (``--lr``, ``--epsilons``), one process per learning rate: ``--part 2
+--fine-tuning full --epsilons 8 --lr 0.0005 --rows A`` and the same with ``--lr 0.001 --rows B``, then ``--report A B >
+benchmarks/results/lm_canary_lr_sweep.md``.
+
 Progress goes to stderr, the Markdown to stdout. The runs are independent: on a machine with more than one core,
 ``--part 1``, ``--part 2 --fine-tuning full``, ``--part 2 --fine-tuning lora`` and ``--part 3`` in processes, each with
 ``--rows FILE`` (one JSON row per run), then ``--report FILE...`` prints the same Markdown from their rows. About 2 min
@@ -55,6 +59,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -154,7 +159,17 @@ def draw(m: int, secret_length: int, seed: int, vocab: int):
 
 
 def run(
-    label, design, *, members, canaries, bases: dict, kind: str, epochs: int, epsilon: float, repetitions: int = 1
+    label,
+    design,
+    *,
+    members,
+    canaries,
+    bases: dict,
+    kind: str,
+    epochs: int,
+    epsilon: float,
+    repetitions: int = 1,
+    lr: Optional[float] = None,
 ) -> dict:
     """One DP fine-tune of the design's base (``bases``: {rows: (folder, model)}) on the members plus the inserted
     canaries (each ``repetitions`` times), and its canary audit (against the group claim when ``repetitions`` > 1)."""
@@ -165,7 +180,7 @@ def run(
     _, secret_length, loss_on, rows = design
     base, base_model = bases[rows]
     training = canaries.with_canaries(members, loss_on=loss_on, repetitions=repetitions)
-    lr = LORA_DP_LR if kind == "lora" else bench.DP_LR
+    lr = lr or (LORA_DP_LR if kind == "lora" else bench.DP_LR)
     start = time.process_time()
     model, dpsgd, _ = bench.train_target(training, base, kind, epochs=epochs, lr=lr, epsilon=epsilon)
     seconds = time.process_time() - start
@@ -192,6 +207,7 @@ def run(
         "run": label,
         "design": design[0],
         "fine-tuning": "LoRA r = 8" if kind == "lora" else "full",
+        "lr": lr,
         "steps": dpsgd.steps,
         "q": dpsgd.sample_rate,
         "sigma": dpsgd.noise_multiplier,
@@ -236,6 +252,8 @@ def main(argv=None) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--part", choices=("1", "2", "3", "both", "all"), default="all", help="'both': 1 and 2")
     parser.add_argument("--fine-tuning", choices=("full", "lora", "both"), default="both", help="part 2's")
+    parser.add_argument("--epsilons", type=float, nargs="+", default=[4.0, 8.0], help="part 2's")
+    parser.add_argument("--lr", type=float, help="part 2's learning rate (default: the LM benchmark's)")
     parser.add_argument("--designs", type=int, nargs="+", help="part 1's designs to run (indices of DESIGNS)")
     parser.add_argument("--rows", help="also append every run's row to this JSON-lines file")
     parser.add_argument("--report", nargs="+", help="print the Markdown from these JSON-lines files; run nothing")
@@ -302,9 +320,14 @@ def main(argv=None) -> None:
         if args.part in ("2", "both", "all"):
             canaries = draw(m, LONG_DESIGN[1], SECOND_SEED, vocab)
             for kind in ("full", "lora") if args.fine_tuning == "both" else (args.fine_tuning,):
-                for epsilon in (4.0, 8.0):
+                for epsilon in args.epsilons:
                     label, since = f"ten times longer ({long} epochs)", time.perf_counter()
-                    row = run(label, LONG_DESIGN, canaries=canaries, kind=kind, epochs=long, epsilon=epsilon, **common)
+                    if args.lr:
+                        label += f", lr {args.lr:g}"
+                    row = run(
+                        label, LONG_DESIGN, canaries=canaries, kind=kind, epochs=long, epsilon=epsilon, lr=args.lr,
+                        **common,
+                    )  # fmt: skip
                     keep("2", row, since)
         if args.part in ("3", "all"):
             canaries = draw(m, LONG_DESIGN[1], bench.CANARY_SEED, vocab)  # part 1's canaries of this design
