@@ -421,7 +421,8 @@ def repetitions_table(rows) -> list:
 
 def _order(row: dict) -> tuple:
     designs = [d[0] for d in DESIGNS]
-    return (designs.index(row["design"]), row["fine-tuning"] != "full", row.get("repetitions", 1), row["epsilon"])
+    fine_tuning = row["fine-tuning"] != "full"
+    return (designs.index(row["design"]), fine_tuning, row.get("repetitions", 1), row["epsilon"], -row.get("lr", 0))
 
 
 if __name__ == "__main__":

@@ -176,3 +176,51 @@ def test_the_guide_quotes_the_repetitions():
     )
     assert f"the same bounds read {rows[2]['tightest ÷ record ε']} and {rows[4]['tightest ÷ record ε']}" in guide
     assert float(rows[4]["tightest ÷ record ε"]) >= 0.25 > float(rows[2]["tightest ÷ record ε"])
+
+
+# ------------------------------------------------------------------------------------------ the learning-rate sweep
+SWEEP = ROOT / "benchmarks" / "results" / "lm_canary_lr_sweep.md"
+
+
+def _sweep() -> dict:
+    """{(learning rate, ε): row} of the sweep's table."""
+    rows = markdown_table(SWEEP, "| run |")
+    return {(float(re.search(r"lr ([\d.e-]+)", r["run"])[1]), round(float(r["accountant ε"]))): r for r in rows}
+
+
+def test_the_sweep_is_part_2s_full_fine_tune_at_other_learning_rates():
+    _, part2 = _tables()
+    long = {round(float(r["accountant ε"])): r for r in part2 if r["fine-tuning"] == "full"}
+    sweep = _sweep()
+    assert {lr for lr, _ in sweep} >= {0.0005, 0.001} and all(lr < 0.002 for lr, _ in sweep)
+    for (_, eps), row in sweep.items():
+        same = long[eps]  # the same canaries, σ, steps and ε; only the learning rate differs
+        assert (row["canaries"], row["fine-tuning"], row["steps"], row["σ"]) == (
+            same["canaries"], same["fine-tuning"], same["steps"], same["σ"],
+        )  # fmt: skip
+        tightest = _tightest(row)
+        assert tightest <= max(float(row["binomial"]), float(row["Gaussian f-DP"])) + 1e-3
+        assert tightest < float(row["accountant ε"]) and _ratio(row) == pytest.approx(
+            tightest / float(row["accountant ε"]), abs=6e-4
+        )
+        assert row["ledger verdict"] == "consistent"
+    # at ε = 8 a smaller learning rate shows more and fits the members better (0.002: part 2's row)
+    at8 = sorted([(lr, r) for (lr, e), r in sweep.items() if e == 8] + [(0.002, long[8])], key=lambda t: t[0])
+    ratios = [_ratio(r) for lr, r in at8 if lr >= 0.0005]
+    losses = [float(r["member loss"]) for lr, r in at8 if lr >= 0.0005]
+    assert ratios == sorted(ratios, reverse=True) and losses == sorted(losses)
+
+
+def test_the_guide_quotes_the_sweep():
+    guide = " ".join(GUIDE.read_text(encoding="utf-8").split())
+    sweep = _sweep()
+    _, part2 = _tables()
+    long8 = next(r for r in part2 if r["fine-tuning"] == "full" and round(float(r["accountant ε"])) == 8)
+    assert (
+        f"at ε = 8, {long8['tightest ÷ ε']} of ε at 0.002 (part 2), {sweep[(0.001, 8)]['tightest ÷ ε']} at 0.001, "
+        f"{sweep[(0.0005, 8)]['tightest ÷ ε']} at 0.0005 and {sweep[(0.00025, 8)]['tightest ÷ ε']} at 0.00025" in guide
+    )
+    losses = [long8["member loss"]] + [sweep[(lr, 8)]["member loss"] for lr in (0.001, 0.0005, 0.00025)]
+    assert f"the members' mean token loss {losses[0]}, {losses[1]}, {losses[2]} and {losses[3]}" in guide
+    assert f"At ε = 4 the rate 0.0005 shows {sweep[(0.0005, 4)]['tightest ÷ ε']} of ε" in guide
+    assert float(sweep[(0.0005, 4)]["tightest ÷ ε"]) >= 0.25 and float(sweep[(0.0005, 8)]["tightest ÷ ε"]) >= 0.25
