@@ -323,15 +323,10 @@ def _square(key: tuple, base: _Pmf, level: int, cap: int) -> _Pmf:
 #   "add":     P = N(0, σ²),                     Q = (1−q)N(0, σ²) + qN(s, σ²)   (add/remove, the other order)
 # These are dp_accounting's REPLACE, REMOVE and ADD pairs; the loss L(x) = log P(x)/Q(x) decreases in x.
 def _components(direction: str, q: float, s: float, k: int = 1):
-    if k > 1:  # a group of k records, each sampled at rate q: j ~ Binomial(k, q) of them in the step
-        w = [math.comb(k, j) * q**j * (1.0 - q) ** (k - j) for j in range(k + 1)]
-        mixture_p, mixture_q = [(w[j], -j * s) for j in range(k + 1)], [(w[j], j * s) for j in range(k + 1)]
-        return tuple(
-            [(w, m) for w, m in comps if w > 0.0]
-            for comps in {"remove": (mixture_p, [(1.0, 0.0)]), "add": ([(1.0, 0.0)], mixture_q)}[direction]
-        )
-    mixture_p = [(1.0 - q, 0.0), (q, -s)]
-    mixture_q = [(1.0 - q, 0.0), (q, s)]
+    # k records each sampled at rate q: j ~ Binomial(k, q) of them in the step (k = 1: weights 1 − q and q exactly)
+    w = [math.comb(k, j) * q**j * (1.0 - q) ** (k - j) for j in range(k + 1)]
+    mixture_p = [(w[j], -j * s) for j in range(k + 1)]
+    mixture_q = [(w[j], j * s) for j in range(k + 1)]
     single = [(1.0, 0.0)]
     pq = {"replace": (mixture_p, mixture_q), "remove": (mixture_p, single), "add": (single, mixture_q)}[direction]
     return tuple([(w, m) for w, m in comps if w > 0.0] for comps in pq)
