@@ -187,7 +187,9 @@ class PerExampleBackward:
         self.last_norms: Optional[torch.Tensor] = None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
-        self._trainable_ids = {id(p) for p in self.trainable}  # (checked unchanged at every step)
+        # checked unchanged at every step, by name: FSDP2 swaps a module's parameter objects between sharded and
+        # unsharded ones (the root's stay unsharded after a forward without backward, e.g. the sanity check)
+        self._trainable_names = {name for name, p in pl_module.named_parameters() if p.requires_grad}
         self._layers = [
             (name, m) for name, m in pl_module.named_modules() if any(p.requires_grad for p in m.parameters(False))
         ]
@@ -247,7 +249,7 @@ class PerExampleBackward:
         """Every step: the trainable parameters are those of the fit's start (Opacus' hooks and the DP optimizer
         took them then: a parameter unfrozen since would be updated without clipping or noise)."""
         for name, param in self.pl_module.named_parameters():
-            if param.requires_grad != (id(param) in self._trainable_ids):
+            if param.requires_grad != (name in self._trainable_names):
                 became = "trainable" if param.requires_grad else "frozen"
                 raise MisconfigurationException(
                     f"DPSGD: parameter `{name}` became {became} during the fit (at global step "

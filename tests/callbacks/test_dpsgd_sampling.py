@@ -245,6 +245,7 @@ def _ddp_worker(
     audit=False,
     canary=False,
     noise_seed=None,
+    root_only=False,
 ):
     """One rank of DDP (or, with ``fsdp``, of FSDP2 through ModelParallelStrategy) training the small MLP."""
     from lightning.pytorch.strategies import ModelParallelStrategy
@@ -256,7 +257,7 @@ def _ddp_worker(
     monitor = BayesSecurityMonitor()
     star = [EpsilonStarAudit()] if audit else []  # members: the train loader's rows; non-members: the val loader's
     canaries = [CanaryAudit(seed=2)] if canary else []  # default: one canary per trainable coordinate (58)
-    model = _ShardedMLP() if fsdp else _module()
+    model = (_RootShardedMLP() if root_only else _ShardedMLP()) if fsdp else _module()
     strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -267,10 +268,13 @@ def _ddp_worker(
             devices=devices,
             num_nodes=nodes,
             use_distributed_sampler=False,
+            num_sanity_val_steps=2,  # Lightning's default: the sanity check runs before the first step (issue 55)
         )
-        val = DataLoader(id_dataset(2 * n), batch_size=64) if audit else None
+        # every multi-process fit validates (issue 55: FSDP2's parameters after the sanity check); Epsilon*'s
+        # non-members are the validation rows
+        val = DataLoader(id_dataset(2 * n), batch_size=64)
         t.fit(model, train_dataloaders=seeded_loader(n, batch), val_dataloaders=val)
-    full = [p.detach().full_tensor() if fsdp else p.detach() for p in model.parameters()]
+    full = [p.detach().full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in model.parameters()]
     return {
         "rank": t.global_rank,
         "batches": record.batches,
@@ -419,6 +423,16 @@ class _ShardedMLP(_MLP):
         fully_shard(self.net, mesh=mesh)
 
 
+class _RootShardedMLP(_MLP):
+    """Sharded at the root alone, as many users write it: FSDP2 keeps the root's parameters unsharded after a forward
+    pass with no backward (the sanity check's), as other objects than the sharded ones (issue 55)."""
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
+
 def _fsdp_worker(n, batch, epochs=1, seed=None, sigma=1.0, audit=False, canary=False):
     return _ddp_worker(
         n, batch, epochs=epochs, seed=seed, mode="ghost", sigma=sigma, fsdp=True, audit=audit, canary=canary
@@ -436,6 +450,23 @@ def test_fsdp2_empty_batches_add_exactly_nothing(tmp_path):
     assert any(len(b) == 0 for r in fsdp for b in r["batches"])  # empty local batches were taken
     for f, d in zip(fsdp, ddp):
         assert f["batches"] == d["batches"] and f["steps"] == d["steps"] == 64
+        torch.testing.assert_close(f["weights"], d["weights"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_fsdp2_with_validation_and_the_sanity_check_trains_every_step(tmp_path):
+    """Issue 55: FSDP2 sharded at the root, a validation loader and Lightning's sanity check stopped at step 0 with
+    "parameter `net.0.weight` became trainable" (the unfreezing check compared parameter objects, which FSDP2
+    re-creates); it trains its 16 steps, the ledger's steps are the optimizer's, as DDP's on the same batches."""
+    kwargs = dict(n=256, batch=32, epochs=2, seed=4, sigma=1e-6)
+    fsdp = run_ddp(
+        "tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "fsdp", mode="ghost", fsdp=True, root_only=True,
+        **kwargs,
+    )  # fmt: skip
+    ddp = run_ddp("tests.callbacks.test_dpsgd_sampling:_ddp_worker", tmp_path / "ddp", mode="ghost", **kwargs)
+    for f, d in zip(fsdp, ddp):
+        assert f["steps"] == d["steps"] == 16 and f["batches"] == d["batches"]
+        assert sum(s for _, _, s in f["ledger"]["history"]) == 16
         torch.testing.assert_close(f["weights"], d["weights"], atol=1e-4, rtol=0)
 
 
