@@ -13,6 +13,7 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | SDV's ``BaseSynthesizer._set_random_state`` | seeding the first ``sample()`` of an SDV synthesizer | ``tests/generators/test_sdv_adapter.py`` (same seed, same rows; skipped without the ``sdv`` extra) |
 | ``DDPStrategy._start_method`` | refusing ``ddp_spawn``/``ddp_fork`` (the main process keeps untrained callbacks) | ``tests/callbacks/test_strategies.py::test_ddp_start_method_is_read_from_lightning`` |
 | torch's CPU generator state layout (``CPUGeneratorImplState``: the 624 MT19937 words at bytes 24..5016) | a CPU noise generator with its whole 19,968-bit state secret (``manual_seed`` keeps 32 bits of a seed) | ``tests/test_noise.py::test_cpu_generator_state_layout_fails_loudly_if_torch_changes_it`` |
+| the locals of Lightning's ``_validate_callbacks_list`` (``seen_callbacks``, ``stateful_callbacks``) | DPSGD given twice with the same arguments: one sentence naming both instead of "state_key must be unique" | ``tests/callbacks/test_dpsgd_user_mistakes.py::test_dpsgd_given_twice_is_one_sentence_naming_both`` |
 | ``param._norm_sample`` (Opacus fast gradient clipping) | ghost clipping's per-parameter norms: reset before and checked after every first backward pass | ``tests/callbacks/test_dpsgd_ghost.py::test_norm_sample_attribute_fails_loudly_if_opacus_renames_it`` |
 """
 
@@ -27,6 +28,7 @@ from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSourc
 
 __all__ = [
     "PoissonDataSource",
+    "callbacks_sharing_state_key",
     "accountant_from_step_hook",
     "cpu_generator_from_words",
     "clear_norm_sample",
@@ -40,6 +42,24 @@ __all__ = [
     "tensorboard_file_writer",
     "uses_distributed_sampler",
 ]
+
+
+# --- Lightning: the callbacks list's validation ------------------------------------------------------------------------
+def callbacks_sharing_state_key(callback: Any, key: str) -> list:
+    """The callbacks of the list Lightning is validating that already hold ``key``, when ``callback.state_key`` is read
+    by Lightning's ``callback_connector._validate_callbacks_list`` (its locals ``seen_callbacks`` and
+    ``stateful_callbacks``, lightning 2.6.6) at ``Trainer(callbacks=...)``; else ``[]`` (and whenever Lightning changes
+    them: its own "state_key must be unique" error then stands)."""
+    try:
+        frame = inspect.currentframe().f_back.f_back  # this function <- the state_key getter <- its reader
+        if frame is None or frame.f_code.co_name != "_validate_callbacks_list":
+            return []
+        seen, listed = frame.f_locals.get("seen_callbacks"), frame.f_locals.get("stateful_callbacks")
+        if not isinstance(seen, set) or key not in seen or not isinstance(listed, list):
+            return []
+        return [other for other in listed if other is not callback and type(other) is type(callback)]
+    except Exception:  # noqa: BLE001 (a private layout that changed: Lightning's own message stands)
+        return []
 
 
 # --- Lightning: the train-data source --------------------------------------------------------------------------------

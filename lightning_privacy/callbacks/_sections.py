@@ -112,6 +112,12 @@ def _rate_note(cb: Any) -> str:
     """What p treats as public: nothing about the data when given, else the number of batches per epoch."""
     if getattr(cb, "sample_rate_argument", None) is not None:
         return "given as DPSGD(sample_rate=...), independent of the dataset size"
+    if "drop_last" in str(getattr(cb, "sample_rate_origin", None) or ""):
+        return (
+            "p = 1/len(train loader) = 1/⌊N/batch size⌋ (the loader's drop_last=True), so the number of batches per "
+            "epoch is treated as public (the ε covers add/remove neighbours with the same number of batches; "
+            "DPSGD(sample_rate=...) fixes p without it)"
+        )
     return (
         "p = 1/len(train loader), so the number of batches per epoch is treated as public (the ε covers add/remove "
         "neighbours with the same number of batches; DPSGD(sample_rate=...) fixes p without it)"

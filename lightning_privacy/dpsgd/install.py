@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, List
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat, names
-from lightning_privacy.dpsgd import checks, functional, sampled_exactness, strategies
+from lightning_privacy.dpsgd import checks, functional, sampled_exactness, state, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
@@ -50,11 +50,28 @@ def check_trainer(trainer: pl.Trainer) -> None:
         )
 
 
+def given_twice_message(callbacks: List[Any]) -> str:
+    """One sentence for a Trainer given DPSGD more than once, naming each (its σ or target, and C)."""
+
+    def described(dp: Any) -> str:
+        fields = state.state_key_fields(dp)
+        return "DPSGD(" + ", ".join(f"{k}={v!r}" for k, v in fields.items() if v is not None) + ")"
+
+    listed = " and ".join(described(dp) for dp in callbacks)
+    return (
+        f"The Trainer's callbacks hold DPSGD {len(callbacks)} times: {listed}. DP-SGD makes the fit's one optimizer "
+        "private once (one sampling, one clipping, one noise, one privacy ledger), so give exactly one DPSGD."
+    )
+
+
 def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
     """The body of ``DPSGD.setup`` for a fit: a fresh ledger for another module, the Trainer, module and strategy
     checks, the strategy recorded, and the Poisson sampling installed (the sample rate is learned at fit start)."""
     # Reused for another module: that model's privacy starts at 0 (a checkpoint's ledger is loaded after setup).
     # Fitted again on the same module: its privacy loss composes with what it already spent.
+    given = [cb for cb in trainer.callbacks if type(cb) is type(dp)]
+    if len(given) > 1:
+        raise MisconfigurationException(given_twice_message(given))
     trained = dp._module() if dp._module is not None else None
     if trained is not None and trained is not pl_module and dp.ledger.steps:
         dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.delta)

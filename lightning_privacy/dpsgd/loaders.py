@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.data_loader import DPDataLoader
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from lightning_privacy import _compat
 from lightning_privacy.dpsgd.sampling import (
@@ -24,6 +24,9 @@ from lightning_privacy.dpsgd.sampling import (
     PoissonDataLoader,
     replaced_sampler_name,
 )
+
+#: where q came from when the train loader drops its last, incomplete batch (q = 1/⌊N/batch size⌋, not 1/⌈N/batch size⌉)
+DROP_LAST_ORIGIN = "1/len(train loader), drop_last=True: 1/⌊N/batch size⌋"
 
 
 def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
@@ -59,7 +62,7 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
         origin = "DPDataLoader.sample_rate"
     else:
         sample_rate, replaced = 1.0 / steps, replaced_sampler_name(loader)
-        origin = "1/len(train loader)"
+        origin = DROP_LAST_ORIGIN if loader.drop_last else "1/len(train loader)"
     given = getattr(callback, "sample_rate_argument", None)
     if given is not None:  # DPSGD(sample_rate=q): q fixed without the dataset size (strict add/remove)
         if isinstance(loader, DPDataLoader) and abs(given - sample_rate) > 1e-12:
@@ -68,6 +71,16 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
                 f"{sample_rate!r}, disagree: give one of them."
             )
         sample_rate, origin = given, "argument"
+    if warn and origin == DROP_LAST_ORIGIN:
+        size = len(loader.dataset)
+        rank_zero_warn(
+            f"DPSGD replaces the train loader's batches (drop_last=True"
+            f"{', shuffle=True' if isinstance(loader.sampler, RandomSampler) else ''}) by Poisson sampling at q = "
+            f"1/len(train loader) = 1/⌊N/batch size⌋ = 1/{steps} ({size} rows, batch_size={loader.batch_size}): "
+            f"every row can join every step, none is dropped, and drop_last only lowered the step count per epoch "
+            f"from {-(-size // loader.batch_size)} to {steps}. The report and the statement say where q came from; "
+            "give DPSGD(sample_rate=...) to fix q yourself, or drop_last=False for q = 1/⌈N/batch size⌉."
+        )
     if warn and replaced is not None:
         rank_zero_warn(
             f"DPSGD replaces the train loader's {replaced} by its own Poisson sampling (each row of the whole "

@@ -246,12 +246,43 @@ def plan_noise_multiplier(
         f"DPSGD: planned noise_multiplier={sigma:.4f} for {what} {next(iter(target.values()))} "
         f"after {epochs} epochs ({steps} steps at sample_rate={sample_rate:.3g})."
     )
+    asked = ", ".join(f"{k}={v!r}" for k, v in target.items())
     if max_epochs is not None and max_epochs > epochs:
         rank_zero_warn(
             f"Trainer(max_epochs={max_epochs}) exceeds the planned epochs={epochs}: the run will "
             "exceed the privacy target unless PrivacyBudgetStopping stops it."
         )
+    elif max_epochs is not None and 0 < max_epochs < epochs:
+        reached = _reached(sigma, sample_rate, max_epochs * steps_per_epoch, accountant, delta, target)
+        rank_zero_warn(
+            f"Trainer(max_epochs={max_epochs}) ends the fit before the planned DPSGD(epochs={epochs}): "
+            f"noise_multiplier={sigma:.4f}, planned for {what} {next(iter(target.values()))} after {epochs} epochs, "
+            f"is spent over {max_epochs}, which ends at {reached}: more noise than the target needs. Give "
+            f"DPSGD({asked}, epochs={max_epochs}) to plan for the fit you run."
+        )
+    if sigma > SANE_NOISE_MULTIPLIER:
+        at_sane = _reached(SANE_NOISE_MULTIPLIER, sample_rate, steps, accountant, delta, target)
+        rank_zero_warn(
+            f"DPSGD({asked}, epochs={epochs}) plans noise_multiplier={sigma:.6g}, above {SANE_NOISE_MULTIPLIER:g}: "
+            f"each step's noise is {sigma:.4g}× the clipping norm, which drowns the clipped gradients of any "
+            f"realistic batch and trains little. noise_multiplier={SANE_NOISE_MULTIPLIER:g} would still give "
+            f"{at_sane} over the same {steps} steps; loosen the target, or train fewer steps or at a smaller sample "
+            "rate (a larger training set) if this one is needed."
+        )
     return sigma
+
+
+#: above this noise multiplier a planned σ is named in a warning (a target too strict to train under)
+SANE_NOISE_MULTIPLIER = 50.0
+
+
+def _reached(sigma: float, sample_rate: float, steps: int, accountant: str, delta: float, target: dict) -> str:
+    """The planned quantity (ε at δ, or β*_MIA) of ``steps`` steps at (σ, q), as words for a warning."""
+    ledger = PrivacyLedger(accountant=accountant, delta=delta)
+    ledger.step(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps)
+    if "target_bayes_security" in target:
+        return f"β*_MIA = {ledger.bayes_security():.4f}"
+    return f"ε = {ledger.epsilon(delta):.4g} (δ = {delta:g})"
 
 
 def prepare_module(

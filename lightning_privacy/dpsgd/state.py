@@ -51,6 +51,7 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         # (else q = 1/len(train loader), which makes the number of batches public)
         "expected_batch_size": dp.expected_batch_size,
         "sample_rate_given": dp.sample_rate_argument is not None,
+        "sample_rate_origin": dp.sample_rate_origin,  # e.g. 1/⌊N/batch size⌋ for a loader with drop_last=True
         # the recipe, for audits that retrain like the run (reference models) and report its δ
         "delta": dp.delta,
         "loss_reduction": dp.loss_reduction,
@@ -108,8 +109,38 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
 
 def check_checkpoint_has_state(state_key: str, checkpoint: Dict[str, Any]) -> None:
     """A checkpoint resumed with DPSGD must hold its state under ``state_key`` (else accounting would restart at 0)."""
-    if state_key not in checkpoint.get("callbacks", {}):
+    saved = checkpoint.get("callbacks", {})
+    if state_key not in saved:
+        others = [key for key in saved if isinstance(key, str) and key.startswith("DPSGD{")]
+        if others:
+            differences = "; ".join(_key_differences(key, state_key) for key in others)
+            raise RuntimeError(
+                f"The checkpoint's DPSGD was built with other arguments than this one ({differences}): the callback "
+                "that resumes a run must be built as the one that saved it, so that its state (the privacy history) "
+                "is found and continued. Resume with the checkpoint's arguments, or start a new fit (its ledger then "
+                "starts at 0: a fresh DPSGD does not compose with the checkpoint's spent privacy)."
+            )
         raise RuntimeError(
             f"The checkpoint has no DPSGD state under {state_key!r}: its privacy history is unknown, so "
             "resuming would restart accounting at 0. Resume with the same DPSGD arguments as the original run."
         )
+
+
+def _key_fields(key: str) -> Dict[str, Any]:
+    """The arguments a DPSGD state key was made of (``DPSGD{...}``, Lightning's ``_generate_state_key``)."""
+    import ast
+
+    try:
+        fields = ast.literal_eval(key[len("DPSGD") :])
+    except (ValueError, SyntaxError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def _key_differences(saved: str, wanted: str) -> str:
+    """What differs between the checkpoint's DPSGD key and this DPSGD's, argument by argument."""
+    old, new = _key_fields(saved), _key_fields(wanted)
+    names = [name for name in dict.fromkeys([*old, *new]) if old.get(name) != new.get(name)]
+    if not names:
+        return f"saved under {saved!r}, this DPSGD's key is {wanted!r}"
+    return ", ".join(f"{name}={old.get(name)!r} in the checkpoint, {new.get(name)!r} here" for name in names)

@@ -202,6 +202,7 @@ def _dp_sgd(
         "noise_multiplier": sigma,
         "sample_rate": rate,
         "sample_rate_given": fields.sample_rate_given,
+        "sample_rate_origin": fields.sample_rate_origin,
         "steps": fields.steps,
         "max_grad_norm": fields.max_grad_norm,
         "expected_batch_size": fields.expected_batch_size,

@@ -154,6 +154,7 @@ class DPFields:
     noise_multiplier: Optional[float] = None
     sample_rate: Optional[float] = None
     sample_rate_given: Optional[bool] = None
+    sample_rate_origin: Optional[str] = None
     expected_batch_size: Optional[float] = None
     delta: Optional[float] = None
     dataset_size: Optional[int] = None
@@ -202,6 +203,7 @@ def dpsgd_fields(state: Mapping[str, Any]) -> DPFields:
         noise_multiplier=number("noise_multiplier", state.get("noise_multiplier"), optional=True),
         sample_rate=number("sample_rate", state.get("sample_rate"), high=1.0, high_open=False, optional=True),
         sample_rate_given=flag("sample_rate_given", state.get("sample_rate_given")),
+        sample_rate_origin=text("sample_rate_origin", state.get("sample_rate_origin")),
         expected_batch_size=number("expected_batch_size", state.get("expected_batch_size"), optional=True),
         delta=number("delta", state.get("delta"), high=1.0, optional=True),
         dataset_size=whole("dataset_size", state.get("dataset_size")),

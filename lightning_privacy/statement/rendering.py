@@ -49,6 +49,8 @@ def mechanism_rows(data: dict) -> List[Row]:
         private = "yes" if m["steps"] else "no step"
     given = m.get("sample_rate_given")
     source = {True: " (given: `DPSGD(sample_rate=...)`)", False: " (1/len(train loader))"}.get(given, "")
+    if given is False and "drop_last" in str(m.get("sample_rate_origin") or ""):
+        source = " (1/len(train loader) = 1/⌊N/batch size⌋: drop_last=True)"
     divisor = m.get("expected_batch_size")
     rows = [
         ("differentially private", private, "trained with DP-SGD by lightning-privacy's DPSGD callback"),

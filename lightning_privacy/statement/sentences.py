@@ -66,8 +66,10 @@ def _public(mechanism: dict) -> List[str]:
             "removing one example among training sets with the same number of batches per epoch."
         )
     else:
+        drop_last = "drop_last" in str(mechanism.get("sample_rate_origin") or "")
+        batches = "1/⌊N/batch size⌋ (the train loader had drop_last=True)" if drop_last else "1/⌈N/batch size⌉"
         out.append(
-            "q = 1/len(train loader) = 1/⌈N/batch size⌉: the number of batches per epoch is treated as public, so ε "
+            f"q = 1/len(train loader) = {batches}: the number of batches per epoch is treated as public, so ε "
             "covers adding or removing one example among training sets with the same number of batches per epoch; "
             "`DPSGD(sample_rate=...)` fixes q without the training set's size."
         )
