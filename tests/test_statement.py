@@ -218,6 +218,7 @@ def test_json_round_trip(fitted):
         "noise_multiplier",
         "sample_rate",
         "sample_rate_given",
+        "sample_rate_origin",
         "steps",
         "max_grad_norm",
         "expected_batch_size",
@@ -367,3 +368,106 @@ def test_the_guides_rendered_model_card_is_what_to_markdown_prints():
     section = printed[printed.index("## Privacy") :]
     assert rendered.strip().startswith("## Privacy")
     assert same_output(section, rendered)
+
+
+# --- the audits it prints, checked (issue 55) ---------------------------------------------------------------------
+def _edited_checkpoint(path, edit):
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    edit(checkpoint["callbacks"])
+    return checkpoint
+
+
+def _state(callbacks, prefix):
+    return callbacks[next(k for k in callbacks if k.startswith(prefix))]
+
+
+def _statement_cli(tmp_path, checkpoint, name):
+    from tests._cli import run_cli
+
+    torch.save(checkpoint, tmp_path / name)
+    return run_cli("statement", tmp_path / name, cwd=tmp_path)
+
+
+def test_an_audit_result_edited_after_saving_is_caught_by_its_digest(fitted, tmp_path):
+    """Issue 55: a canary lower bound edited ×10 and an RMIA/LOSS AUC edited to 0.99 printed "consistent; digest
+    verified", exit 0. The audits save a digest beside their results, as DPSGD does; the CLI process exits 2."""
+    saved = torch.load(fitted["final"], map_location="cpu", weights_only=True)["callbacks"]
+    assert all(str(_state(saved, name)["digest"]).startswith("sha256:") for name in ("CanaryAudit", "MembershipAudit"))
+    assert privacy_statement(fitted["final"]).consistency["status"] == "consistent"
+
+    def times_ten(callbacks):  # (+ 0.01: the tiny run's bound may be 0)
+        results = _state(callbacks, "CanaryAudit")["results"]
+        results[names.CANARY_EPSILON_LOWER] = results[names.CANARY_EPSILON_LOWER] * 10 + 0.01
+
+    def auc(callbacks):
+        _state(callbacks, "MembershipAudit")["results"][names.LOSS_AUC] = 0.99
+
+    for name, edit in (("canary", times_ten), ("auc", auc)):
+        checkpoint = _edited_checkpoint(fitted["final"], edit)
+        statement = privacy_statement(checkpoint)
+        assert statement.consistency["status"] == "inconsistent" and not statement.differentially_private
+        assert statement.epsilon is None  # no guarantee stated
+        problem = statement.consistency["problems"][0]
+        assert "state's `digest` is sha256:" in problem and "changed after the audit saved them" in problem
+        done = _statement_cli(tmp_path, checkpoint, f"{name}.ckpt")
+        assert done.returncode == 2, done.stderr
+        assert "audits and DP-SGD state disagree: the " in done.stderr and "digest" in done.stderr
+
+
+def test_a_lower_bound_above_the_certified_epsilon_is_a_contradiction_even_resealed(fitted, tmp_path):
+    """An empirical ε lower bound above the ledger's ε at the audit's δ contradicts the guarantee: exit 2 with the
+    sentence, whether the digest was recomputed or not (here it is, so only the contradiction shows)."""
+    from lightning_privacy.checkpoints import dpsgd_state_digest
+
+    certified = fitted["dpsgd"].epsilon(1e-5)
+
+    def above(callbacks):
+        state = _state(callbacks, "CanaryAudit")
+        state["results"][names.CANARY_EPSILON_LOWER] = certified * 1.1
+        state["digest"] = dpsgd_state_digest(state)
+
+    checkpoint = _edited_checkpoint(fitted["final"], above)
+    statement = privacy_statement(checkpoint)
+    assert statement.consistency["status"] == "inconsistent" and statement.epsilon is None
+    (problem,) = statement.consistency["problems"]
+    expected = (
+        f"CanaryAudit's empirical ε lower bound `{names.CANARY_EPSILON_LOWER}` = {certified * 1.1:.4g} (δ = 1e-05) "
+        f"exceeds the certified ε = {certified:.4g} at that δ: the audit contradicts the guarantee"
+    )
+    assert problem.startswith(expected)
+    assert statement.summary.startswith("Audits and DP-SGD state disagree: CanaryAudit's empirical ε lower bound")
+    done = _statement_cli(tmp_path, checkpoint, "above.ckpt")
+    assert done.returncode == 2 and expected in done.stderr
+
+    def just_below(callbacks):  # the same bound just under the certified ε: consistent
+        state = _state(callbacks, "CanaryAudit")
+        state["results"][names.CANARY_EPSILON_LOWER] = certified * 0.999
+        state["digest"] = dpsgd_state_digest(state)
+
+    assert privacy_statement(_edited_checkpoint(fitted["final"], just_below)).consistency["status"] == "consistent"
+
+
+def test_audits_of_a_run_whose_privacy_history_was_deleted_are_inconsistent(fitted, tmp_path):
+    """Issue 55: deleting the privacy history from the DPSGD state printed "holds no DPSGD state", exit 0, with the
+    audits listed as consistent."""
+
+    def no_history(callbacks):
+        _state(callbacks, "DPSGD").pop("ledger")
+
+    checkpoint = _edited_checkpoint(fitted["final"], no_history)
+    statement = privacy_statement(checkpoint)
+    assert statement.consistency["status"] == "inconsistent" and not statement.differentially_private
+    problems = statement.consistency["problems"]
+    assert problems[0].startswith("the checkpoint holds DPSGD's state under \"DPSGD{'noise_multiplier': 1.5")
+    assert "without its privacy history (`ledger`)" in problems[0]
+    assert any("CanaryAudit of gradient canaries" in p for p in problems)
+    assert statement.summary.startswith("Inconsistent: the checkpoint holds DPSGD's state")
+    assert "no: inconsistent state" in statement.to_text()
+    done = _statement_cli(tmp_path, checkpoint, "no_history.ckpt")
+    assert done.returncode == 2 and "without its privacy history (`ledger`)" in done.stderr
+
+
+def test_a_run_without_dp_sgd_and_its_audits_is_still_consistent(plain):
+    """No DPSGD key, input canaries: nothing is missing (no DP run was audited); the audits' digests verify."""
+    statement = privacy_statement(plain["final"])
+    assert statement.consistency is None and not statement.differentially_private

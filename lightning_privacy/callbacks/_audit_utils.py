@@ -245,3 +245,12 @@ class ScheduledAudit(Callback):
         if skip_audit(trainer) or self._audited_step == trainer.global_step:
             return  # fast_dev_run, or the last epoch's audit already measured this very model
         self.audit(trainer, pl_module)
+
+
+def sealed(state: Dict[str, Any]) -> Dict[str, Any]:
+    """An audit's saved state with its ``digest`` (:func:`~lightning_privacy.checkpoints.dpsgd_state_digest` of the
+    rest), which :func:`~lightning_privacy.statement.privacy_statement` recomputes: a value edited after saving shows
+    (a check against accidents, not a signature, as DPSGD's)."""
+    from lightning_privacy.checkpoints import dpsgd_state_digest
+
+    return {**state, "digest": dpsgd_state_digest(state)}

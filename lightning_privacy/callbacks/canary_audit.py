@@ -287,7 +287,10 @@ class CanaryAudit(Callback):
     # ------------------------------------------------------------------------------ state
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {**self.canaries.state_dict(), "score": self.score, "results": dict(self.results)}
+        details = list(self.result.details.values()) if self.result is not None else []
+        delta = float(details[0].delta) if details else self.delta  # the δ the bounds hold at (None: DPSGD's)
+        state = {**self.canaries.state_dict(), "score": self.score, "results": dict(self.results), "delta": delta}
+        return audit.sealed(state)  # its digest: the statement tells an edited result
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

@@ -280,7 +280,9 @@ class MembershipAudit(audit.ScheduledAudit):
         return membership_section(self.result, getattr(self, "references", None))
 
     def state_dict(self) -> Dict[str, Any]:
-        return {"results": dict(self.results)}
+        delta = getattr(self.result, "delta", None) if self.result is not None else self.delta
+        state = {"results": dict(self.results), "delta": None if delta is None else float(delta)}
+        return audit.sealed(state)  # its digest: the statement tells an edited result
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

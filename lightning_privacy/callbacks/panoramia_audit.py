@@ -203,7 +203,7 @@ class PanoramiaAudit(Callback):
 
     @override
     def state_dict(self) -> Dict[str, Any]:
-        return {"version": 1, "last": dict(self._last)}
+        return audit.sealed({"version": 1, "last": dict(self._last)})  # its digest: the statement tells an edit
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

@@ -16,7 +16,10 @@ guarantee and states no ε); 3 for that checkpoint, or one whose DPSGD state too
 release pipelines); 2 for a missing or unreadable file or a malformed field (one ``error:`` line on stderr naming the
 file, the field and its value, nothing on stdout), and 2 for an inconsistent DPSGD state, with or without
 ``--require-dp``: the statement is printed (its ``consistency`` says ``"inconsistent"`` and it states no guarantee),
-then one ``error:`` line per disagreement, naming both values.
+then one ``error:`` line per disagreement, naming both values. The audits the checkpoint holds are checked too
+(:mod:`lightning_privacy.statement.audit_checks`): an audit value changed after saving (its digest), an empirical ε
+lower bound above the certified ε at its δ (a contradiction), or audits of a DP run whose privacy history is missing
+give the same status 2, with an ``error: … audits and DP-SGD state disagree: …`` line each.
 """
 
 from __future__ import annotations
@@ -67,11 +70,10 @@ def run(args: argparse.Namespace) -> int:
         print(statement.to_text())
     consistency = statement.consistency
     if consistency is not None and consistency["status"] != "consistent":
+        audits = consistency.get("audit_problems", [])
         for problem in consistency["problems"]:
-            print(
-                f"lightning-privacy statement: error: {args.checkpoint}: inconsistent DPSGD state: {problem}",
-                file=sys.stderr,
-            )
+            what = "audits and DP-SGD state disagree" if problem in audits else "inconsistent DPSGD state"
+            print(f"lightning-privacy statement: error: {args.checkpoint}: {what}: {problem}", file=sys.stderr)
         return ERROR_STATUS
     if args.require_dp and not statement.differentially_private:
         what = "holds no DP-SGD step" if consistency is None else "holds a DPSGD state that took no step"

@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from lightning_privacy import __version__
 from lightning_privacy.statement import fields as f
-from lightning_privacy.statement.consistency import CONSISTENT, check_consistency
+from lightning_privacy.statement.audit_checks import audit_problems, orphan_problems
+from lightning_privacy.statement.consistency import CONSISTENT, INCONSISTENT, check_consistency
 from lightning_privacy.statement.document import PrivacyStatement
 from lightning_privacy.statement.reading import read_checkpoint
 from lightning_privacy.statement.records import audits, budget
@@ -136,14 +137,17 @@ def _build(checkpoint: Mapping[str, Any], source: Dict[str, Any], *, live: Any =
             global_step=saved["global_step"],
             lightning_checkpoint="state_dict" in checkpoint or "callbacks" in checkpoint,
         )
-        mechanism = guarantee = consistency = None
+        mechanism = guarantee = consistency = ledger = None
         notes: List[str] = []
         if state is not None:
-            mechanism, guarantee, notes, consistency = _dp_sgd(
+            mechanism, guarantee, notes, consistency, ledger = _dp_sgd(
                 checkpoint, state, str(key or ""), live.get(key), trainer, saved["global_step"]
             )
         found_audits = audits(callbacks, live)
         found_budget = budget(callbacks)
+        consistency, guarantee = _audits_checked(
+            consistency, guarantee, callbacks, found_audits, ledger, mechanism, has_state=state is not None
+        )
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
     data = {
@@ -169,6 +173,32 @@ def _build(checkpoint: Mapping[str, Any], source: Dict[str, Any], *, live: Any =
     return data
 
 
+def _audits_checked(
+    consistency: Optional[dict],
+    guarantee: Optional[dict],
+    callbacks: Mapping[str, Any],
+    found: List[dict],
+    ledger: Any,
+    mechanism: Optional[dict],
+    *,
+    has_state: bool,
+) -> Tuple[Optional[dict], Optional[dict]]:
+    """The consistency entry with the audits' problems (:mod:`~lightning_privacy.statement.audit_checks`): a problem
+    makes the statement inconsistent (no guarantee stated), as one of the DPSGD state does."""
+    problems = orphan_problems(callbacks, has_dpsgd_state=has_state)
+    problems += audit_problems(
+        callbacks,
+        found,
+        epsilon=None if ledger is None else ledger.epsilon,
+        run_delta=None if mechanism is None else mechanism["delta"],
+    )
+    if not problems:
+        return consistency, guarantee
+    consistency = dict(consistency or {"status": CONSISTENT, "problems": [], "notes": [], "digest": "not recorded"})
+    consistency.update(status=INCONSISTENT, problems=[*consistency["problems"], *problems], audit_problems=problems)
+    return consistency, None
+
+
 def _dp_sgd(
     checkpoint: Mapping[str, Any],
     state: Mapping[str, Any],
@@ -176,8 +206,9 @@ def _dp_sgd(
     callback: Any,
     trainer: Any,
     global_step: Optional[int],
-) -> Tuple[dict, Optional[dict], List[str], dict]:
-    """The mechanism, the guarantee (``None`` for an inconsistent state), notes and consistency of a DPSGD state."""
+) -> Tuple[dict, Optional[dict], List[str], dict, Any]:
+    """The mechanism, the guarantee (``None`` for an inconsistent state), notes, consistency and the ledger (``None``
+    for an inconsistent state) of a DPSGD state."""
     from lightning_privacy.checkpoints import privacy_ledger
 
     fields = f.dpsgd_fields(state)
@@ -222,7 +253,7 @@ def _dp_sgd(
         "planned_for": f.planned(arguments, key) or None,
     }
     if consistency["status"] != CONSISTENT:
-        return mechanism, None, notes, consistency
+        return mechanism, None, notes, consistency, None
     ledger = privacy_ledger(checkpoint, delta=float(delta))
     bounds = {
         relation: {
@@ -241,4 +272,4 @@ def _dp_sgd(
         "tpr_bounds": bounds,
         "bayes_security_closed_form": float(ledger.bayes_security_closed_form()),
     }
-    return mechanism, guarantee, notes, consistency
+    return mechanism, guarantee, notes, consistency, ledger

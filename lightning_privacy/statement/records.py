@@ -52,7 +52,11 @@ def audits(callbacks: Mapping[str, Any], live: Mapping[str, Any]) -> List[dict]:
             if isinstance(state.get(part), Mapping):
                 values = values or f.audit_values(str(key), state[part], wanted) or None
         if values is not None:
-            entries.append(_audit_entry(str(key).partition("{")[0], values, live.get(key)))
+            entry = _audit_entry(str(key).partition("{")[0], values, live.get(key))
+            entry["delta"] = f.number(
+                "delta", state.get("delta"), high=1.0, optional=True, what=f"audit state {f.shown(key, 40)}:"
+            )
+            entries.append(entry)
     for key, callback in live.items():
         if key in callbacks:
             continue
@@ -61,8 +65,19 @@ def audits(callbacks: Mapping[str, Any], live: Mapping[str, Any]) -> List[dict]:
         if values is None and callable(getattr(result, "metrics", None)):
             values = _live_values(str(key), result.metrics(), wanted)
         if values is not None:
-            entries.append(_audit_entry(type(callback).__name__, values, callback))
+            entry = _audit_entry(type(callback).__name__, values, callback)
+            entry["delta"] = _live_delta(callback)
+            entries.append(entry)
     return entries
+
+
+def _live_delta(callback: Any) -> Optional[float]:
+    """The δ a running audit used (its result's, else its argument's; ``None``: the run's)."""
+    result = getattr(callback, "result", None)
+    delta = getattr(result, "delta", None)
+    if delta is None:
+        delta = getattr(callback, "delta", None)
+    return None if delta is None else float(delta)
 
 
 def _live_values(key: str, values: Any, wanted: List[str]) -> Optional[Dict[str, Any]]:

@@ -33,13 +33,21 @@ def _consistency_row(data: dict) -> List[Row]:
         value = f"INCONSISTENT ({len(consistency['problems'])} problem(s))"
     else:
         value = "consistent; " + ("digest verified" if consistency["digest"] == "verified" else "no digest recorded")
-    meaning = "σ, q, C and the steps of the DPSGD state agree with its ledger, its key and the checkpoint's global_step"
+    meaning = (
+        "σ, q, C and the steps of the DPSGD state agree with its ledger, its key and the checkpoint's global_step; "
+        "the audits' values with their digests and the certified ε"
+    )
     return [("state consistency", value, meaning)]
 
 
 def mechanism_rows(data: dict) -> List[Row]:
     """The mechanism's rows: (quantity, value, meaning)."""
     m = data["mechanism"]
+    if m is None and (data.get("consistency") or {}).get("status") == "inconsistent":
+        return [
+            ("differentially private", "no: inconsistent state", "the source's DPSGD state or its audits do not agree"),
+            *_consistency_row(data),
+        ]
     if m is None:
         return [("differentially private", "no", "the source holds no DPSGD state: no DP-SGD guarantee is stated")]
     consistency = data.get("consistency") or {}

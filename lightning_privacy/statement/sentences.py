@@ -21,6 +21,13 @@ def summary(data: dict) -> str:
     """One paragraph: the guarantee, or why there is none."""
     mechanism, guarantee = data["mechanism"], data["guarantee"]
     consistency = data.get("consistency") or {}
+    if mechanism is None and consistency.get("status") == "inconsistent":
+        problems = consistency["problems"]
+        return (
+            f"Inconsistent: {problems[0]}"
+            + (f" (and {len(problems) - 1} more problem(s), listed under consistency)" if len(problems) > 1 else "")
+            + ". lightning-privacy states no differential-privacy guarantee for this model (no ε, β*_MIA or TPR bound)."
+        )
     if mechanism is None:
         return (
             "No DP-SGD: the source holds no DPSGD state, so lightning-privacy states no differential-privacy guarantee "
@@ -28,8 +35,13 @@ def summary(data: dict) -> str:
         )
     if consistency.get("status") == "inconsistent":
         problems = consistency["problems"]
+        what = (
+            "Audits and DP-SGD state disagree"
+            if problems[0] in consistency.get("audit_problems", [])
+            else ("Inconsistent DP-SGD state")
+        )
         return (
-            f"Inconsistent DP-SGD state: {problems[0]}"
+            f"{what}: {problems[0]}"
             + (f" (and {len(problems) - 1} more problem(s), listed under consistency)" if len(problems) > 1 else "")
             + ". The values do not describe one run, so lightning-privacy states no differential-privacy guarantee "
             "for this model (no ε, β*_MIA or TPR bound)."
