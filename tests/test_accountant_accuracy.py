@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lightning_privacy.ledger import PrivacyLedger
+from tests._results import assert_all_printed, assert_printed, printed_numbers
 from tests.analysis.test_composition import _dp_accounting_pld
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,22 +117,44 @@ def test_the_summary_is_its_rows():
 
 def test_rows_recomputed_now_are_the_files():
     """q = 0.05, 500 steps, ε = 1 and 8 at δ = 1e-5 (a few seconds): the planned σ, ε and its distance to
-    dp_accounting at the ledger's grid are the file's."""
+    dp_accounting at the ledger's grid are the file's, each within one unit of its last printed digit (another
+    numpy, scipy or dp_accounting may round a value at an edge the other way: +2.7e-5 for the file's +2.8e-5)."""
     rows = {(r["q"], r["steps"], r["target ε"]): r for r in _tables()[2]}
     for target in (1.0, 8.0):
         row = rows[("0.05", "500", f"{target:g}")]
+        what = f"q 0.05, 500 steps, target ε {target:g}"
         sigma = PrivacyLedger.calibrate(sample_rate=0.05, steps=500, target_epsilon=target, delta=1e-5)
         rdp = PrivacyLedger.calibrate(sample_rate=0.05, steps=500, target_epsilon=target, delta=1e-5, accountant="rdp")
-        assert (f"{sigma:.4f}", f"{rdp:.4f}") == (row["σ (PLD)"], row["σ (RDP)"])
+        assert_printed(sigma, row["σ (PLD)"], f"{what}: σ (PLD)")
+        assert_printed(rdp, row["σ (RDP)"], f"{what}: σ (RDP)")
+        # the row's ε are of its σ, printed whole (planned σ is rounded up to 1e-4): read them at that σ, so a σ one
+        # unit apart above does not move them
+        sigma = float(row["σ (PLD)"])
         ledger = PrivacyLedger()
         ledger.step(noise_multiplier=sigma, sample_rate=0.05, steps=500)
         grid = ledger.privacy_loss_distribution("add_remove").value_discretization_interval
-        assert f"{grid:g}" == row["grid"]
+        assert f"{grid:g}" == row["grid"]  # a setting on 1-2-5 steps, printed whole: the same one, not a neighbour
         reference = _dp_accounting_pld([(0.05, sigma, 500)], relation="add_remove", grid=grid)
         ours = [ledger.epsilon(float(d)) for d in DELTAS]
-        assert " / ".join(f"{e:.4f}" for e in ours) == row["ε"]
         differences = [e - reference.get_epsilon_for_delta(float(d)) for e, d in zip(ours, DELTAS)]
-        assert " / ".join(_sci(d) for d in differences) == row["− same grid"]
+        if target == 1.0:
+            assert_all_printed(ours, row["ε"], f"{what}: ε at δ = {' / '.join(DELTAS)}")
+            assert_all_printed(differences, row["− same grid"], f"{what}: ε − dp_accounting's at the same grid")
+            continue
+        # ε = 8 (σ 0.97): the composed tail depends on the CPU's floating-point paths, not only on the versions
+        # (numpy 2.4.6 / scipy 1.17.1 on one x86-64 CPU, measured: with its AVX-512 paths the one-step tables differ
+        # by ~1e-15 per entry, and 500 compositions move ε at δ = 1e-8 by 2.6e-4, the differences by 3.3e-7 at
+        # δ = 1e-5 and 3e-4 at δ = 1e-8 — 3 units of the last printed digit; without them the file comes back to
+        # the digit). Those entries get that measured allowance (×2), stated here; the others one unit.
+        allowance = {"1e-5": 7e-7, "1e-8": 6e-4}
+        for values, column in ((ours, "ε"), (differences, "− same grid")):
+            numbers = printed_numbers(row[column])
+            assert len(numbers) == len(DELTAS), (what, column, row[column])
+            for value, number, delta in zip(values, numbers, DELTAS):
+                limit = max(number.unit, allowance[delta]) * (1 + 1e-9)
+                assert abs(value - number.value) <= limit, (
+                    f"{what}: {column} at δ = {delta}: {value!r} vs {number.text}"
+                )
 
 
 def _adult() -> tuple:
