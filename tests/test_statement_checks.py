@@ -96,6 +96,9 @@ MALFORMED = [
     (_set("noise_multiplier", "1.5"), "`noise_multiplier` is '1.5'"),
     (_set("noise_multiplier", math.inf), "`noise_multiplier` is inf"),
     (_set("sample_rate", math.nan), "`sample_rate` is nan"),
+    (_set("sample_rate", 0.0), "`sample_rate` is 0.0"),
+    (_set("sample_rate", 0), "`sample_rate` is 0"),
+    (_set("sample_rate", 1.5), "`sample_rate` is 1.5"),
     (_set("expected_batch_size", "32"), "`expected_batch_size` is '32'"),
     (_set("sample_rate_given", "no"), "`sample_rate_given` is 'no'"),
     (_set("dataset_size", 256.5), "`dataset_size` is 256.5"),
@@ -109,6 +112,7 @@ MALFORMED = [
     (_history([[SIGMA, RATE]]), "`ledger.history[0]` is [1.5, 0.125]"),
     (_history([[SIGMA, RATE, "8"]]), "`ledger.history[0]` is [1.5, 0.125, '8']"),
     (_history([[SIGMA, 1.5, 8]]), "`ledger.history[0]` is [1.5, 1.5, 8]"),
+    (_history([[SIGMA, 0.0, 8]]), "`ledger.history[0]` is [1.5, 0.0, 8]"),
     (_history([[math.nan, RATE, 8]]), "`ledger.history[0]` is [nan, 0.125, 8]"),
     (_history([[SIGMA, RATE, 8.0]]), "`ledger.history[0]` is [1.5, 0.125, 8.0]"),
     (_global_step("8"), "checkpoint field `global_step` is '8'"),
@@ -216,6 +220,16 @@ INCONSISTENT = [
         _history_steps(2),
         ["the ledger records 2 DP-SGD step(s) but the checkpoint's global_step is 8"],
     ),
+    (
+        "history one step short of the global step",
+        _history_steps(STEPS - 1),
+        ["the ledger records 7 DP-SGD step(s) but the checkpoint's global_step is 8: 1 optimizer step(s) are not in"],
+    ),
+    (
+        "ledger one step short at global step 300",
+        _at_step_300(299),
+        ["the ledger records 299 DP-SGD step(s) but the checkpoint's global_step is 300: 1 optimizer step(s)"],
+    ),
 ]
 
 
@@ -301,6 +315,26 @@ def test_the_checkpoint_at_step_300_is_consistent_before_its_edit(base):
     assert statement.epsilon == ledger.epsilon()
 
 
+def test_a_full_batch_fit_q_1_is_a_valid_consistent_state(tmp_path):
+    """q = 1 (every example in every step: one batch of the whole training set) is in (0, 1]: stated, not refused."""
+    torch.manual_seed(0)
+    dpsgd = DPSGD(noise_multiplier=SIGMA)
+    t = trainer([dpsgd], tmp_path, max_epochs=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t.fit(tiny_module(), torch.utils.data.DataLoader(tiny_loader().dataset, batch_size=N))
+    t.save_checkpoint(tmp_path / "full.ckpt")
+    state = torch.load(tmp_path / "full.ckpt", map_location="cpu", weights_only=True)
+    state = state["callbacks"][_key(state)]
+    assert state["sample_rate"] == 1.0 and state["ledger"]["history"] == [[SIGMA, 1.0, 2]]
+    statement = privacy_statement(tmp_path / "full.ckpt")
+    assert statement.consistency == {"status": "consistent", "problems": [], "notes": [], "digest": "verified"}
+    assert statement.differentially_private and statement.to_dict()["mechanism"]["sample_rate"] == 1.0
+    ledger = PrivacyLedger(accountant="pld", delta=1e-5)
+    ledger.step(noise_multiplier=SIGMA, sample_rate=1.0, steps=2)
+    assert statement.epsilon == pytest.approx(ledger.epsilon(), rel=1e-9) and statement.epsilon == dpsgd.epsilon()
+
+
 # --- the digest: an edit after saving, unless the digest is recomputed -----------------------------------------------
 def test_sigma_rewritten_everywhere_is_caught_by_the_digest_only(base, capsys, tmp_path):
     own = privacy_statement(base)
@@ -380,3 +414,34 @@ def test_the_divisor_and_the_source_of_q_are_shown(base, capsys, tmp_path):
     assert "Whether q was given (`DPSGD(sample_rate=...)`) or is 1/len(train loader) is not recorded" in notes
     status, out, _ = cli(capsys, "statement", saved(tmp_path, edited(base, older)), "--json")
     assert status == 0 and json.loads(out)["mechanism"]["expected_batch_size"] is None
+
+
+def test_a_loader_that_drops_its_last_batch_is_named_with_the_true_origin_of_q(tmp_path, capsys):
+    """Issue 55: ``shuffle=True, drop_last=True`` made q = 1/⌊N/B⌋ = 1/7 instead of 1/8 (here 250 rows at batch 32),
+    and the statement still printed "1/⌈N/batch size⌉"; now a warning says so at the fit, and the report, the saved
+    state, the statement and its CLI give q's true origin."""
+    from torch.utils.data import DataLoader, Subset
+
+    from lightning_privacy.report import privacy_report
+    from tests.callbacks._tiny import tiny_dataset
+
+    torch.manual_seed(0)
+    dp = DPSGD(noise_multiplier=SIGMA)
+    t = trainer([dp], tmp_path, max_epochs=1)
+    loader = DataLoader(Subset(tiny_dataset(), range(250)), batch_size=BATCH, shuffle=True, drop_last=True)
+    with pytest.warns(UserWarning, match=r"drop_last=True, shuffle=True\) by Poisson sampling at q") as caught:
+        t.fit(tiny_module(), loader)
+    message = next(str(w.message) for w in caught if "drop_last" in str(w.message))
+    assert "1/⌊N/batch size⌋ = 1/7 (250 rows, batch_size=32)" in message and "from 8 to 7" in message
+    assert dp.sample_rate == pytest.approx(1 / 7) and dp.ledger.steps == 7
+    assert "1/⌊N/batch size⌋ (the loader's drop_last=True)" in privacy_report(t)
+    t.save_checkpoint(tmp_path / "drop_last.ckpt")
+    statement = privacy_statement(tmp_path / "drop_last.ckpt")
+    notes = " ".join(statement.to_dict()["not_covered"])
+    assert "q = 1/len(train loader) = 1/⌊N/batch size⌋ (the train loader had drop_last=True)" in notes
+    assert "1/⌈N/batch size⌉" not in notes
+    assert "(1/len(train loader) = 1/⌊N/batch size⌋: drop_last=True) |" in statement.to_markdown()
+    status, out, _ = cli(capsys, "statement", tmp_path / "drop_last.ckpt")
+    assert status == 0 and "1/⌊N/batch size⌋ (the train loader had drop_last=True)" in out
+    default = privacy_statement(_fit(tmp_path / "default"))  # without drop_last: ⌈N/B⌉, as before
+    assert "q = 1/len(train loader) = 1/⌈N/batch size⌉" in " ".join(default.to_dict()["not_covered"])

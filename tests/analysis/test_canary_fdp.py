@@ -195,6 +195,21 @@ def test_orderstat_claim_test_rejects_a_false_claim_and_keeps_a_true_one():
     assert not true_claim["contradicts"]
 
 
+@pytest.mark.parametrize(("alpha", "m"), [(0.05, 1000), (0.1, 300), (0.01, 64)])
+def test_orderstat_claim_test_puts_each_limit_at_alpha_over_twice_the_rungs(alpha, m):
+    """Bonferroni over the K rungs of both tails, each rung's two one-sided limits at α/(2K): the reported
+    ``level_per_limit`` is that value and the reported limits are Clopper–Pearson's at it."""
+    s, inc = _draw(3, m, 2.0)
+    k = len(orderstat_rungs(int((~inc).sum()))) + len(orderstat_rungs(int(inc.sum())))
+    test = orderstat_claim_test(s, inc, xi=lambda f: gdp_tpr_bound(f, mu=1.0), alpha=alpha)
+    assert test["level"] == alpha and k >= 10
+    assert test["level_per_limit"] == alpha / (2 * k)
+    n_pos, n_neg = (inc.sum(), (~inc).sum()) if test["tail"] == "in" else ((~inc).sum(), inc.sum())
+    level, tp, rung = test["level_per_limit"], test["positives"], test["rung"]
+    assert test["tpr_low"] == pytest.approx(float(special.betaincinv(tp, n_pos - tp + 1, level)), rel=1e-12)
+    assert test["fpr_high"] == pytest.approx(float(special.betaincinv(rung + 1, n_neg - rung, 1 - level)), rel=1e-12)
+
+
 def test_orderstat_claim_test_never_contradicts_a_true_claim():
     """A true 1-GDP claim against 1-GDP canaries, 200 runs: contradicted in at most α (+ 3 SE) of them."""
     xi = symmetric_concave_xi(lambda f: gdp_tpr_bound(f, mu=1.0))

@@ -142,6 +142,55 @@ def test_leaking_or_unsampled_embeddings_are_refused_before_any_step(layer, word
     assert all(torch.equal(v, before[n]) for n, v in model.state_dict().items())  # nothing renormalised
 
 
+class _BagMaxNorm(Bag):
+    def __init__(self, **bag):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(V, 4, mode="sum", **bag)
+
+
+class _EmbeddedBeside(_Embedded):
+    """:class:`_Embedded` beside a ``nn.Bilinear`` Opacus cannot sample: ``auto`` picks functional mode for it."""
+
+    def __init__(self, **embedding):
+        super().__init__(**embedding)
+        self.pair = nn.Bilinear(4, 4, 2)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        return self.head(h.mean(1)) + self.pair(h[:, 0], h[:, -1])
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functional", "auto"])
+@pytest.mark.parametrize(
+    ("layer", "words"),
+    [
+        (lambda: _Embedded(max_norm=1.0), "max_norm=1.0 renormalises the looked-up rows"),
+        (lambda: _Embedded(scale_grad_by_freq=True), "scale_grad_by_freq=True divides each row's gradient"),
+        (lambda: _EmbeddedBeside(max_norm=1.0), "max_norm=1.0 renormalises the looked-up rows"),
+        (lambda: _EmbeddedBeside(scale_grad_by_freq=True), "scale_grad_by_freq=True divides each row's gradient"),
+        (lambda: _BagMaxNorm(max_norm=1.0), "max_norm=1.0 renormalises the looked-up rows"),
+        (lambda: _BagMaxNorm(scale_grad_by_freq=True), "scale_grad_by_freq=True divides each row's gradient"),
+    ],
+    ids=["max_norm", "scale_grad_by_freq", "beside-max_norm", "beside-scale_grad_by_freq", "bag-max_norm",
+         "bag-scale_grad_by_freq"],
+)  # fmt: skip
+def test_leaking_or_mixing_embeddings_are_refused_in_every_mode(layer, words, mode):
+    """``max_norm`` leaks through the forward pass and ``scale_grad_by_freq`` mixes the batch's examples whatever
+    computes the per-example gradients: functional mode (chosen or picked by ``auto``) refuses them too, and
+    ``nn.EmbeddingBag`` as ``nn.Embedding``."""
+    torch.manual_seed(0)
+    model = layer()
+    before = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode=mode, sampling_seed=0)
+    with pytest.raises(MisconfigurationException, match=words) as err:
+        _trainer([dpsgd]).fit(model, DataLoader(_data(pad=False), batch_size=16))
+    assert "`embed`" in str(err.value) or ": embed" in str(err.value) or ": bag" in str(err.value), str(err.value)
+    assert dpsgd.steps == 0
+    assert all(torch.equal(v, before[n]) for n, v in model.state_dict().items())  # nothing renormalised
+    if mode == "auto":  # (decided before the refusal: functional for the model beside a Bilinear)
+        assert dpsgd.grad_sample_mode == ("functional" if isinstance(model, _EmbeddedBeside) else "hooks")
+
+
 def test_max_norm_is_what_leaks():
     """Why it is refused: the forward pass alone changes the weight rows of the tokens it saw."""
     layer = nn.Embedding(V, 4, max_norm=1.0)

@@ -311,6 +311,39 @@ def test_a_model_that_mixes_examples_is_refused_before_its_first_step():
     assert dpsgd.steps == 0 and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
+class SmallMixing(Mixing):
+    """:class:`Mixing` whose losses are a thousandth of its cross-entropy: every loss is far below 0.1."""
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        losses = 1e-3 * F.cross_entropy(self(ids), y, reduction="none")
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+
+def test_a_model_that_mixes_examples_with_small_losses_is_refused_too():
+    """The loss check is relative to the losses' own size, not to 1: a mismatch of 1e-4 between losses of 1e-3 is
+    one of about 10 %, far above the tolerance (1e-3 of the losses)."""
+    torch.manual_seed(0)
+    model = SmallMixing().double()
+    ids, y = _data().tensors
+    engine = functional.FunctionalClipping(model, max_grad_norm=C)
+    step = lambda batch: model.training_step(batch, 0)  # noqa: E731
+    with torch.no_grad():
+        together = step((ids[:16], y[:16]))["per_example_loss"]
+        alone = engine.losses_alone((ids[:16], y[:16]), step)
+    assert float(together.abs().max()) < 0.1 and float(alone.abs().max()) < 0.1
+    gap = float((together - alone).abs().max())
+    assert 1e-5 < gap < 1e-3 and gap > 1e-2 * float(together.abs().max())  # (small in absolute terms, not relative)
+    with pytest.raises(MisconfigurationException, match="loss computed alone") as err:
+        functional.check_losses_alone(engine, (ids[:16], y[:16]), step, loss_reduction="mean", rtol=1e-3)
+    assert "mixes examples" in str(err.value)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    dpsgd = DPSGD(noise_multiplier=1.0, grad_sample_mode="functional", sampling_seed=0)
+    with pytest.raises(MisconfigurationException, match="loss computed alone"):
+        _trainer([dpsgd]).fit(model, DataLoader(_data(), batch_size=16))
+    assert dpsgd.steps == 0 and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
 class Rows(Callback):
     def __init__(self):
         self.rows = []
@@ -405,6 +438,34 @@ def test_auto_names_what_opacus_hooks_cannot_vouch_for(make, named):
     dpsgd, difference, _ = fit_and_compare(make, mode="auto")
     assert dpsgd.grad_sample_mode == "functional" and named in dpsgd.grad_sample_mode_reason
     assert difference < TOLERANCE
+
+
+class PaddedConvolution(_Base):
+    """The token embeddings as a one-channel image through a convolution that pads with ``padding_mode``."""
+
+    padding_mode = "zeros"
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.conv = nn.Conv2d(1, 2, 3, padding=1, padding_mode=self.padding_mode)
+        self.head = nn.Linear(2 * T * D, 2)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.conv(self.embed(ids).unsqueeze(1))).flatten(1))
+
+
+@pytest.mark.parametrize("padding_mode", ["reflect", "replicate", "circular"])
+def test_a_convolution_padding_with_other_than_zeros_is_a_hooks_obstacle_and_auto_trains_it_functionally(padding_mode):
+    from lightning_privacy.dpsgd.functional import hooks_obstacles
+
+    make = type(f"Padded_{padding_mode}", (PaddedConvolution,), {"padding_mode": padding_mode})
+    named = f"`conv` (Conv2d) pads with {padding_mode!r}, which Opacus' hooks treat as zeros"
+    assert hooks_obstacles(make()) == [named]
+    assert hooks_obstacles(PaddedConvolution()) == []  # (zeros: Opacus' hooks are exact)
+    dpsgd, difference, _ = fit_and_compare(make, mode="auto")
+    assert dpsgd.grad_sample_mode == "functional" and named in dpsgd.grad_sample_mode_reason
+    assert difference < TOLERANCE and dpsgd.steps == 3
 
 
 def test_refusals_name_the_argument_and_the_strategy():

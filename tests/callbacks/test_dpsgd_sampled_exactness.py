@@ -7,6 +7,8 @@ steps' sum invariant cannot see (per-example gradients that sum right)."""
 
 from __future__ import annotations
 
+import re
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -171,3 +173,107 @@ def test_the_report_says_what_the_exactness_check_compared():
     rows = {name: (value, note) for name, value, note in dp.report_section(trainer).rows}
     value, note = rows["exactness check"]
     assert value == "2 first + 4 sampled later steps" and "(16 examples)" in note and "a share 1 of the steps" in note
+
+
+# --- what the sampled check draws: its own generators, every example of the batch, a few per cent caught ------------
+def test_the_step_draws_leave_torch_s_global_generator_alone_and_do_not_follow_it():
+    """Which steps are checked comes from the check's own generator: the user's random stream (dropout, data order)
+    is untouched by it, and every DDP rank draws the same steps whatever each one did with torch's generator."""
+    from lightning_privacy.dpsgd.exactness import ExactnessRecord
+
+    def draws(seed):
+        module = Clean()
+        check = sampled_exactness.SampledExactness(module, rate=0.3, rtol=1e-3, names={}, record=ExactnessRecord())
+        torch.manual_seed(seed)
+        before = torch.get_rng_state()
+        steps = [check.start_step(first_steps=False) for _ in range(200)]
+        rows = [check._rows(32).tolist() for _ in range(20)]
+        check.end_step()
+        assert torch.equal(torch.get_rng_state(), before)  # (not one number taken from the user's stream)
+        return steps, rows
+
+    steps, rows = draws(0)
+    assert (steps, rows) == draws(12345)
+    assert 30 <= sum(steps) <= 90  # Binomial(200, 0.3): mean 60, ±5 standard deviations
+    assert all(len(r) == sampled_exactness.EXAMPLES and r == sorted(set(r)) for r in rows)
+    assert len({tuple(r) for r in rows}) > 10 and max(max(r) for r in rows) > 24  # drawn from the whole batch
+
+
+class LateNudge(_Base):
+    """From its fifth step on, 3 % of ``head.weight``'s gradient flows through ``F.linear`` outside the layer (the
+    forward value is unchanged): each example's true gradient of ``head.weight`` is 1.03 times what the hooks see."""
+
+    def __init__(self, reduced=False):
+        super().__init__(reduced)
+        self.lin, self.head = nn.Linear(D, D), nn.Linear(D, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        out = self.head(h)
+        if self.training and self.trainer.global_step >= 4:
+            bypass = F.linear(h, self.head.weight)
+            out = out + 0.03 * (bypass - bypass.detach())
+        return out
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_late_bypass_of_three_per_cent_of_a_gradient_is_caught(mode):
+    steps = _Steps()
+    with pytest.raises(MisconfigurationException, match="a sampled later step") as err:
+        _fit(LateNudge(), mode, rate=1.0, callbacks=[steps])
+    message = str(err.value)
+    assert "`head.weight`" in message and "used outside its layer" in message
+    assert steps.updates == 5  # the first step with the bypass (global step 4) stops
+    relative = float(re.search(r"; ([0-9.]+)% of the example's gradient norm", message).group(1))
+    assert 1.0 < relative < 4.0  # (a few per cent of the example's whole gradient)
+
+
+class LateScale(_Base):
+    """From its fifth step on, each loss in a batch of several is 1.03 times the example's loss alone."""
+
+    def __init__(self):
+        super().__init__(False)
+        self.lin, self.head = nn.Linear(D, D), nn.Linear(D, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x)))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        losses = F.cross_entropy(self(x), y, reduction="none")
+        if self.trainer.global_step >= 4 and x.shape[0] > 1:
+            losses = 1.03 * losses
+        return {"loss": losses.mean(), "per_example_loss": losses}
+
+
+def test_functional_mode_catches_losses_three_per_cent_off_on_a_sampled_step():
+    steps = _Steps()
+    with pytest.raises(MisconfigurationException, match="mixes examples in its forward pass on this step"):
+        _fit(LateScale(), "functional", rate=1.0, callbacks=[steps])
+    assert steps.updates == 5
+
+
+class LateReuseBeyondTheFirstRows(_Base):
+    """From its fifth step on, ``lin.weight`` is reused through ``F.linear`` for the second half of a batch's rows
+    only (never for the first rows, nor for an example alone)."""
+
+    def __init__(self):
+        super().__init__(False)
+        self.lin, self.head = nn.Linear(D, D), nn.Linear(D, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        if self.training and self.trainer.global_step >= 4 and x.shape[0] > 1:
+            later = (torch.arange(x.shape[0]) >= x.shape[0] // 2).to(h.dtype)[:, None]
+            h = h + later * torch.tanh(F.linear(h, self.lin.weight))
+        return self.head(h)
+
+
+def test_a_bypass_that_only_reaches_rows_beyond_the_first_is_caught():
+    """The compared examples are drawn from the whole batch, not its first rows."""
+    steps = _Steps()
+    with pytest.raises(MisconfigurationException, match="a sampled later step") as err:
+        _fit(LateReuseBeyondTheFirstRows(), "hooks", rate=1.0, steps=12, callbacks=[steps])
+    assert "`lin.weight`" in str(err.value) or "`lin.bias`" in str(err.value)
+    example = int(re.search(r"for example (\d+) ", str(err.value)).group(1))
+    assert example >= sampled_exactness.EXAMPLES and 5 <= steps.updates <= 12

@@ -8,6 +8,8 @@ skipped the first *counted* target, where the authors' ``ignore_bos`` skips posi
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -71,6 +73,39 @@ def test_a_sequence_scores_the_same_alone_right_padded_and_left_padded(kind, nam
     if name == "mean":  # the counted targets: each sequence's length − 1, on both sides
         for side in ("right", "left"):
             assert causal_lm_signal.num_tokens(_batch(sequences, side)).tolist() == [n - 1 for n in LENGTHS]
+
+
+def _lora(model):
+    """``model`` (GPT-2) wrapped by PEFT's LoRA: ``PeftModelForCausalLM.forward`` takes ``position_ids`` only through
+    ``**kwargs``, and the wrapper passes them on to GPT-2."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(3)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True, lora_dropout=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (peft's note on Conv1D's fan_in_fan_out)
+        wrapped = get_peft_model(model, config)
+    for name, param in wrapped.named_parameters():  # (LoRA's B starts at zero: make the adapters change the logits)
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.5)
+    return wrapped.eval()
+
+
+@pytest.mark.parametrize("name", ["mean", "sum"])
+def test_a_peft_lora_wrapper_scores_the_same_left_and_right_padded(name):
+    pytest.importorskip("peft")
+    wrapped = _lora(_models("gpt2")[0])
+    signal = SIGNALS[name](None)
+    sequences = _sequences()
+    with torch.no_grad():
+        alone = torch.cat([signal(wrapped, _batch([s], "right")) for s in sequences])
+        right = signal(wrapped, _batch(sequences, "right"))
+        left = signal(wrapped, _batch(sequences, "left"))
+        with wrapped.disable_adapter():
+            bare = torch.cat([signal(wrapped, _batch([s], "right")) for s in sequences])
+    assert torch.allclose(right, alone, rtol=1e-4, atol=1e-5), (right, alone)
+    assert torch.allclose(left, alone, rtol=1e-4, atol=1e-5), (left, alone)
+    assert not torch.allclose(bare, alone, rtol=1e-3)  # (the adapters are live: the scores are LoRA's)
 
 
 def test_left_padding_without_position_ids_would_move_gpt2_s_scores():
