@@ -51,7 +51,11 @@ def callbacks_sharing_state_key(callback: Any, key: str) -> list:
     ``stateful_callbacks``, lightning 2.6.6) at ``Trainer(callbacks=...)``; else ``[]`` (and whenever Lightning changes
     them: its own "state_key must be unique" error then stands)."""
     try:
-        frame = inspect.currentframe().f_back.f_back  # this function <- the state_key getter <- its reader
+        frame = inspect.currentframe()
+        for _ in range(4):  # this function <- DPSGD's helpers and the state_key getter <- its reader
+            frame = frame.f_back if frame is not None else None
+            if frame is None or frame.f_code.co_name == "_validate_callbacks_list":
+                break
         if frame is None or frame.f_code.co_name != "_validate_callbacks_list":
             return []
         seen, listed = frame.f_locals.get("seen_callbacks"), frame.f_locals.get("stateful_callbacks")

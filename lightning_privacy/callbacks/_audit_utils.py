@@ -247,10 +247,11 @@ class ScheduledAudit(Callback):
         self.audit(trainer, pl_module)
 
 
-def sealed(state: Dict[str, Any]) -> Dict[str, Any]:
-    """An audit's saved state with its ``digest`` (:func:`~lightning_privacy.checkpoints.dpsgd_state_digest` of the
+def sealed(state: Dict[str, Any], **more: Any) -> Dict[str, Any]:
+    """An audit's saved state (``state`` and ``more``) with its ``digest`` (:func:`~lightning_privacy.checkpoints.dpsgd_state_digest` of the
     rest), which :func:`~lightning_privacy.statement.privacy_statement` recomputes: a value edited after saving shows
     (a check against accidents, not a signature, as DPSGD's)."""
     from lightning_privacy.checkpoints import dpsgd_state_digest
 
+    state = {**state, **more}
     return {**state, "digest": dpsgd_state_digest(state)}

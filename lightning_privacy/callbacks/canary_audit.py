@@ -284,13 +284,10 @@ class CanaryAudit(Callback):
             raise RuntimeError("CanaryAudit.summary(): no audit has run yet (it runs at the end of fit)")
         return self.result.summary()
 
-    # ------------------------------------------------------------------------------ state
     @override
     def state_dict(self) -> Dict[str, Any]:
-        details = list(self.result.details.values()) if self.result is not None else []
-        delta = float(details[0].delta) if details else self.delta  # the δ the bounds hold at (None: DPSGD's)
-        state = {**self.canaries.state_dict(), "score": self.score, "results": dict(self.results), "delta": delta}
-        return audit.sealed(state)  # its digest: the statement tells an edited result
+        state = {**self.canaries.state_dict(), "score": self.score, "results": dict(self.results)}  # + δ, digest
+        return audit.sealed(state, delta=self.delta if self.result is None else self.result.details["binomial"].delta)
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

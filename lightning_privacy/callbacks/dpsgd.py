@@ -7,11 +7,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 from typing_extensions import override
 
-from lightning_privacy import _compat
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
@@ -203,12 +201,8 @@ class DPSGD(Callback, DPSGDRun):
 
     @property
     @override
-    def state_key(self) -> str:
-        key = self._generate_state_key(**state.state_key_fields(self))
-        others = _compat.callbacks_sharing_state_key(self, key)  # Trainer(callbacks=[DPSGD(...), DPSGD(...)])
-        if others:
-            raise MisconfigurationException(install.given_twice_message([*others, self]))
-        return key
+    def state_key(self) -> str:  # (DPSGD given twice: one sentence naming both, install.refuse_given_twice)
+        return install.refuse_given_twice(self, self._generate_state_key(**state.state_key_fields(self)))
 
     # ----------------------------------------------------------------------------------- checks
     @override

@@ -281,8 +281,9 @@ class MembershipAudit(audit.ScheduledAudit):
 
     def state_dict(self) -> Dict[str, Any]:
         delta = getattr(self.result, "delta", None) if self.result is not None else self.delta
-        state = {"results": dict(self.results), "delta": None if delta is None else float(delta)}
-        return audit.sealed(state)  # its digest: the statement tells an edited result
+        return audit.sealed(
+            {"results": dict(self.results)}, delta=None if delta is None else float(delta)
+        )  # its digest: the statement tells an edited result
 
     @override
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

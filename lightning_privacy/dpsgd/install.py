@@ -64,6 +64,15 @@ def given_twice_message(callbacks: List[Any]) -> str:
     )
 
 
+def refuse_given_twice(dp: Any, key: str) -> str:
+    """``key``, DPSGD's state key, unless Lightning is validating ``Trainer(callbacks=[DPSGD(...), DPSGD(...)])`` with
+    the same arguments twice: then one sentence naming both (:func:`given_twice_message`)."""
+    others = _compat.callbacks_sharing_state_key(dp, key)
+    if others:
+        raise MisconfigurationException(given_twice_message([*others, dp]))
+    return key
+
+
 def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
     """The body of ``DPSGD.setup`` for a fit: a fresh ledger for another module, the Trainer, module and strategy
     checks, the strategy recorded, and the Poisson sampling installed (the sample rate is learned at fit start)."""

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import PanoramiaAudit, names
 from lightning_privacy.callbacks.panoramia_audit import SUMMARY_TAG, panoramia_figure
+from lightning_privacy.checkpoints import dpsgd_state_digest
 from lightning_privacy.data import AdultDataModule
 from lightning_privacy.models import TabularMLP
 
@@ -135,7 +136,8 @@ def test_state_key_state_dict_and_pickle():
     assert audit.state_key == "PanoramiaAudit{'member_fraction': 0.5, 'audit_size': 3000, 'seed': 1}"
     other = pickle.loads(pickle.dumps(audit))
     other.load_state_dict({"version": 1, "last": {names.PANORAMIA_EPSILON: 0.25}})
-    assert other.state_dict() == {"version": 1, "last": {names.PANORAMIA_EPSILON: 0.25}}
+    state = {"version": 1, "last": {names.PANORAMIA_EPSILON: 0.25}}
+    assert other.state_dict() == {**state, "digest": dpsgd_state_digest(state)}  # sealed: the statement checks it
     other.load_state_dict({})  # older checkpoints without the key load
     assert other.state_dict()["last"] == {}
 
