@@ -112,12 +112,12 @@ def dp_run(sigma: float, seed: int, epochs: int, m: int, dm: AdultDataModule) ->
     return {
         "accountant": dp.epsilon(DELTA),
         "grad": grad.results[names.CANARY_EPSILON_LOWER],
-        "grad_gdp": grad.results[names.CANARY_EPSILON_LOWER_GDP],
+        "grad_gdp": grad.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
         "released": _bound(grad.released, grad.included, seed, "binomial"),
         "ideal": _bound(ideal, grad.included, seed, "binomial"),
         "ideal_gdp": _bound(ideal, grad.included, seed, "gdp"),
         "input": inp.results[names.CANARY_EPSILON_LOWER],
-        "input_gdp": inp.results[names.CANARY_EPSILON_LOWER_GDP],
+        "input_gdp": inp.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
     }
 
 
@@ -138,7 +138,10 @@ def nondp_run(seed: int, epochs: int, m: int, dm: AdultDataModule, memorise: boo
     )
     inp = CanaryAudit("input", num_canaries=m, seed=seed, alpha=ALPHA)
     _trainer([inp], epochs).fit(model, datamodule=dm)
-    return {"input": inp.results[names.CANARY_EPSILON_LOWER], "input_gdp": inp.results[names.CANARY_EPSILON_LOWER_GDP]}
+    return {
+        "input": inp.results[names.CANARY_EPSILON_LOWER],
+        "input_gdp": inp.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
+    }
 
 
 def _cell(values: List[float]) -> str:

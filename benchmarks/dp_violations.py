@@ -125,7 +125,7 @@ def _record(result) -> Dict[str, Any]:
         "contradicted": result.verdict == "contradicted",
         "by": None if result.evidence is None else result.evidence["kind"],
         "binomial": result.epsilon_lower,
-        "gdp": result.values["audit/canary_epsilon_lower_gdp"],
+        "gdp": result.values["audit/canary_epsilon_gdp_gaussian_reading"],
     }
 
 

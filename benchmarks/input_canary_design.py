@@ -81,7 +81,7 @@ def fit(dm: AdultDataModule, recipe: dict, seed: int, sigma: Optional[float], ex
     return {
         "accountant": None if dp is None else float(dp.epsilon(DELTA)),
         "binomial": audit.results[names.CANARY_EPSILON_LOWER],
-        "gdp": audit.results[names.CANARY_EPSILON_LOWER_GDP],
+        "gdp": audit.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
         "auc": auc(audit.scores, audit.included),
     }
 

@@ -24,8 +24,13 @@ inclusion vector (seed ``CANARY_SEED``). Part 2 — ten times longer (50 epochs,
 fixed before any run (four new tokens, loss on the secret; canaries and inclusion drawn from another seed, so nothing
 of part 1's outcome decides what part 2 tests), ε ∈ {4, 8}, full fine-tuning and LoRA (r = 8 on ``c_attn``/``c_proj``;
 the new tokens' rows stay frozen, only the adapters can raise a secret). Every bound is ÷ the accountant's ε of the
-same run; canaries that share a model are not independent, so the tightest bound is the larger of Steinke et al.'s
-binomial bound and Mahloujifar et al.'s Gaussian f-DP bound at α/2 each; every run's ledger is tested as a claim.
+same run; canaries that share a model are not independent, so the 'tightest' column is the larger of Steinke et al.'s
+binomial bound and Mahloujifar et al.'s Gaussian f-DP reading at α/2 each — the audit's headline for such canaries
+before issue 56, kept so that the published runs (``results/lm_canary_designs.md``, ``lm_canary_lr_sweep.md``,
+``lm_canary_repetitions.md``, about 3 CPU hours in all) reproduce. The Gaussian reading is a lower bound only if the
+mechanism is μ-GDP; the audit's headline now is the f-DP test of the (ε, δ) curve (valid for every mechanism), which
+``results/lm_canary_ceiling.md`` sets beside the reading for the ideal canary of the same runs. Every run's ledger is
+tested as a claim (on its own PLD curve).
 
 Part 3 — repetitions (Panda et al. insert each canary several times): part 1's four-new-token design (the same
 canaries and inclusion) with every included canary inserted k ∈ ``REPETITIONS`` times, at the benchmark's length and
@@ -203,6 +208,12 @@ def run(
         )
         record = audit_canaries(scores, canaries.included, delta=DELTA, alpha=ALPHA, claim=dpsgd.ledger)
     v = result.values
+    from lightning_privacy.analysis.canary_fdp import tightest_canary_bound
+
+    before = tightest_canary_bound(  # the published 'tightest': binomial and the Gaussian reading at α/2 each
+        scores=canary_scores(model, canaries, base_model=None if kind == "lora" else base_model),
+        included=canaries.included, delta=DELTA, alpha=ALPHA, methods=("binomial", "gdp"),
+    )  # fmt: skip
     row = {
         "run": label,
         "design": design[0],
@@ -213,9 +224,10 @@ def run(
         "sigma": dpsgd.noise_multiplier,
         "epsilon": eps,
         "binomial": v[names.CANARY_EPSILON_LOWER],
-        "gdp": v[names.CANARY_EPSILON_LOWER_GDP],
-        "tightest": v[names.CANARY_EPSILON_LOWER_TIGHTEST],
-        "test": result.tightest.method,
+        "gdp": v[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
+        "tightest": before.epsilon_lower,
+        "test": before.method,
+        "headline": v[names.CANARY_EPSILON_LOWER_TIGHTEST],  # the audit's sound headline (not in the published tables)
         "verdict": result.verdict,
         "seconds": seconds,
         "member loss": lm.mean_loss(model, torch.utils.data.DataLoader(members, batch_size=250)),

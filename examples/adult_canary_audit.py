@@ -78,16 +78,18 @@ def main(argv: list[str] | None = None) -> dict:
         "noise_multiplier": dpsgd.noise_multiplier,
         "steps": dpsgd.steps,
         "accountant_epsilon": dpsgd.epsilon(),
+        "canary_epsilon_lower_tightest": canaries.results[names.CANARY_EPSILON_LOWER_TIGHTEST],
         "canary_epsilon_lower": canaries.results[names.CANARY_EPSILON_LOWER],
-        "canary_epsilon_lower_gdp": canaries.results[names.CANARY_EPSILON_LOWER_GDP],
+        "canary_epsilon_gdp_gaussian_reading": canaries.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
         "canary_ceiling": canaries.results[names.CANARY_EPSILON_LOWER_MAX],
         "epsilon_star": star.results[names.EPSILON_STAR],
         "mia_bayes_security": float(trainer.callback_metrics[names.MIA_BAYES_SECURITY]),
     }
     print(f"\nσ = {out['noise_multiplier']:.4f}, {out['steps']} steps at p = {dpsgd.sample_rate:.4f}")
     print(f"accountant ε (upper bound, δ = 1e-5)   {out['accountant_epsilon']:.3f}  (budget {args.epsilon:g})")
+    print(f"canary ε lower bound (any mechanism)   {out['canary_epsilon_lower_tightest']:.3f}")
     print(f"canary ε lower bound, binomial         {out['canary_epsilon_lower']:.3f}")
-    print(f"canary ε lower bound, Gaussian f-DP    {out['canary_epsilon_lower_gdp']:.3f}")
+    print(f"canary ε, Gaussian reading (if μ-GDP)  {out['canary_epsilon_gdp_gaussian_reading']:.3f}")
     print(f"largest bound {args.canaries} canaries can give     {out['canary_ceiling']:.3f}")
     print(f"Epsilon* (estimate, not a bound)       {out['epsilon_star']:.3f}")
     print(f"β*_MIA (safe)                          {out['mia_bayes_security']:.4f}")

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from typing import Any, Dict, Optional, Sequence
@@ -195,6 +196,13 @@ class Claim:
         raise TypeError(f"`claim` must be {_EXPECTED}, got {value!r}")
 
     # ------------------------------------------------------------------------------------------------- values
+    @property
+    def curve(self) -> str:
+        """The trade-off curve the claim's tests read, in words (what a verdict says it was tested on)."""
+        if self._pld is not None:
+            return "the run's own trade-off curve (the ledger's PLD: add/remove, Poisson-subsampled Gaussian)"
+        return "the (ε, δ) trade-off curve (Kairouz et al.)"
+
     def tpr_bound(self, fpr: Any) -> Any:
         """The largest TPR any membership test may reach at ``fpr`` under the claim (add/remove)."""
         if self._pld is not None:
@@ -247,7 +255,7 @@ class Claim:
             >>> Claim.epsilon_delta(1.0, 1e-5).check_attack_scores(scores, member).verdict
             'contradicted'
         """
-        return _claims.check_attack_scores(
+        verdict = _claims.check_attack_scores(
             scores,
             is_member,
             tpr_bound=self.tpr_bound,
@@ -257,6 +265,7 @@ class Claim:
             fprs=fprs,
             seed=seed,
         )
+        return dataclasses.replace(verdict, curve=self.curve)
 
     def check_canaries(
         self, scores: Any, included: Any, *, alpha: float = 0.05, seed: int = 0, tests: str = "both"
@@ -277,9 +286,10 @@ class Claim:
         if tests == "fdp" and self.tpr_bound is None:
             raise ValueError(f"`tests='fdp'` needs a claim with a trade-off curve; {self.label} has none")
         epsilon = None if tests == "fdp" else self.epsilon
-        return _claims.check_canaries(
+        verdict = _claims.check_canaries(
             scores, included, epsilon=epsilon, delta=self.delta, tpr_bound=self.tpr_bound, alpha=alpha, seed=seed
         )
+        return dataclasses.replace(verdict, curve=self.curve)
 
 
 def curve(claim: Claim, fpr: Optional[np.ndarray] = None) -> tuple:

@@ -66,18 +66,25 @@ PANORAMIA_FIGURE = "audit/panoramia_epsilon/curves"  # figure: precision-recall 
 PANORAMIA_SUMMARY = "audit/panoramia_epsilon/summary"  # text: the numbers, their meaning, the most real rows
 PRIVACY_REPORT = "privacy/report"  # text: the end-of-training privacy report (lightning_privacy.report)
 CANARY_EPSILON_LOWER = "audit/canary_epsilon_lower"  # one-run canary audit: valid ε lower bound (Steinke et al.)
-CANARY_EPSILON_LOWER_GDP = "audit/canary_epsilon_lower_gdp"  # the same from the Gaussian f-DP test (Mahloujifar et al.)
+CANARY_EPSILON_LOWER_FDP = "audit/canary_epsilon_lower_fdp"  # f-DP test of the (ε, δ) curve: valid for any mechanism
 CANARY_GUESSES = "audit/canary_guesses"  # r of the reported binomial test
 CANARY_CORRECT = "audit/canary_correct"  # v of the reported binomial test
+CANARY_GUESSES_FDP = "audit/canary_guesses_fdp"
+CANARY_CORRECT_FDP = "audit/canary_correct_fdp"
+CANARY_EPSILON_LOWER_MAX = "audit/canary_epsilon_lower_max"  # the largest bound m canaries can give (binomial)
+CANARY_EPSILON_LOWER_MAX_FDP = "audit/canary_epsilon_lower_max_fdp"
+CANARY_EPSILON_OPTIMISTIC = "audit/canary_epsilon_optimistic"  # uncorrected best over the grid: NOT a valid bound
+CANARY_EPSILON_OPTIMISTIC_FDP = "audit/canary_epsilon_optimistic_fdp"
+CANARY_EPSILON_LOWER_ORDERSTAT = "audit/canary_epsilon_lower_orderstat"  # order statistics, (ε, δ) curve: independent
+CANARY_EPSILON_LOWER_TIGHTEST = "audit/canary_epsilon_lower_tightest"  # tightest sound bound, α split over its tests
+# Gaussian readings: μ read as ε through the Gaussian trade-off curve, lower bounds only if the mechanism is μ-GDP
+CANARY_EPSILON_GDP_GAUSSIAN_READING = "audit/canary_epsilon_gdp_gaussian_reading"  # Mahloujifar et al.'s Gaussian test
 CANARY_GUESSES_GDP = "audit/canary_guesses_gdp"
 CANARY_CORRECT_GDP = "audit/canary_correct_gdp"
-CANARY_EPSILON_LOWER_MAX = "audit/canary_epsilon_lower_max"  # the largest bound m canaries can give (binomial)
-CANARY_EPSILON_LOWER_MAX_GDP = "audit/canary_epsilon_lower_max_gdp"
-CANARY_EPSILON_OPTIMISTIC = "audit/canary_epsilon_optimistic"  # uncorrected best over the grid: NOT a valid bound
+CANARY_EPSILON_GDP_GAUSSIAN_READING_MAX = "audit/canary_epsilon_gdp_gaussian_reading_max"
 CANARY_EPSILON_OPTIMISTIC_GDP = "audit/canary_epsilon_optimistic_gdp"
-CANARY_EPSILON_LOWER_ORDERSTAT = "audit/canary_epsilon_lower_orderstat"  # order statistics, independent canaries
+CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING = "audit/canary_epsilon_orderstat_gaussian_reading"  # independent canaries
 CANARY_EPSILON_GAUSS = "audit/canary_epsilon_gauss"  # Gaussian score model (noncentral t): an estimate, not a bound
-CANARY_EPSILON_LOWER_TIGHTEST = "audit/canary_epsilon_lower_tightest"  # tightest sound bound, α split over its tests
 CANARY_CLAIM_CONTRADICTED = (
     "audit/canary_claim_contradicted"  # 1: the canaries contradict the claimed guarantee at 1 − α, 0: consistent
 )
@@ -140,6 +147,10 @@ CERTIFIED = "certified bound, on the safe side (pessimistic PLD of the recorded 
 APPROXIMATION = "approximation (may overstate security; shown beside the certified value)"
 LOWER_BOUND = "valid lower bound at confidence 1 − α (statistical evidence)"
 ESTIMATE = "estimate: no guarantee either way"
+GAUSSIAN_READING = (
+    "Gaussian reading: a lower bound at confidence 1 − α only if the mechanism is μ-GDP (its trade-off curve Gaussian); "
+    "it can exceed the true ε of other (ε, δ)-DP mechanisms"
+)
 VERDICT = "verdict at confidence 1 − α, multiple comparisons corrected"
 DIAGNOSTIC = "diagnostic: how a bound was obtained"
 NOT_PRIVATE = "data-dependent, NOT covered by the DP guarantee"
@@ -231,19 +242,46 @@ KEY_DOCS = {
     PANORAMIA_SUMMARY: ("PANORAMIA's numbers, their meaning, the most real rows", "text", MEDIA),
     PRIVACY_REPORT: ("the end-of-training privacy report", "text", MEDIA),
     CANARY_EPSILON_LOWER: ("one-run canary audit's ε lower bound (Steinke et al. 2023, binomial)", "ε", LOWER_BOUND),
-    CANARY_EPSILON_LOWER_GDP: ("the same from the Gaussian f-DP test (Mahloujifar et al.)", "ε", LOWER_BOUND),
-    CANARY_GUESSES: ("r, guesses of the reported binomial test", "count", DIAGNOSTIC),
-    CANARY_CORRECT: ("v, correct guesses of the reported binomial test", "count", DIAGNOSTIC),
-    CANARY_GUESSES_GDP: ("r of the reported f-DP test", "count", DIAGNOSTIC),
-    CANARY_CORRECT_GDP: ("v of the reported f-DP test", "count", DIAGNOSTIC),
-    CANARY_EPSILON_LOWER_MAX: ("the largest binomial bound m canaries can give", "ε", DIAGNOSTIC),
-    CANARY_EPSILON_LOWER_MAX_GDP: ("the largest f-DP bound m canaries can give", "ε", DIAGNOSTIC),
-    CANARY_EPSILON_OPTIMISTIC: ("uncorrected best over the guess grid: NOT a valid bound", "ε", ESTIMATE),
-    CANARY_EPSILON_OPTIMISTIC_GDP: ("uncorrected best f-DP value over the grid: NOT a valid bound", "ε", ESTIMATE),
-    CANARY_EPSILON_LOWER_ORDERSTAT: (
-        "ε lower bound from the order statistics of the canary scores (μ-GDP; independent canaries only)",
+    CANARY_EPSILON_LOWER_FDP: (
+        "the f-DP test (Mahloujifar et al.) of the (ε, δ) trade-off curve: valid for every (ε, δ)-DP mechanism",
         "ε",
         LOWER_BOUND,
+    ),
+    CANARY_GUESSES: ("r, guesses of the reported binomial test", "count", DIAGNOSTIC),
+    CANARY_CORRECT: ("v, correct guesses of the reported binomial test", "count", DIAGNOSTIC),
+    CANARY_GUESSES_FDP: ("r of the reported f-DP test of the (ε, δ) curve", "count", DIAGNOSTIC),
+    CANARY_CORRECT_FDP: ("v of the reported f-DP test of the (ε, δ) curve", "count", DIAGNOSTIC),
+    CANARY_EPSILON_LOWER_MAX: ("the largest binomial bound m canaries can give", "ε", DIAGNOSTIC),
+    CANARY_EPSILON_LOWER_MAX_FDP: ("the largest f-DP (ε, δ) bound m canaries can give", "ε", DIAGNOSTIC),
+    CANARY_EPSILON_OPTIMISTIC: ("uncorrected best over the guess grid: NOT a valid bound", "ε", ESTIMATE),
+    CANARY_EPSILON_OPTIMISTIC_FDP: (
+        "uncorrected best f-DP (ε, δ) value over the grid: NOT a valid bound",
+        "ε",
+        ESTIMATE,
+    ),
+    CANARY_EPSILON_LOWER_ORDERSTAT: (
+        "ε lower bound from the order statistics of the canary scores, read through the (ε, δ) curve (any (ε, δ)-DP "
+        "mechanism; independent canaries only)",
+        "ε",
+        LOWER_BOUND,
+    ),
+    CANARY_EPSILON_GDP_GAUSSIAN_READING: (
+        "the Gaussian f-DP test (Mahloujifar et al.): μ read as ε through the Gaussian curve, if the mechanism is μ-GDP",
+        "ε",
+        GAUSSIAN_READING,
+    ),
+    CANARY_GUESSES_GDP: ("r of the reported Gaussian f-DP test", "count", DIAGNOSTIC),
+    CANARY_CORRECT_GDP: ("v of the reported Gaussian f-DP test", "count", DIAGNOSTIC),
+    CANARY_EPSILON_GDP_GAUSSIAN_READING_MAX: ("the largest Gaussian reading m canaries can give", "ε", DIAGNOSTIC),
+    CANARY_EPSILON_OPTIMISTIC_GDP: (
+        "uncorrected best Gaussian reading over the grid: NOT a valid bound",
+        "ε",
+        ESTIMATE,
+    ),
+    CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING: (
+        "the order statistics' μ read as ε through the Gaussian curve (if μ-GDP; independent canaries only)",
+        "ε",
+        GAUSSIAN_READING,
     ),
     CANARY_EPSILON_GAUSS: (
         "ε from a Gaussian model of the canary scores (noncentral t): not a DP bound",
@@ -251,7 +289,8 @@ KEY_DOCS = {
         ESTIMATE,
     ),
     CANARY_EPSILON_LOWER_TIGHTEST: (
-        "the largest of the sound canary bounds, each at α / (number of them); the summary names the test",
+        "the largest of the canary bounds valid for every (ε, δ)-DP mechanism, each at its fixed share of α (f-DP "
+        "test of the (ε, δ) curve; order statistics for independent canaries); the summary names the test",
         "ε",
         LOWER_BOUND,
     ),

@@ -84,7 +84,7 @@ def test_a_row_comes_back_to_the_digit_and_the_guide_quotes_the_table():
         return rows[(steps, epsilon)][column].split()[0]
 
     assert (
-        f"even the ideal canary shows {median(120, 4.0, 'tightest')} of ε at ε = 4 and {median(120, 8.0, 'tightest')} "
+        f"even the ideal canary shows {median(120, 4.0, 'headline')} of ε at ε = 4 and {median(120, 8.0, 'headline')} "
         "at ε = 8" in guide
     )
     assert (
@@ -92,8 +92,11 @@ def test_a_row_comes_back_to_the_digit_and_the_guide_quotes_the_table():
         "accountant's" in guide
     )
     assert (
-        f"With 1,200 steps at the same ε the ideal canary reaches {median(1200, 4.0, 'tightest')} and "
-        f"{median(1200, 8.0, 'tightest')} of ε" in guide
+        f"With 1,200 steps at the same ε the ideal canary reaches {median(1200, 4.0, 'headline')} and "
+        f"{median(1200, 8.0, 'headline')} of ε under the audit's headline ({median(1200, 4.0, 'gdp reading')} and "
+        f"{median(1200, 8.0, 'gdp reading')} as the Gaussian f-DP reading" in guide
     )
-    assert all(float(median(120, e, "tightest")) < 0.25 for e in (4.0, 8.0))  # "below the goal of 0.25"
-    assert all(float(median(1200, e, "tightest")) >= 0.25 for e in (4.0, 8.0))
+    assert all(float(median(120, e, "headline")) < 0.25 for e in (4.0, 8.0))  # "below the goal of 0.25"
+    assert all(float(median(1200, e, "gdp reading")) >= 0.25 for e in (4.0, 8.0))
+    # the headline for canaries that share a model is the f-DP test of the (ε, δ) curve at all of α
+    assert all(rows[k]["headline"] == rows[k]["fdp"] for k in rows)

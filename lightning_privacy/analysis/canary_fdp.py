@@ -43,21 +43,38 @@ file's example) — so a true claim can look refuted. The summed released coordi
 included one carries C·Binomial(T, p)). Hence ``"gauss"`` is reported, never used by :func:`tightest_canary_bound`
 unless asked for, and never used by the claim verdicts.
 
+**Gaussian readings and the (ε, δ) reading.** μ̂ is a lower bound on the μ of a μ-GDP run; read as ε through the
+Gaussian curve (``epsilon_lower`` of :func:`orderstat_mu_lower` and :func:`gauss_mu_lower`, ``"gdp"`` of
+:mod:`~lightning_privacy.analysis.canary`) it is a lower bound on ε only for a mechanism whose trade-off curve *is*
+Gaussian. Laplace or randomized-response canaries are (ε₀, 0)-DP and μ-GDP for some μ, but their ε is far below the
+Gaussian curve's ε at that μ (Laplace ε₀ = 1: μ ≈ 1.03, read as ε = 4.5 at δ = 1e-5), so the reading overstates ε
+in most audits. :func:`orderstat_epsilon_lower` reads the same rungs through the (ε, δ) curve of Kairouz et al.
+instead (TPR ≤ δ + e^ε·FPR and 1 − TPR ≥ e^(−ε)(1 − δ − FPR)), which every (ε, δ)-DP mechanism satisfies: valid under
+(I) alone.
+
 **The tightest bound** (:func:`tightest_canary_bound`): each chosen estimator at its share of α (Bonferroni over
 the K estimators, since the largest of K level-α bounds is not a level-α bound; α/K each unless ``weights`` fixes
 other shares before the run), the largest as ε at δ, and the name of the test that gave it. It is sound when the
-assumptions of every chosen estimator hold. For independent canaries the audit fixes the shares
-:data:`INDEPENDENT_WEIGHTS` (order statistics 0.9, binomial and Gaussian f-DP 0.05 each): the order-statistic test
-gave the largest bound in nearly every measured row, so an equal split spent two thirds of α on tests that rarely
-win; ``benchmarks/results/canary_estimators.md`` puts the tightest under both splits side by side.
+assumptions of every chosen estimator hold; ``TightestBound.sound`` says whether a Gaussian reading is among them.
+The audit's headline uses only :data:`SOUND_METHODS`: the f-DP test of the (ε, δ) curve (``"fdp"``) alone, and for
+independent canaries also the order statistics' (ε, δ) reading, at the shares :data:`INDEPENDENT_WEIGHTS` (0.9 and
+0.1). The shares were fixed from simulations before any audited run (seeds 2000–2019, m = 1,000, α = 0.05, δ = 1e-5;
+medians of the tightest under each split): randomized response ε₀ = 2, Laplace ε₀ = 1 and 4, Gaussian μ = 1, 2, 3
+and summed DP-SGD canary scores (q = 0.1, T = 300, σ = 2.07 and 0.5). In every case the f-DP test at α bounded at
+least as high as the binomial test and the order-statistic (ε, δ) reading (e.g. Laplace ε₀ = 4: 3.14 against 2.96
+and 2.96; DP-SGD σ = 2.07, ε = 4.0: 1.16 against 1.10 and 0.93), also at m = 10,000; 0.9 / 0.1 costs the f-DP test
+under 1 % of its bound and keeps the order statistics, which use the scores' values rather than counts, where
+they might win. The binomial bound is reported beside it at all of α, not in the headline: at any share it stayed
+below the f-DP test's (its 2mδ term caps it at 1.47 at α = 9.3e-5 for m = 1,000).
 
 **Measured** (simulated μ-GDP canaries: scores N(μ·b, 1), m = 1000, α = 0.05, δ = 1e-5, seeds 0–19, medians; the
 gain is checked in ``tests/analysis/test_canary_fdp.py``): at μ = 2 (true ε = 10.00) the binomial bound is 2.87,
-``"gdp"`` 4.13, ``"orderstat"`` 7.87 and ``"gauss"`` 9.22; at μ = 1 (ε = 4.38) 1.35 / 1.81 / 2.92 / 3.87. The
-orderstat gain over the binomial test on the same scores is ×2.7 at μ = 2 and ×2.2 at μ = 1 (median of the
-per-seed ratios); the tightest of {binomial, gdp, orderstat} at α/3 each gives 7.61 and 2.74. Soundness, 200 runs at
-α = 0.05 for μ ∈ {0.5, 1, 2}: μ̂ > μ in 0 % of runs for orderstat (conservative: Bonferroni over 18 rungs) and 6.5–7 %
-for gauss (exact: 5.1 % over 1,000 further runs at μ = 1).
+the Gaussian readings ``"gdp"`` 4.13, ``"orderstat_gaussian"`` 7.87 and ``"gauss"`` 9.22; at μ = 1 (ε = 4.38) 1.35 /
+1.81 / 2.92 / 3.87. Soundness of the readings for μ-GDP runs, 200 runs at α = 0.05 for μ ∈ {0.5, 1, 2}: μ̂ > μ in
+0 % of runs for orderstat (conservative: Bonferroni over 18 rungs) and 6.5–7 % for gauss (exact: 5.1 % over 1,000
+further runs at μ = 1). For mechanisms that are not Gaussian, ``tests/analysis/test_canary_soundness.py`` simulates
+the cases of issue 56 (randomized response, Laplace): the headline stays below the true ε, the Gaussian readings do
+not.
 """
 
 from __future__ import annotations
@@ -78,17 +95,23 @@ __all__ = [
     "TightestBound",
     "gauss_mu_lower",
     "orderstat_claim_test",
+    "orderstat_epsilon_lower",
     "orderstat_mu_lower",
     "orderstat_rungs",
     "tightest_canary_bound",
 ]
 
 SCORE_METHODS = ("orderstat", "gauss")
-ALL_METHODS = ("binomial", "gdp", "orderstat", "gauss")
-SOUND_DEFAULT = ("binomial", "gdp")  # sound for every (ε, δ) / Gaussian-trade-off mechanism, interacting canaries too
-INDEPENDENT_METHODS = ("binomial", "gdp", "orderstat")
-#: shares of α the audit gives each test of the tightest bound for independent canaries (fixed before any run)
-INDEPENDENT_WEIGHTS = {"binomial": 0.05, "gdp": 0.05, "orderstat": 0.9}
+ALL_METHODS = ("binomial", "fdp", "orderstat", "gdp", "orderstat_gaussian", "gauss")
+#: valid for every (ε, δ)-DP mechanism (``"orderstat"``: with independent canaries): what a headline may combine
+SOUND_METHODS = ("binomial", "fdp", "orderstat")
+#: ε read from a μ through the Gaussian trade-off curve: lower bounds only if the mechanism is μ-GDP
+GAUSSIAN_READINGS = ("gdp", "orderstat_gaussian", "gauss")
+SOUND_DEFAULT = ("fdp",)  # sound for every (ε, δ)-DP mechanism, interacting canaries too
+INDEPENDENT_METHODS = ("fdp", "orderstat")
+#: shares of α the audit gives each test of the tightest bound for independent canaries (fixed before any run, from
+#: simulations: ``tests/analysis/test_canary_soundness.py`` and the module docstring)
+INDEPENDENT_WEIGHTS = {"fdp": 0.9, "orderstat": 0.1}
 _XTOL = 1e-10
 
 
@@ -250,6 +273,73 @@ def orderstat_mu_lower(scores: Any, included: Any, *, alpha: float = 0.05, delta
     )
 
 
+def _epsilon_delta_of(tpr_low: float, fpr_high: float, delta: float) -> float:
+    """The least ε whose (ε, δ) curve allows TPR ``tpr_low`` at FPR ``fpr_high``: (ε, δ)-DP bounds every test by
+    TPR ≤ δ + e^ε·FPR and 1 − TPR ≥ e^(−ε)·(1 − δ − FPR) (both orders of the pair), so a test with TPR ≥ tpr_low at
+    FPR ≤ fpr_high refutes every smaller ε: max(0, log((tpr_low − δ)/fpr_high), log((1 − δ − fpr_high)/(1 − tpr_low)))."""
+    out = 0.0
+    if tpr_low > delta and fpr_high > 0.0:
+        out = max(out, math.log((tpr_low - delta) / fpr_high))
+    if tpr_low < 1.0 and 1.0 - delta - fpr_high > 0.0:
+        out = max(out, math.log((1.0 - delta - fpr_high) / (1.0 - tpr_low)))
+    return out
+
+
+def orderstat_epsilon_lower(scores: Any, included: Any, *, delta: float, alpha: float = 0.05) -> FdpBound:
+    """ε lower bound from the order statistics, read through the (ε, δ) trade-off curve: sound for *every*
+    (ε, δ)-DP mechanism whose canaries are independent (assumption (I)), not only Gaussian ones.
+
+    The same rungs, thresholds and Clopper–Pearson limits as :func:`orderstat_mu_lower` (each limit at α/(2K),
+    Bonferroni over the K rungs of both tails); each rung's (TPR lower, FPR upper) pair refutes every ε below
+    max(log((TPR − δ)/FPR), log((1 − δ − FPR)/(1 − TPR))) — the (ε, δ) curve of Kairouz et al. (2015), which every
+    (ε, δ)-DP mechanism satisfies, in both orders of the pair. The largest over the rungs is the bound; ``mu_lower``
+    is that rung's Φ⁻¹(TPR) − Φ⁻¹(FPR) (its Gaussian reading, for reference).
+
+    Example::
+
+        >>> rng = np.random.default_rng(0)
+        >>> included = rng.random(1000) < 0.5
+        >>> scores = included + rng.laplace(scale=1.0, size=1000)  # Laplace canaries: (1, 0)-DP each
+        >>> round(orderstat_epsilon_lower(scores, included, delta=1e-5).epsilon_lower, 3)  # ≤ 1 (the true ε)
+        0.579
+        >>> round(orderstat_mu_lower(scores, included, delta=1e-5).epsilon_lower, 3)  # the Gaussian reading: > 1
+        2.796
+    """
+    alpha = _check_alpha(alpha)
+    delta = _check_delta(delta)
+    pos, neg = _split(scores, included)
+    rows = _rows(pos, neg)
+    tests = max(len(rows), 1)
+    per_test = alpha / tests
+    best = (0.0, rows[0] if rows else ("in", 0, 0, 0, 0), 0.0, 1.0)
+    optimistic = 0.0
+    for row in rows:
+        tail, k, tp, n_pos, n_neg = row
+        tpr_low, fpr_high = _limits(tp, n_pos, k, n_neg, per_test / 2.0)
+        eps = _epsilon_delta_of(tpr_low, fpr_high, delta)
+        if eps > best[0]:
+            best = (eps, row, tpr_low, fpr_high)
+        optimistic = max(optimistic, _epsilon_delta_of(*_limits(tp, n_pos, k, n_neg, alpha / 2.0), delta))
+    eps, row, tpr_low, fpr_high = best
+    return FdpBound(
+        mu_lower=_mu_of(tpr_low, fpr_high),
+        epsilon_lower=eps,
+        optimistic=optimistic,
+        method="orderstat",
+        assumption=INDEPENDENT + "; any (ε, δ)-DP mechanism (the (ε, δ) trade-off curve, no Gaussian shape)",
+        num_included=int(pos.size),
+        num_excluded=int(neg.size),
+        tail=row[0],
+        rung=int(row[1]),
+        tpr_low=tpr_low,
+        fpr_high=fpr_high,
+        alpha=alpha,
+        alpha_per_test=per_test,
+        delta=delta,
+        tests=tests,
+    )
+
+
 def _eps(mu: float, delta: float) -> float:
     if delta == 0.0:
         return math.inf if mu > 0.0 else 0.0
@@ -333,8 +423,9 @@ class TightestBound:
 
     Attributes:
         epsilon_lower: the largest of the estimators' ε lower bounds at δ, each at its level in ``levels``: valid at
-            level ``alpha`` when the assumptions of every estimator in ``methods`` hold.
-        method: the estimator that gave it (``"binomial"``, ``"gdp"``, ``"orderstat"`` or ``"gauss"``).
+            level ``alpha`` when the assumptions of every estimator in ``methods`` hold (for every (ε, δ)-DP
+            mechanism when ``sound``: no Gaussian reading among them).
+        method: the estimator that gave it (one of :data:`ALL_METHODS`).
         bounds: every estimator's ε lower bound (each at its level).
         methods, alpha, delta: what ran.
         alpha_per_method: the level of the estimator that gave the bound (α/K when α is split equally).
@@ -349,6 +440,11 @@ class TightestBound:
     alpha_per_method: float
     delta: float
     levels: Dict[str, float]
+
+    @property
+    def sound(self) -> bool:
+        """Valid for every (ε, δ)-DP mechanism: no Gaussian reading among ``methods``."""
+        return not set(self.methods) & set(GAUSSIAN_READINGS)
 
     def to_dict(self) -> dict:
         """Plain Python values."""
@@ -367,18 +463,21 @@ def tightest_canary_bound(
 ) -> TightestBound:
     """The tightest ε lower bound among ``methods``, each run at its share of α, and which test gave it.
 
-    ``"binomial"`` holds for every (ε, δ)-DP run; ``"gdp"`` for Gaussian-trade-off runs (needs δ > 0); add
-    ``"orderstat"`` only when the canaries are independent (assumption (I): white-box gradient canaries with the
-    ``released_minus_batch`` or ``likelihood_ratio`` score) and ``"gauss"`` only when, in addition, the scores are
-    Gaussian with one variance (the module docstring says why that is a model, not a guarantee). The binomial and
-    f-DP bounds use the Bonferroni-corrected grid of :func:`~lightning_privacy.analysis.canary.canary_audit_from_scores`.
+    Valid for every (ε, δ)-DP mechanism (:data:`SOUND_METHODS`): ``"binomial"`` (Steinke et al.) and ``"fdp"``
+    (Mahloujifar et al.'s f-DP test of the (ε, δ) curve), with interacting canaries too; ``"orderstat"`` (the order
+    statistics read through the (ε, δ) curve) only when the canaries are independent (assumption (I): white-box
+    gradient canaries with the ``released_minus_batch`` or ``likelihood_ratio`` score). Gaussian readings
+    (:data:`GAUSSIAN_READINGS`, lower bounds only for μ-GDP mechanisms): ``"gdp"`` (Gaussian f-DP test, needs δ > 0),
+    ``"orderstat_gaussian"`` (under (I)) and ``"gauss"`` (under (I) and Gaussian scores of one variance: a model, not a
+    guarantee). The grid estimators use the Bonferroni-corrected grid of
+    :func:`~lightning_privacy.analysis.canary.canary_audit_from_scores`.
 
     Args:
         scores, included: the canary scores and their Bernoulli(1/2) inclusion bits.
-        delta: δ of the ε reported, in [0, 1) (> 0 when ``"gdp"``, ``"orderstat"`` or ``"gauss"`` is in ``methods``:
-            a Gaussian trade-off is (ε, 0)-DP for no finite ε).
+        delta: δ of the ε reported, in [0, 1) (> 0 with a Gaussian reading: a Gaussian trade-off is (ε, 0)-DP for no
+            finite ε).
         alpha: overall significance in (0, 1).
-        methods: a non-empty subset of ``("binomial", "gdp", "orderstat", "gauss")``, no repeats.
+        methods: a non-empty subset of :data:`ALL_METHODS`, no repeats (default: ``("fdp",)``).
         weights: each method's share of α, positive and summing to at most 1 (Bonferroni), keyed by exactly the
             names in ``methods``; ``None`` splits α equally. Fix them before seeing the scores — shares chosen after
             looking make the bound invalid. :data:`INDEPENDENT_WEIGHTS` is the audit's choice for independent canaries.
@@ -397,13 +496,13 @@ def tightest_canary_bound(
         >>> included = rng.random(1000) < 0.5
         >>> scores = rng.normal(size=1000) + 2.0 * included
         >>> res = tightest_canary_bound(scores=scores, included=included, delta=1e-5,
-        ...                             methods=("binomial", "gdp", "orderstat"))
-        >>> res.method, round(res.epsilon_lower, 2), {k: round(v, 2) for k, v in res.bounds.items()}
-        ('orderstat', 7.25, {'binomial': 2.33, 'gdp': 3.77, 'orderstat': 7.25})
-        >>> res = tightest_canary_bound(scores=scores, included=included, delta=1e-5,
-        ...                             methods=("binomial", "gdp", "orderstat"), weights=INDEPENDENT_WEIGHTS)
-        >>> round(res.epsilon_lower, 2), round(res.alpha_per_method, 4)
-        (7.5, 0.045)
+        ...                             methods=INDEPENDENT_METHODS, weights=INDEPENDENT_WEIGHTS)
+        >>> res.method, res.sound, round(res.alpha_per_method, 4), {k: round(v, 2) for k, v in res.bounds.items()}
+        ('fdp', True, 0.045, {'fdp': 2.97, 'orderstat': 2.46})
+        >>> reading = tightest_canary_bound(scores=scores, included=included, delta=1e-5,
+        ...                                 methods=("fdp", "orderstat_gaussian"))  # only if the mechanism is μ-GDP
+        >>> reading.method, reading.sound, round(reading.epsilon_lower, 2)
+        ('orderstat_gaussian', False, 7.35)
     """
     methods = tuple(methods)
     if not methods or len(set(methods)) != len(methods):
@@ -411,7 +510,7 @@ def tightest_canary_bound(
     for name in methods:
         expect_choice("methods", name, ALL_METHODS)
     alpha, delta = _check_alpha(alpha), _check_delta(delta)
-    if delta == 0.0 and set(methods) - {"binomial"}:
+    if delta == 0.0 and set(methods) & set(GAUSSIAN_READINGS):
         raise ValueError(
             f"Expected argument `delta` > 0 with the Gaussian-trade-off methods {methods!r}, but got delta=0.0."
         )
@@ -427,7 +526,15 @@ def tightest_canary_bound(
                 scores=scores, included=included, delta=delta, alpha=level, method="gdp", seed=seed
             ).epsilon_lower
         ),
-        "orderstat": lambda level: orderstat_mu_lower(scores, included, alpha=level, delta=delta).epsilon_lower,
+        "fdp": lambda level: (
+            canary_audit_from_scores(
+                scores=scores, included=included, delta=delta, alpha=level, method="fdp", seed=seed
+            ).epsilon_lower
+        ),
+        "orderstat": lambda level: orderstat_epsilon_lower(scores, included, alpha=level, delta=delta).epsilon_lower,
+        "orderstat_gaussian": lambda level: (
+            orderstat_mu_lower(scores, included, alpha=level, delta=delta).epsilon_lower
+        ),
         "gauss": lambda level: gauss_mu_lower(scores, included, alpha=level, delta=delta).epsilon_lower,
     }
     bounds = {name: float(runners[name](levels[name])) for name in methods}

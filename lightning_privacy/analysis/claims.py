@@ -231,12 +231,16 @@ class ClaimVerdict:
             ``"fdp"`` or ``"orderstat"``), ``level`` (its share of α), ``statistic`` and ``bound`` (what was compared: the TPR lower
             limit and the claim's TPR bound at the FPR upper limit; the ε lower bound and the claim's ε; correct
             guesses and the most a claim allows), ``contradicts`` and the counts behind them.
+        curve: the trade-off curve the claim was tested on, in words (set by :class:`~lightning_privacy.claims.Claim`:
+            a DP-SGD claim's own PLD curve, an (ε, δ) claim's Kairouz et al. curve; never a Gaussian curve the claim
+            does not have); ``None`` when the caller gave its own ``tpr_bound``.
     """
 
     verdict: str
     alpha: float
     evidence: Optional[Dict[str, Any]]
     tests: Tuple[Dict[str, Any], ...] = field(default_factory=tuple)
+    curve: Optional[str] = None
 
     @property
     def contradicted(self) -> bool:
@@ -245,8 +249,9 @@ class ClaimVerdict:
     def sentence(self) -> str:
         """One sentence: the verdict and the evidence that decided it."""
         level = f"{100 * (1 - self.alpha):g}%"
+        on = "" if self.curve is None else f"; tested on {self.curve}"
         if not self.contradicted:
-            return f"consistent: no test contradicts the claim at confidence {level} ({len(self.tests)} tests)"
+            return f"consistent: no test contradicts the claim at confidence {level} ({len(self.tests)} tests{on})"
         e = self.evidence
         if e["kind"] == "tpr_at_fpr":
             what = (
@@ -268,7 +273,7 @@ class ClaimVerdict:
                 f"{e['correct']} of {e['guesses']} canary guesses are right but the claim's trade-off allows at most "
                 f"{e['bound']:g} at this level"
             )
-        return f"contradicted at confidence {level}: {what}"
+        return f"contradicted at confidence {level}: {what}" + ("" if self.curve is None else f" ({on[2:]})")
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain Python values."""

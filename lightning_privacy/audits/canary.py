@@ -14,7 +14,7 @@ Example::
     >>> scores = rng.normal(size=1000) + 2.0 * included  # a leaky mechanism: included canaries score higher
     >>> result = audit_canaries(scores, included, delta=1e-5, accountant_epsilon=8.0)
     >>> sorted(result.metrics())[:2]
-    ['audit/canary_correct', 'audit/canary_correct_gdp']
+    ['audit/canary_correct', 'audit/canary_correct_fdp']
     >>> 0 < result.epsilon_lower < result.ceiling < 8.0
     True
     >>> audit_canaries(scores, included, delta=1e-5, claim=(0.5, 1e-5)).verdict  # a claim the canaries refute
@@ -37,6 +37,7 @@ from lightning_privacy.analysis.canary_fdp import (
     INDEPENDENT_WEIGHTS,
     SOUND_DEFAULT,
     gauss_mu_lower,
+    orderstat_epsilon_lower,
     orderstat_mu_lower,
     tightest_canary_bound,
 )
@@ -57,16 +58,29 @@ KEYS = {
         names.CANARY_EPSILON_OPTIMISTIC,
         names.CANARY_EPSILON_LOWER_MAX,
     ),
+    "fdp": (
+        names.CANARY_EPSILON_LOWER_FDP,
+        names.CANARY_GUESSES_FDP,
+        names.CANARY_CORRECT_FDP,
+        names.CANARY_EPSILON_OPTIMISTIC_FDP,
+        names.CANARY_EPSILON_LOWER_MAX_FDP,
+    ),
     "gdp": (
-        names.CANARY_EPSILON_LOWER_GDP,
+        names.CANARY_EPSILON_GDP_GAUSSIAN_READING,
         names.CANARY_GUESSES_GDP,
         names.CANARY_CORRECT_GDP,
         names.CANARY_EPSILON_OPTIMISTIC_GDP,
-        names.CANARY_EPSILON_LOWER_MAX_GDP,
+        names.CANARY_EPSILON_GDP_GAUSSIAN_READING_MAX,
     ),
 }
+#: the methods' names in the summary's table and the report (what each reading assumes)
+LABELS = {
+    "binomial": "binomial (Steinke et al.): any (ε, δ)-DP mechanism",
+    "fdp": "f-DP test of the (ε, δ) curve (Mahloujifar et al.): any (ε, δ)-DP mechanism",
+    "gdp": "Gaussian reading of the f-DP test: only if the mechanism is μ-GDP",
+}
 #: uncorrected values: kept in ``values`` and the summary, never logged as if they were bounds
-OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_GDP)
+OPTIMISTIC = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_FDP, names.CANARY_EPSILON_OPTIMISTIC_GDP)
 
 
 REPORT_TITLE = "One-run canary audit"
@@ -77,7 +91,10 @@ FIGURE_CAPTION = (
 
 
 def report_rows(values: Mapping[str, float], accountant_epsilon: Optional[float], alpha: float) -> List[tuple]:
-    """The report's rows for the canary ``values`` (a result's ``values`` and ``metrics()``); "not run" for none."""
+    """The report's rows for the canary ``values`` (a result's ``values`` and ``metrics()``); "not run" for none.
+
+    The bounds valid for every (ε, δ)-DP mechanism first (the tightest, the headline, leads), then the Gaussian
+    readings under names that say so (lower bounds only if the mechanism is μ-GDP)."""
     if not values:
         return [("canary audit", "—", "not run (it runs at the end of fit)")]
     level = f"{100 * (1 - alpha):g}%"
@@ -86,45 +103,53 @@ def report_rows(values: Mapping[str, float], accountant_epsilon: Optional[float]
         rows.append(
             ("accountant ε", f"{accountant_epsilon:.4g}", "upper bound the run claims at the audit's δ (theory)")
         )
-    rows += [
-        (
-            f"`{names.CANARY_EPSILON_LOWER}`",
-            f"{values[names.CANARY_EPSILON_LOWER]:.4g}",
-            f"lower bound on ε with {level} confidence (Steinke et al., binomial): the run is not (ε', δ)-DP for any "
-            "smaller ε' (practice)",
-        ),
-        (
-            f"`{names.CANARY_EPSILON_LOWER_GDP}`",
-            f"{values[names.CANARY_EPSILON_LOWER_GDP]:.4g}",
-            f"the same from the Gaussian f-DP test (Mahloujifar et al.), {level} confidence",
-        ),
-        (
-            "guesses / correct (binomial)",
-            f"{int(values[names.CANARY_GUESSES])} / {int(values[names.CANARY_CORRECT])}",
-            "canaries the auditor guessed (in or out) and how many of those guesses were right",
-        ),
-        (
-            f"`{names.CANARY_EPSILON_LOWER_MAX}`",
-            f"{values[names.CANARY_EPSILON_LOWER_MAX]:.4g}",
-            "ceiling: the largest bound this many canaries can give (every guess right), whatever the true ε",
-        ),
-    ]
-    if names.CANARY_EPSILON_LOWER_ORDERSTAT in values:
+
+    def row(key: str, meaning: str) -> None:
+        if key in values:
+            rows.append((f"`{key}`", f"{values[key]:.4g}", meaning))
+
+    row(
+        names.CANARY_EPSILON_LOWER_TIGHTEST,
+        f"the headline: the largest of the bounds valid for every (ε, δ)-DP mechanism, each at its share of α fixed "
+        f"before the run; {level} confidence",
+    )
+    row(
+        names.CANARY_EPSILON_LOWER,
+        f"lower bound on ε with {level} confidence (Steinke et al., binomial), any (ε, δ)-DP mechanism: the run is not "
+        "(ε', δ)-DP for any smaller ε' (practice)",
+    )
+    row(
+        names.CANARY_EPSILON_LOWER_FDP,
+        f"the same from the f-DP test of the (ε, δ) curve (Mahloujifar et al.), any (ε, δ)-DP mechanism, {level} "
+        "confidence",
+    )
+    row(
+        names.CANARY_EPSILON_LOWER_ORDERSTAT,
+        f"the same from the order statistics of the scores read through the (ε, δ) curve (independent canaries, any "
+        f"(ε, δ)-DP mechanism), {level} confidence",
+    )
+    if names.CANARY_GUESSES in values:
         rows.append(
             (
-                f"`{names.CANARY_EPSILON_LOWER_ORDERSTAT}`",
-                f"{values[names.CANARY_EPSILON_LOWER_ORDERSTAT]:.4g}",
-                f"the same from the order statistics of the scores (independent canaries, μ-GDP), {level} confidence",
+                "guesses / correct (binomial)",
+                f"{int(values[names.CANARY_GUESSES])} / {int(values[names.CANARY_CORRECT])}",
+                "canaries the auditor guessed (in or out) and how many of those guesses were right",
             )
         )
-    if names.CANARY_EPSILON_LOWER_TIGHTEST in values:
-        rows.append(
-            (
-                f"`{names.CANARY_EPSILON_LOWER_TIGHTEST}`",
-                f"{values[names.CANARY_EPSILON_LOWER_TIGHTEST]:.4g}",
-                f"the largest of the sound bounds, each at α / their number: {level} confidence for the largest",
-            )
-        )
+    row(
+        names.CANARY_EPSILON_LOWER_MAX,
+        "ceiling: the largest binomial bound this many canaries can give (every guess right), whatever the true ε",
+    )
+    row(
+        names.CANARY_EPSILON_GDP_GAUSSIAN_READING,
+        f"Gaussian reading of the f-DP test: a lower bound ({level}) only if the mechanism is μ-GDP; it can exceed the "
+        "true ε of other mechanisms (Laplace, randomized response)",
+    )
+    row(
+        names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING,
+        f"Gaussian reading of the order statistics: a lower bound ({level}) only if the mechanism is μ-GDP "
+        "(independent canaries)",
+    )
     if names.CANARY_EPSILON_OPTIMISTIC in values:
         rows.append(
             (
@@ -158,10 +183,13 @@ class CanaryResult(ClaimChecked, AuditResult):
         independent: the canaries' scores are independent given their bits (white-box gradient canaries not scored
             ``"released"``): the order-statistic bound and claim test ran
             (:mod:`~lightning_privacy.analysis.canary_fdp`).
-        tightest: the :class:`~lightning_privacy.analysis.canary_fdp.TightestBound`: the largest sound bound (binomial,
-            Gaussian f-DP and, for independent canaries, order statistics, each at α / their number) and its test.
-        score_bounds: the :class:`~lightning_privacy.analysis.canary_fdp.FdpBound` of ``"orderstat"`` and
-            ``"gauss"`` (independent canaries only; ``"gauss"`` is a model's estimate, never a verdict).
+        tightest: the :class:`~lightning_privacy.analysis.canary_fdp.TightestBound`, the headline: the largest of the
+            bounds valid for every (ε, δ)-DP mechanism (the f-DP test of the (ε, δ) curve; for independent canaries
+            also the order statistics read through that curve, at the fixed shares
+            :data:`~lightning_privacy.analysis.canary_fdp.INDEPENDENT_WEIGHTS`) and its test.
+        score_bounds: the :class:`~lightning_privacy.analysis.canary_fdp.FdpBound` of ``"orderstat"`` (the (ε, δ)
+            reading), ``"orderstat_gaussian"`` and ``"gauss"`` (Gaussian readings; ``"gauss"`` is a model's
+            estimate), independent canaries only; never a verdict.
     """
 
     values: Dict[str, float]
@@ -199,47 +227,61 @@ class CanaryResult(ClaimChecked, AuditResult):
         return out
 
     def summary(self) -> str:
-        """The Markdown text: both bounds, the warnings (if any), the table of both methods."""
+        """The Markdown text: the headline (sound for every (ε, δ)-DP mechanism) first, then the Gaussian readings
+        under names that say so, the warnings (if any), the table of the grid methods."""
         eps = self.accountant_epsilon
-        tightest = (
-            ""
-            if self.tightest is None
-            else f"ε ≥ {self.tightest.epsilon_lower:.3f} (tightest sound bound: {self.tightest.method} test); "
-        )  # the first line is what the console shows: the headline number first
-        lines = [
-            f"Canary audit ({self.kind}, m = {self.num_canaries}): {tightest}ε ≥ "
-            f"{self.values[names.CANARY_EPSILON_LOWER]:.3f} (binomial), ≥ {self.values[names.CANARY_EPSILON_LOWER_GDP]:.3f} "
-            "(Gaussian f-DP); accountant ε " + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}"),
+        v = self.values
+        headline = v[names.CANARY_EPSILON_LOWER_TIGHTEST] if self.tightest is None else self.tightest.epsilon_lower
+        test = "" if self.tightest is None else f": {self.tightest.method} test"
+        readings = [
+            f"{what} {v[key]:.3f}"
+            for key, what in (
+                (names.CANARY_EPSILON_GDP_GAUSSIAN_READING, "f-DP"),
+                (names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING, "order statistics"),
+            )
+            if key in v
+        ]
+        lines = [  # the first line is what the console shows: the headline number first
+            f"Canary audit ({self.kind}, m = {self.num_canaries}): ε ≥ {headline:.3f} (sound for any (ε, δ)-DP "
+            f"mechanism{test}); accountant ε "
+            + ("n/a (no DP-SGD)" if eps is None else f"≤ {eps:.3f}")
+            + (f". Gaussian readings, if the mechanism is μ-GDP: {', '.join(readings)}" if readings else ""),
             "",
         ]
         if self.tightest is not None:
             t = self.tightest
             lines += [
-                f"Tightest sound bound: ε ≥ {t.epsilon_lower:.3f} from the {t.method} test (α = {t.alpha:g} split "
-                "before the run: " + ", ".join(f"{name} at {t.levels[name]:.3g}" for name in t.methods) + ").",
+                f"Headline: ε ≥ {t.epsilon_lower:.3f} from the {t.method} test, the largest of the tests valid for "
+                f"every (ε, δ)-DP mechanism (α = {t.alpha:g} split before the run: "
+                + ", ".join(f"{name} at {t.levels[name]:.3g}" for name in t.methods)
+                + f"); binomial at α: ε ≥ {v[names.CANARY_EPSILON_LOWER]:.3f}.",
                 "",
             ]
         for name, b in self.score_bounds.items():
-            what = (
-                "lower bound, independent canaries" if name == "orderstat" else "Gaussian score model: not a DP bound"
-            )
+            what = {
+                "orderstat": "read through the (ε, δ) curve: any (ε, δ)-DP mechanism, independent canaries",
+                "orderstat_gaussian": "Gaussian reading: only if μ-GDP, independent canaries",
+                "gauss": "Gaussian score model: not a DP bound",
+            }[name]
             lines += [f"{name}: μ ≥ {b.mu_lower:.3f}, ε ≥ {b.epsilon_lower:.3f} at δ ({what}).", ""]
         if self.warnings:
             lines += [warnings_markdown(self.warnings), ""]
         lines += [
-            "| method | ε lower (valid) | guesses / correct | (k₊, k₋) | ceiling for m | uncorrected best |",
+            "| method | ε lower | guesses / correct | (k₊, k₋) | ceiling for m | uncorrected best |",
             "|---|---|---|---|---|---|",
         ]
         for method, (bound, guesses, correct, optimistic, ceiling) in KEYS.items():
-            d, v = self.details[method], self.values
+            d = self.details[method]
             lines.append(
-                f"| {method} | {v[bound]:.4f} | {int(v[guesses])} / {int(v[correct])} "
+                f"| {LABELS[method]} | {v[bound]:.4f} | {int(v[guesses])} / {int(v[correct])} "
                 f"| ({d.k_plus}, {d.k_minus}) | {v[ceiling]:.4f} | {v[optimistic]:.4f} |"
             )
         lines.append(
             f"\nα = {self.alpha:g} ({self.correction}), δ = {self.details['binomial'].delta:.3g}, "
             f"{self.num_included} of {self.num_canaries} canaries included. The uncorrected best is the usual paper "
-            "number; it is not a valid level-α bound."
+            "number; it is not a valid level-α bound. A Gaussian reading reads a μ as ε through the Gaussian trade-off "
+            "curve, which only a Gaussian mechanism has: for others (Laplace, randomized response) it can exceed the "
+            "true ε."
         )
         if self.claim_verdict is not None:
             lines.append(
@@ -269,11 +311,18 @@ class CanaryResult(ClaimChecked, AuditResult):
             color = "red" if self.claim_verdict is not None and self.claim_verdict.contradicted else "C1"
             bars.append((f"claim ε at δ = {self.claim.delta:.3g}{verdict}", self.claim.epsilon, color))
         bars += [
-            ("canary ε lower bound (binomial)", v[names.CANARY_EPSILON_LOWER], "C0"),
-            ("canary ε lower bound (Gaussian f-DP)", v[names.CANARY_EPSILON_LOWER_GDP], "C2"),
+            ("canary ε lower bound (headline: any (ε, δ)-DP)", v[names.CANARY_EPSILON_LOWER_TIGHTEST], "C0"),
+            ("canary ε lower bound (binomial)", v[names.CANARY_EPSILON_LOWER], "C9"),
+            ("Gaussian reading of the f-DP test (if μ-GDP)", v[names.CANARY_EPSILON_GDP_GAUSSIAN_READING], "C2"),
         ]
-        if names.CANARY_EPSILON_LOWER_ORDERSTAT in v:
-            bars.append(("canary ε lower bound (order statistics)", v[names.CANARY_EPSILON_LOWER_ORDERSTAT], "C6"))
+        if names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING in v:
+            bars.append(
+                (
+                    "Gaussian reading, order statistics (if μ-GDP)",
+                    v[names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING],
+                    "C6",
+                )
+            )
         if names.EPSILON_STAR in self.others:
             bars.append(("ε* (Epsilon*, not a DP bound)", self.others[names.EPSILON_STAR], "C4"))
         if names.PANORAMIA_EPSILON in self.others:
@@ -363,12 +412,17 @@ def audit_canaries(
             ``"fdp"`` (all of α on the f-DP test; :meth:`~lightning_privacy.claims.Claim.check_canaries`).
         independent: the caller vouches that the scores are independent given the bits, one law per side (white-box
             Dirac gradient canaries scored ``"released_minus_batch"`` or ``"likelihood_ratio"``; never input
-            canaries): adds the order-statistic bound (``names.CANARY_EPSILON_LOWER_ORDERSTAT``), the Gaussian
-            model's estimate (``names.CANARY_EPSILON_GAUSS``), the order-statistic test to the claim's verdict with
-            ``claim_tests="both"`` (α split three ways; ``"fdp"`` keeps all of α on the f-DP test) and to the tightest
-            bound, where it gets 0.9 of α and the binomial and f-DP bounds 0.05 each
-            (:data:`~lightning_privacy.analysis.canary_fdp.INDEPENDENT_WEIGHTS`, fixed before any run; without
-            ``independent`` the two share α equally; :mod:`~lightning_privacy.analysis.canary_fdp`).
+            canaries): adds the order-statistic bound read through the (ε, δ) curve
+            (``names.CANARY_EPSILON_LOWER_ORDERSTAT``) to the headline, where it gets 0.1 of α and the f-DP test of
+            the (ε, δ) curve 0.9 (:data:`~lightning_privacy.analysis.canary_fdp.INDEPENDENT_WEIGHTS`, fixed before
+            any run; without ``independent`` the f-DP test takes all of α), the Gaussian readings
+            (``names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING``, the model's estimate ``names.CANARY_EPSILON_GAUSS``)
+            and the order-statistic test of the claim's own curve to the claim's verdict with ``claim_tests="both"``
+            (α split three ways; ``"fdp"`` keeps all of α on the f-DP test; :mod:`~lightning_privacy.analysis.canary_fdp`).
+
+    The headline (:attr:`CanaryResult.tightest`, ``names.CANARY_EPSILON_LOWER_TIGHTEST``, the summary's first line)
+    combines only tests valid for every (ε, δ)-DP mechanism; the Gaussian readings (μ read as ε through the Gaussian
+    trade-off curve) are reported beside it under names that say so, never as the headline.
 
     Raises:
         TypeError, ValueError: on bad arguments (named), from here or from
@@ -397,8 +451,10 @@ def audit_canaries(
     methods = INDEPENDENT_METHODS if independent else SOUND_DEFAULT
     score_bounds: Dict[str, Any] = {}
     if independent:
-        score_bounds["orderstat"] = orderstat_mu_lower(scores, included, alpha=alpha, delta=delta)
+        score_bounds["orderstat"] = orderstat_epsilon_lower(scores, included, alpha=alpha, delta=delta)
         values[names.CANARY_EPSILON_LOWER_ORDERSTAT] = score_bounds["orderstat"].epsilon_lower
+        score_bounds["orderstat_gaussian"] = orderstat_mu_lower(scores, included, alpha=alpha, delta=delta)
+        values[names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING] = score_bounds["orderstat_gaussian"].epsilon_lower
         if min(int(included_arr.sum()), m - int(included_arr.sum())) >= 2 and np.ptp(np.asarray(scores)) > 0:
             score_bounds["gauss"] = gauss_mu_lower(scores, included, alpha=alpha, delta=delta)
             values[names.CANARY_EPSILON_GAUSS] = score_bounds["gauss"].epsilon_lower
@@ -408,7 +464,7 @@ def audit_canaries(
         delta=delta,
         alpha=alpha,
         methods=methods,
-        weights=INDEPENDENT_WEIGHTS if independent else None,  # fixed before the run (Bonferroni)
+        weights=INDEPENDENT_WEIGHTS if independent else None,  # fixed before the run (Bonferroni); sound methods only
         seed=seed,
     )
     values[names.CANARY_EPSILON_LOWER_TIGHTEST] = tightest.epsilon_lower
@@ -446,9 +502,12 @@ def _verdict(claim: Any, scores: Any, included: np.ndarray, alpha: float, seed: 
     """The claim's verdict: :meth:`Claim.check_canaries`, plus the order-statistic test for independent canaries."""
     if not independent or claim.tpr_bound is None or tests != "both":  # "fdp": all of α on the f-DP test, as before
         return claim.check_canaries(scores, included, alpha=alpha, seed=seed, tests=tests)
+    import dataclasses
+
     from lightning_privacy.analysis.claims import check_canaries
 
-    return check_canaries(
+    verdict = check_canaries(
         scores, included, epsilon=claim.epsilon, delta=claim.delta, tpr_bound=claim.tpr_bound, alpha=alpha, seed=seed,
         independent=True,
     )  # fmt: skip
+    return dataclasses.replace(verdict, curve=claim.curve)  # the claim's own curve, never a Gaussian one

@@ -338,7 +338,8 @@ def audit_language_model_canaries(
     device: Any = None,
 ) -> Any:
     """Score every canary (:func:`canary_scores`) and run the one-run analysis
-    (:func:`~lightning_privacy.audits.canary.audit_canaries`): the ε lower bounds (binomial and Gaussian f-DP), their
+    (:func:`~lightning_privacy.audits.canary.audit_canaries`): the headline ε lower bound (valid for every (ε, δ)-DP
+    mechanism), the binomial bound, the Gaussian f-DP reading (only if μ-GDP), their
     ceiling for m, and with ``claim`` a verdict at confidence 1 − ``alpha``.
 
     Args:

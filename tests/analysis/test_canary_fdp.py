@@ -12,9 +12,11 @@ from scipy import special
 
 from lightning_privacy.analysis.canary import canary_audit_from_scores, epsilon_from_mu
 from lightning_privacy.analysis.canary_fdp import (
+    INDEPENDENT_METHODS,
     INDEPENDENT_WEIGHTS,
     gauss_mu_lower,
     orderstat_claim_test,
+    orderstat_epsilon_lower,
     orderstat_mu_lower,
     orderstat_rungs,
     tightest_canary_bound,
@@ -106,66 +108,69 @@ def test_gain_over_the_binomial_test():
 
 def test_tightest_names_the_test_and_corrects_for_the_choice():
     s, inc = _draw(3, 1000, 2.0)
-    res = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=("binomial", "gdp", "orderstat"))
-    assert res.method == "orderstat" and res.epsilon_lower == res.bounds["orderstat"]
-    assert res.alpha_per_method == pytest.approx(ALPHA / 3)
-    assert res.epsilon_lower == orderstat_mu_lower(s, inc, alpha=ALPHA / 3, delta=1e-5).epsilon_lower
+    res = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=("fdp", "orderstat_gaussian"))
+    assert res.method == "orderstat_gaussian" and res.epsilon_lower == res.bounds["orderstat_gaussian"]
+    assert not res.sound  # a Gaussian reading among the methods: valid only for μ-GDP runs
+    assert res.alpha_per_method == pytest.approx(ALPHA / 2)
+    assert res.epsilon_lower == orderstat_mu_lower(s, inc, alpha=ALPHA / 2, delta=1e-5).epsilon_lower
     assert res.epsilon_lower < orderstat_mu_lower(s, inc, alpha=ALPHA, delta=1e-5).epsilon_lower
     only = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=("binomial",))
-    assert only.method == "binomial"
+    assert only.method == "binomial" and only.sound
     assert only.epsilon_lower == canary_audit_from_scores(scores=s, included=inc, delta=1e-5).epsilon_lower
-    default = tightest_canary_bound(scores=s, included=inc, delta=1e-5)
-    assert default.methods == ("binomial", "gdp") and default.method == "gdp"
+    default = tightest_canary_bound(scores=s, included=inc, delta=1e-5)  # the audit's headline for any canaries
+    assert default.methods == ("fdp",) and default.method == "fdp" and default.sound
+    fdp = canary_audit_from_scores(scores=s, included=inc, delta=1e-5, method="fdp")
+    assert default.epsilon_lower == fdp.epsilon_lower
 
 
 def test_tightest_is_sound():
-    """binomial + gdp + orderstat at α/3 each on 1-GDP canaries (m = 200): ε̂ > ε(μ) in at most α of runs."""
+    """binomial + gdp + orderstat's Gaussian reading at α/3 each on 1-GDP canaries (m = 200): ε̂ > ε(μ) in at most α
+    of runs (the Gaussian readings hold for a μ-GDP run)."""
     true_eps = epsilon_from_mu(mu=1.0, delta=1e-5)
     over = 0
     for seed in range(100):
         s, inc = _draw(seed, 200, 1.0)
-        res = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=("binomial", "gdp", "orderstat"))
+        methods = ("binomial", "gdp", "orderstat_gaussian")
+        res = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods)
         over += res.epsilon_lower > true_eps
     assert over / 100 <= ALPHA + 3.0 * math.sqrt(ALPHA * (1 - ALPHA) / 100)
 
 
 def test_tightest_with_fixed_shares_of_alpha():
     """``weights`` gives each test its share of α (Bonferroni): the bound is the one at that level, the levels are
-    reported, the audit's shares for independent canaries put 0.9 of α on the order statistics, and bad shares are
-    refused by name."""
+    reported, the audit's shares for independent canaries put 0.9 of α on the f-DP test of the (ε, δ) curve and 0.1
+    on the order statistics' (ε, δ) reading, and bad shares are refused by name."""
     s, inc = _draw(3, 1000, 1.0)
-    methods = ("binomial", "gdp", "orderstat")
+    methods = INDEPENDENT_METHODS
     res = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods, weights=INDEPENDENT_WEIGHTS)
-    assert INDEPENDENT_WEIGHTS == {"binomial": 0.05, "gdp": 0.05, "orderstat": 0.9}
-    assert res.levels == pytest.approx({"binomial": 0.0025, "gdp": 0.0025, "orderstat": 0.045})
-    assert res.method == "orderstat" and res.alpha_per_method == pytest.approx(0.045)
-    assert res.epsilon_lower == orderstat_mu_lower(s, inc, alpha=0.045, delta=1e-5).epsilon_lower
-    assert (
-        res.bounds["gdp"]
-        == canary_audit_from_scores(scores=s, included=inc, delta=1e-5, alpha=0.0025, method="gdp").epsilon_lower
-    )
+    assert methods == ("fdp", "orderstat") and INDEPENDENT_WEIGHTS == {"fdp": 0.9, "orderstat": 0.1}
+    assert res.levels == pytest.approx({"fdp": 0.045, "orderstat": 0.005}) and res.sound
+    assert res.method == "fdp" and res.alpha_per_method == pytest.approx(0.045)
+    fdp = canary_audit_from_scores(scores=s, included=inc, delta=1e-5, alpha=0.045, method="fdp").epsilon_lower
+    assert res.epsilon_lower == fdp
+    assert res.bounds["orderstat"] == orderstat_epsilon_lower(s, inc, alpha=0.005, delta=1e-5).epsilon_lower
     equal = tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods)
-    assert equal.levels == pytest.approx(dict.fromkeys(methods, ALPHA / 3))
+    assert equal.levels == pytest.approx(dict.fromkeys(methods, ALPHA / 2))
     assert res.epsilon_lower > equal.epsilon_lower  # more of α on the test that wins
     for bad, match in (
-        ({"binomial": 0.5, "gdp": 0.5}, "exactly the keys of `methods`"),
-        ({"binomial": 0.5, "gdp": 0.3, "orderstat": 0.3}, "sum to at most 1"),
-        ({"binomial": 0.0, "gdp": 0.5, "orderstat": 0.5}, r"`weights\['binomial'\]`"),
-        ([0.3, 0.3, 0.3], "a mapping"),
+        ({"fdp": 0.5}, "exactly the keys of `methods`"),
+        ({"fdp": 0.8, "orderstat": 0.3}, "sum to at most 1"),
+        ({"fdp": 0.0, "orderstat": 0.5}, r"`weights\['fdp'\]`"),
+        ([0.5, 0.5], "a mapping"),
     ):
         with pytest.raises(ValueError, match=match):
             tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=methods, weights=bad)
 
 
 def test_tightest_with_the_audit_s_shares_is_sound():
-    """binomial + gdp + orderstat at 0.05 / 0.05 / 0.9 of α on 1-GDP canaries (m = 200): ε̂ > ε(μ) in at most α of
-    runs (the shares are fixed before the scores, so Bonferroni holds)."""
+    """The headline of independent canaries, f-DP (ε, δ) test + order statistics' (ε, δ) reading at 0.9 / 0.1 of α,
+    on 1-GDP canaries (m = 200): ε̂ > ε(μ) in at most α of runs (the shares are fixed before the scores)."""
     true_eps = epsilon_from_mu(mu=1.0, delta=1e-5)
     over = 0
     for seed in range(100):
         s, inc = _draw(seed, 200, 1.0)
         res = tightest_canary_bound(
-            scores=s, included=inc, delta=1e-5, methods=("binomial", "gdp", "orderstat"), weights=INDEPENDENT_WEIGHTS
+            scores=s, included=inc, delta=1e-5, methods=INDEPENDENT_METHODS, weights=INDEPENDENT_WEIGHTS
         )
         over += res.epsilon_lower > true_eps
     assert over / 100 <= ALPHA + 3.0 * math.sqrt(ALPHA * (1 - ALPHA) / 100)
@@ -247,7 +252,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="methods"):
         tightest_canary_bound(scores=s, included=inc, delta=1e-5, methods=("lira",))
     with pytest.raises(ValueError, match="delta"):
-        tightest_canary_bound(scores=s, included=inc, delta=0.0, methods=("binomial", "orderstat"))
+        tightest_canary_bound(scores=s, included=inc, delta=0.0, methods=("binomial", "orderstat_gaussian"))
     with pytest.raises(ValueError, match="alpha"):
         orderstat_mu_lower(s, inc, alpha=1.5)
     with pytest.raises(ValueError, match="at least 2 included"):
@@ -255,6 +260,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="vary"):
         gauss_mu_lower(np.ones(10), np.arange(10) % 2 == 0)
     assert tightest_canary_bound(scores=s, included=inc, delta=0.0, methods=("binomial",)).method == "binomial"
+    assert tightest_canary_bound(scores=s, included=inc, delta=0.0, methods=("fdp", "orderstat")).sound  # (ε, 0)
 
 
 def test_audit_canaries_reports_the_tightest_bound_and_names_the_test():
@@ -264,31 +270,38 @@ def test_audit_canaries_reports_the_tightest_bound_and_names_the_test():
     s, inc = _draw(0, 1000, 2.0)
     plain = audit_canaries(s, inc, delta=1e-5)
     assert names.CANARY_EPSILON_LOWER_ORDERSTAT not in plain.values and not plain.score_bounds
-    assert plain.tightest.methods == ("binomial", "gdp")
+    assert plain.tightest.methods == ("fdp",) and plain.tightest.sound
     assert plain.values[names.CANARY_EPSILON_LOWER_TIGHTEST] == plain.tightest.epsilon_lower
+    assert plain.values[names.CANARY_EPSILON_LOWER_TIGHTEST] == plain.values[names.CANARY_EPSILON_LOWER_FDP]
     res = audit_canaries(s, inc, delta=1e-5, independent=True, claim=(1.0, 1e-5))  # a false (ε, δ) claim
     v = res.metrics()
-    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] == orderstat_mu_lower(s, inc, delta=1e-5).epsilon_lower
-    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] > 2 * v[names.CANARY_EPSILON_LOWER]
+    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] == orderstat_epsilon_lower(s, inc, delta=1e-5).epsilon_lower
+    reading = orderstat_mu_lower(s, inc, delta=1e-5).epsilon_lower
+    assert v[names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING] == reading > 2 * v[names.CANARY_EPSILON_LOWER]
     assert v[names.CANARY_EPSILON_GAUSS] == gauss_mu_lower(s, inc, delta=1e-5).epsilon_lower
-    assert res.tightest.method == "orderstat"
-    assert v[names.CANARY_EPSILON_LOWER_TIGHTEST] == res.tightest.epsilon_lower > v[names.CANARY_EPSILON_LOWER_GDP]
-    assert res.tightest.levels == pytest.approx({"binomial": 0.0025, "gdp": 0.0025, "orderstat": 0.045})
-    assert plain.tightest.levels == pytest.approx({"binomial": 0.025, "gdp": 0.025})  # interacting: an equal split
-    assert "from the orderstat test" in res.summary()
-    assert "(α = 0.05 split before the run: binomial at 0.0025, gdp at 0.0025, orderstat at 0.045)" in res.summary()
-    # the console shows the first line only: it leads with the tightest bound and names its test
+    assert res.tightest.method == "fdp" and res.tightest.sound
+    assert v[names.CANARY_EPSILON_LOWER_TIGHTEST] == res.tightest.epsilon_lower < reading  # the reading: not headline
+    assert res.tightest.levels == pytest.approx({"fdp": 0.045, "orderstat": 0.005})
+    assert plain.tightest.levels == pytest.approx({"fdp": 0.05})  # interacting canaries: the f-DP test alone
+    assert "from the fdp test, the largest of the tests valid for every (ε, δ)-DP mechanism" in res.summary()
+    assert "(α = 0.05 split before the run: fdp at 0.045, orderstat at 0.005)" in res.summary()
+    # the console shows the first line only: it leads with the sound headline, then the readings under their names
     first = res.summary().splitlines()[0]
     assert first.startswith(
-        f"Canary audit (scores, m = 1000): ε ≥ {res.tightest.epsilon_lower:.3f} (tightest sound bound: orderstat test); "
-        f"ε ≥ {v[names.CANARY_EPSILON_LOWER]:.3f} (binomial)"
+        f"Canary audit (scores, m = 1000): ε ≥ {res.tightest.epsilon_lower:.3f} (sound for any (ε, δ)-DP mechanism: "
+        "fdp test); accountant ε n/a (no DP-SGD). Gaussian readings, if the mechanism is μ-GDP: f-DP "
+        f"{v[names.CANARY_EPSILON_GDP_GAUSSIAN_READING]:.3f}, order statistics {reading:.3f}"
     )
     assert [t["kind"] for t in res.claim_verdict.tests] == ["binomial", "fdp", "orderstat"]
     assert res.verdict == "contradicted" and res.claim_verdict.tests[2]["contradicts"]
     d = res.to_dict()
-    assert d["tightest"]["method"] == "orderstat" and set(d["score_bounds"]) == {"orderstat", "gauss"}
+    assert d["tightest"]["method"] == "fdp" and set(d["score_bounds"]) == {"orderstat", "orderstat_gaussian", "gauss"}
     rows = [r[0] for r in res.report_section().rows]
-    assert f"`{names.CANARY_EPSILON_LOWER_TIGHTEST}`" in rows and f"`{names.CANARY_EPSILON_LOWER_ORDERSTAT}`" in rows
+    assert rows.index(f"`{names.CANARY_EPSILON_LOWER_TIGHTEST}`") < rows.index(f"`{names.CANARY_EPSILON_LOWER}`")
+    assert f"`{names.CANARY_EPSILON_LOWER_ORDERSTAT}`" in rows
+    assert rows.index(f"`{names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING}`") > rows.index(
+        f"`{names.CANARY_EPSILON_LOWER_ORDERSTAT}`"
+    )
 
 
 def test_orderstat_ceiling():
@@ -301,10 +314,11 @@ def test_orderstat_ceiling():
     assert res.mu_lower == pytest.approx(4.448, abs=1e-3) and res.epsilon_lower == pytest.approx(28.16, abs=0.01)
 
 
-def test_on_a_dp_sgd_run_orderstat_beats_the_binomial_bound_and_stays_below_the_accountant():
+def test_on_a_dp_sgd_run_the_readings_beat_the_binomial_bound_and_nothing_passes_the_accountant():
     """A real fit (tiny MLP, p = 0.1, 100 steps, σ = 0.7: accountant ε = 14.6 at δ = 1e-5, 1000 gradient canaries,
-    likelihood-ratio score): the order-statistic bound is measured 2.9× the binomial one (medians of 3 seeds: 7.12
-    against 2.44; guide), the tightest names it, and no bound passes the accountant's ε."""
+    likelihood-ratio score): the order statistics' Gaussian reading is measured 2.9× the binomial bound (medians of 3
+    seeds: 7.12 against 2.44; guide), the sound headline is at least the binomial bound, and no bound passes the
+    accountant's ε."""
     from lightning_privacy import DPSGD, CanaryAudit, names
     from tests.callbacks.test_canary_audit import _fit
 
@@ -312,9 +326,11 @@ def test_on_a_dp_sgd_run_orderstat_beats_the_binomial_bound_and_stays_below_the_
     audit = CanaryAudit(num_canaries=1000, seed=1, score="likelihood_ratio")
     _fit([dpsgd, audit], epochs=10, seed=0)
     v, eps = audit.result.values, dpsgd.epsilon()
-    assert v[names.CANARY_EPSILON_LOWER_ORDERSTAT] > 1.5 * v[names.CANARY_EPSILON_LOWER]
-    assert audit.result.tightest.method == "orderstat"
-    assert max(v[names.CANARY_EPSILON_LOWER_ORDERSTAT], v[names.CANARY_EPSILON_LOWER_TIGHTEST]) < eps
+    assert v[names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING] > 1.5 * v[names.CANARY_EPSILON_LOWER]
+    assert audit.result.tightest.sound and audit.result.tightest.methods == ("fdp", "orderstat")
+    assert v[names.CANARY_EPSILON_LOWER_TIGHTEST] >= v[names.CANARY_EPSILON_LOWER] * 0.95
+    readings = (names.CANARY_EPSILON_ORDERSTAT_GAUSSIAN_READING, names.CANARY_EPSILON_GDP_GAUSSIAN_READING)
+    assert max(v[names.CANARY_EPSILON_LOWER_TIGHTEST], *(v[k] for k in readings)) < eps
     assert audit.result.verdict == "consistent"
 
 
@@ -330,3 +346,37 @@ def test_on_a_dp_sgd_run_the_orderstat_test_catches_half_the_claimed_noise():
     assert audit.result.verdict == "contradicted" and audit.result.evidence["kind"] == "orderstat"
     fdp_only = audit.result.claim.check_canaries(audit.scores, audit.included, tests="fdp")
     assert not fdp_only.contradicted
+
+
+def test_orderstat_epsilon_reading_is_the_epsilon_delta_curve_at_its_rung():
+    """The order statistics read through the (ε, δ) curve: the reported ε is the least one whose curve allows the
+    rung's TPR lower limit at its FPR upper limit (the curve meets the point there), and for Gaussian canaries it
+    stays below the Gaussian reading of the same scores (which assumes the Gaussian curve)."""
+    s, inc = _draw(1, 1000, 2.0)
+    res = orderstat_epsilon_lower(s, inc, delta=1e-5)
+    eps, tpr, fpr = res.epsilon_lower, res.tpr_low, res.fpr_high
+    assert eps > 0 and res.method == "orderstat" and "any (ε, δ)-DP mechanism" in res.assumption
+    allowed = min(1e-5 + math.exp(eps) * fpr, 1 - math.exp(-eps) * (1 - 1e-5 - fpr))
+    assert allowed == pytest.approx(tpr, rel=1e-9)
+    assert eps < orderstat_mu_lower(s, inc, delta=1e-5).epsilon_lower
+    assert res.alpha_per_test == ALPHA / res.tests and res.optimistic >= eps
+    assert orderstat_epsilon_lower(s, inc, delta=0.0).epsilon_lower >= eps  # δ only lowers what a rung refutes
+
+
+def test_the_fdp_test_of_the_epsilon_delta_curve():
+    """ξ⁻¹ inverts ξ of the (ε, δ) curve; the f-DP test's ceiling at a Bonferroni share is far above the binomial
+    test's (whose 2mδ term caps it), the module docstring's numbers; both bound the same (r, v) on the safe side of
+    the exact δ = 0 value."""
+    from lightning_privacy.analysis.canary import epsilon_delta_inverse, epsilon_one_run, max_epsilon_lower
+
+    inverse = epsilon_delta_inverse(1.5, 1e-3)
+    for y in np.linspace(0.01, 0.99, 25):
+        x = inverse(float(y))
+        xi = min(1.0, 1e-3 + math.exp(1.5) * x, 1 - math.exp(-1.5) * (1 - 1e-3 - x))
+        assert xi == pytest.approx(y, abs=1e-12) or (x == 0.0 and y <= 1e-3)
+    share = 0.0025 / 27
+    assert max_epsilon_lower(num_canaries=1000, alpha=share, delta=1e-5, method="fdp") == pytest.approx(4.662, abs=1e-3)
+    assert max_epsilon_lower(num_canaries=1000, alpha=share, delta=1e-5) == pytest.approx(1.472, abs=1e-3)
+    fdp = epsilon_one_run(num_canaries=1000, num_guesses=100, num_correct=95, delta=0.0, method="fdp")
+    binomial = epsilon_one_run(num_canaries=1000, num_guesses=100, num_correct=95, delta=0.0)
+    assert 0 < binomial and 0 < fdp < 10

@@ -35,7 +35,11 @@ def test_values_match_the_analysis_and_the_views():
     scores = rng.normal(size=1000) + 3.0 * included  # strongly leaky
     result = audit_canaries(scores, included, delta=1e-5, accountant_epsilon=20.0, kind="input")
     assert isinstance(result, CanaryResult)
-    for method, key in (("binomial", names.CANARY_EPSILON_LOWER), ("gdp", names.CANARY_EPSILON_LOWER_GDP)):
+    for method, key in (
+        ("binomial", names.CANARY_EPSILON_LOWER),
+        ("fdp", names.CANARY_EPSILON_LOWER_FDP),
+        ("gdp", names.CANARY_EPSILON_GDP_GAUSSIAN_READING),
+    ):
         ref = canary_audit_from_scores(scores=scores, included=included, delta=1e-5, method=method)
         assert result.values[key] == ref.epsilon_lower > 0
     # every guess right is impossible to beat: the ceiling is the all-correct bound at the Bonferroni level
@@ -47,7 +51,8 @@ def test_values_match_the_analysis_and_the_views():
     assert again["values"][names.CANARY_EPSILON_LOWER] == result.epsilon_lower
     assert again["details"]["binomial"]["k_plus"] == result.details["binomial"].k_plus
     fig = result.figure()
-    assert len(fig.axes[0].patches) == 3  # accountant, binomial, gdp
+    assert len(fig.axes[0].patches) == 4  # accountant, the headline, binomial, the Gaussian reading
+    assert result.values[names.CANARY_EPSILON_LOWER_TIGHTEST] == result.values[names.CANARY_EPSILON_LOWER_FDP]
 
 
 @pytest.mark.parametrize(

@@ -230,7 +230,7 @@ def test_bound_stays_below_the_accountant_at_sigma_1(seed):
     for audit in audits:
         assert audit.accountant_epsilon == pytest.approx(epsilon)
         assert 0.0 <= audit.results[names.CANARY_EPSILON_LOWER] <= epsilon
-        assert 0.0 <= audit.results[names.CANARY_EPSILON_LOWER_GDP] <= epsilon
+        assert 0.0 <= audit.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING] <= epsilon
     assert audits[0].results[names.CANARY_EPSILON_LOWER] > 0.5  # white-box canaries do see the leakage
 
 
@@ -241,7 +241,7 @@ def test_power_of_gradient_canaries_on_a_weakly_private_run():
     _fit([audit, dp], epochs=30)  # listed before DPSGD: the hook is registered at setup all the same
     assert dp.sample_rate == pytest.approx(0.1)
     r = audit.results
-    assert r[names.CANARY_EPSILON_LOWER] >= 2.0 and r[names.CANARY_EPSILON_LOWER_GDP] >= 2.0
+    assert r[names.CANARY_EPSILON_LOWER] >= 2.0 and r[names.CANARY_EPSILON_GDP_GAUSSIAN_READING] >= 2.0
     assert r[names.CANARY_EPSILON_LOWER] <= r[names.CANARY_EPSILON_LOWER_MAX] <= 4.8
     assert r[names.CANARY_EPSILON_LOWER] <= r[names.CANARY_EPSILON_OPTIMISTIC]
     # the logged value is the analysis module's on the same scores
@@ -255,7 +255,7 @@ def test_input_canaries_on_an_overfitting_model_without_dp():
     _fit([audit], epochs=60, tmp_path=None)
     assert audit.accountant_epsilon is None
     assert audit.results[names.CANARY_EPSILON_LOWER] > 0.5
-    assert audit.results[names.CANARY_EPSILON_LOWER_GDP] > 0.5
+    assert audit.results[names.CANARY_EPSILON_GDP_GAUSSIAN_READING] > 0.5
     assert np.median(audit.scores[audit.included]) > np.median(audit.scores[~audit.included])
 
 
@@ -294,7 +294,7 @@ def test_logs_scalars_summary_and_the_theory_vs_practice_figure(tmp_path, monkey
     assert drawn == {names.EPSILON_STAR: pytest.approx(star.results[names.EPSILON_STAR])}
     events = EventAccumulator(str(next(Path(tmp_path, "tb").rglob("events.out.*")).parent)).Reload()
     scalars = events.Tags()["scalars"]
-    for key in (names.CANARY_EPSILON_LOWER, names.CANARY_EPSILON_LOWER_GDP, names.CANARY_CORRECT):
+    for key in (names.CANARY_EPSILON_LOWER, names.CANARY_EPSILON_GDP_GAUSSIAN_READING, names.CANARY_CORRECT):
         assert key in scalars
         assert events.Scalars(key)[-1].step == t.global_step
     assert names.CANARY_EPSILON_OPTIMISTIC not in scalars  # not a valid bound: kept in results only
@@ -314,7 +314,9 @@ def test_figure_without_dpsgd_or_other_audits():
     audit = CanaryAudit("input", num_canaries=50)
     _fit([audit], epochs=2)
     fig = module.theory_vs_practice_figure(audit, {})
-    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 2  # the two canary bounds only
+    assert len(fig.axes) == 1 and len(fig.axes[0].patches) == 3  # the headline, binomial and the Gaussian reading
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[0] == "canary ε lower bound (headline: any (ε, δ)-DP)" and "(if μ-GDP)" in labels[2]
 
 
 def test_a_reused_audit_starts_over_for_another_model_and_continues_for_the_same():
