@@ -118,10 +118,10 @@ def test_the_guide_quotes_the_file():
     assert f"shows {f(full[4])} of ε at ε = 4 and {f(full[8])} at ε = 8" in guide
     assert all(_tightest(r) == 0 for r in part2 if r["fine-tuning"] != "full")  # "Under LoRA it shows nothing"
     ceiling = {
-        (int(r["steps"]), float(r["accountant ε"])): r["tightest"].split()[0]
+        (int(r["steps"]), float(r["accountant ε"])): r["gdp reading"].split()[0]  # (these tables' "tightest")
         for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
     }
-    assert f"of the ideal canary's {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]} there" in guide
+    assert f"of the ideal canary's Gaussian reading, {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]} there" in guide
     losses = [float(r["member loss"]) for r in full.values()]
     assert f"(mean token loss {min(losses):.1f}–{max(losses):.1f} after 1,200" in guide
     base = float(re.search(r"around the old rows' mean\) ([\d.]+)", RESULTS.read_text(encoding="utf-8"))[1])

@@ -13,7 +13,11 @@ __all__ = ["audits", "budget"]
 
 # audit values a statement lists: the scalars of the audit/ keys, without values that are no valid bound
 _AUDIT_KEYS = tuple(key for key in names.ALL_KEYS if key.startswith("audit/") and names.KEY_DOCS[key][2] != names.MEDIA)
-_NOT_BOUNDS = (names.CANARY_EPSILON_OPTIMISTIC, names.CANARY_EPSILON_OPTIMISTIC_GDP)
+_NOT_BOUNDS = (
+    names.CANARY_EPSILON_OPTIMISTIC,
+    names.CANARY_EPSILON_OPTIMISTIC_FDP,
+    names.CANARY_EPSILON_OPTIMISTIC_GDP,
+)
 _VERDICT_KEYS = tuple(key for key in _AUDIT_KEYS if key.endswith("_claim_contradicted"))
 
 
