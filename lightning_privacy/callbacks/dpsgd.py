@@ -188,6 +188,7 @@ class DPSGD(Callback, DPSGDRun):
         self.sample_rate_origin: Optional[str] = None
         self.expected_batch_size: Optional[float] = self.expected_batch_size_argument  # (else the loader's batch size)
         self.loader_batch_size: Optional[int] = None
+        self.example_leaves: Optional[tuple] = None  # which batch leaves hold one row per example (the collate's)
         self.dataset_size: Optional[int] = None  # rows Poisson-sampled (set with sample_rate; saved for the audits)
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit

@@ -185,6 +185,7 @@ class PerExampleBackward:
         self.exactness_examples = exactness_examples
         self._rows_generator = torch.Generator().manual_seed(0)
         self.last_norms: Optional[torch.Tensor] = None
+        self.per_example: Optional[tuple] = None  # which batch leaves hold examples (set_example_leaves)
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
         # checked unchanged at every step, by name: FSDP2 swaps a module's parameter objects between sharded and
@@ -224,7 +225,7 @@ class PerExampleBackward:
         if empty:  # FSDP2: the placeholder row, whose loss _empty_sharded multiplies by zero
             batch = self._placeholder()
             args, kwargs = ((batch, *args[1:]), kwargs) if args else (args, {**kwargs, "batch": batch})
-        self.last_rows = batch_rows(batch)
+        self.last_rows = batch_rows(batch, self.per_example)
         if self.mode == "functional":
             return self._functional_step(batch, args, kwargs)
         try:
@@ -244,6 +245,14 @@ class PerExampleBackward:
                 )
             out = {**out, "loss": losses}
         return out
+
+    def set_example_leaves(self, per_example: Optional[tuple]) -> None:
+        """Which leaves of a batch hold one row per example (the train loader's collate on one and two examples,
+        :func:`~lightning_privacy.dpsgd.sampling.example_leaves`): the batch's rows and the functional passes' split."""
+        self.per_example = per_example
+        for engine in (self.engine, getattr(self.sampled, "engine", None)):
+            if engine is not None:
+                engine.per_example = per_example
 
     def _check_trainable_unchanged(self) -> None:
         """Every step: the trainable parameters are those of the fit's start (Opacus' hooks and the DP optimizer
@@ -587,7 +596,8 @@ class PerExampleBackward:
         engine = self.engine
         before = engine.fallback
         checking = self.should_check()
-        if checking:  # (before any gradient: a model that mixes examples is refused at once)
+        if checking:  # (before any gradient: a model that mixes examples, or hides a parameter, is refused at once)
+            functional.check_parameters_swapped(engine, batch, step)
             error = functional.check_losses_alone(
                 engine, batch, step, loss_reduction=self.loss_reduction, rtol=self.rtol
             )

@@ -164,6 +164,8 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         engine=_functional_engine(dp, pl_module),
         sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol),
     )
+    dp.example_leaves = getattr(loader, "per_example", None)  # which batch leaves are per-example: its collate says
+    dp._backward.set_example_leaves(dp.example_leaves)
     # The divisor of the noised sum: a public constant, never computed from the private N (dpsgd.settings.dp_divisor);
     # each rank divides its share by 1/W of it, so the ranks' average is the whole step's sum / divisor.
     dp.expected_batch_size = dp_divisor(dp, dp.loader_batch_size, dataset_size=len(loader.dataset))
