@@ -186,6 +186,9 @@ class PerExampleBackward:
         self._rows_generator = torch.Generator().manual_seed(0)
         self.last_norms: Optional[torch.Tensor] = None
         self.per_example: Optional[tuple] = None  # which batch leaves hold examples (set_example_leaves)
+        # the neighbour check (dpsgd.neighbours) and this step's rows in the train loader's dataset (set by install)
+        self.neighbours: Any = None
+        self.current_rows: Callable[[], Optional[List[int]]] = lambda: None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
         # checked unchanged at every step, by name: FSDP2 swaps a module's parameter objects between sharded and
@@ -218,6 +221,7 @@ class PerExampleBackward:
         self._check_trainable_unchanged()
         empty = is_empty_batch(batch)
         self._start_sampled(batch, args, kwargs, empty=empty)
+        self._check_neighbours(args, kwargs, empty=empty)
         self._empty_step = empty and not self.sharded
         if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
             self.last_rows = 0
@@ -268,6 +272,34 @@ class PerExampleBackward:
                     ": set `requires_grad` before `trainer.fit`, or end the fit and start another with the new "
                     "trainable set (the ledger composes both fits' steps on the same module)."
                 )
+
+    def _check_neighbours(self, args: tuple, kwargs: Dict[str, Any], *, empty: bool) -> None:
+        """On the neighbour check's steps, before the step's forward pass: removing one example moves the clipped sum
+        by at most C (:mod:`lightning_privacy.dpsgd.neighbours`); every rank draws alike and decides together."""
+        check = self.neighbours
+        if check is None or not check.due():
+            return
+        rows = None if empty else self.current_rows()
+        error: Optional[MisconfigurationException] = None
+        if rows is not None and len(rows) > 1:
+            if self.hooks is not None:
+                self.hooks.disable_hooks()
+            try:
+                check.run(rows, self._rows_step(args, kwargs))
+            except MisconfigurationException as err:
+                error = err
+            finally:
+                if self.hooks is not None:
+                    self.hooks.enable_hooks()
+                if self.bookkeeping is not None:
+                    self.bookkeeping.start()  # (forget what the check's passes captured)
+        if _distributed() and self.pl_module.trainer.strategy.reduce_boolean_decision(error is not None, all=False):
+            error = error or MisconfigurationException(
+                "DPSGD: on another process, removing one example moved the step's clipped sum by more than C (that "
+                "process's error names it); the fit stops before this step's noised update."
+            )
+        if error is not None:
+            raise error
 
     def _rows_step(self, args: tuple, kwargs: Dict[str, Any]) -> Callable[[Any], Any]:
         """The user's ``training_step`` on other rows, its other arguments as Lightning gave them."""

@@ -193,6 +193,7 @@ class PoissonBatchSampler(Sampler[List[int]]):
         self.start_step = start_step
         self.next_step = 0  # index of the next mask when no start_step is given
         self.last_step: Optional[int] = None  # index of the mask of the last yielded batch
+        self.recent: Dict[int, List[int]] = {}  # the last batches' rows by step (the neighbour check re-collates them)
 
     def __len__(self) -> int:
         return self.steps
@@ -208,7 +209,10 @@ class PoissonBatchSampler(Sampler[List[int]]):
         first = int(self.start_step()) if self.start_step is not None else self.next_step
         for step in range(first, first + self.steps):
             self.last_step, self.next_step = step, step + 1
-            yield self.local_batch(step)
+            rows = self.local_batch(step)
+            self.recent[step] = rows
+            self.recent.pop(step - 16, None)  # (a loader prefetches a few batches ahead, never 16)
+            yield rows
 
 
 class PoissonDataLoader(DataLoader):
