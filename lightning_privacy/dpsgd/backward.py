@@ -53,6 +53,7 @@ from lightning_privacy import _compat
 from lightning_privacy.dpsgd import exactness, functional
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
 from lightning_privacy.dpsgd.checks import _grad_sample, odd_batch_message
+from lightning_privacy.dpsgd.neighbours import NeighbourViolation
 from lightning_privacy.dpsgd.sampled_exactness import SampledExactness
 from lightning_privacy.dpsgd.sampling import batch_rows, is_empty_batch
 
@@ -279,15 +280,17 @@ class PerExampleBackward:
         check = self.neighbours
         if check is None or not check.due():
             return
-        rows = None if empty else self.current_rows()
+        rows = None if empty or check.disabled else self.current_rows()
         error: Optional[MisconfigurationException] = None
         if rows is not None and len(rows) > 1:
             if self.hooks is not None:
                 self.hooks.disable_hooks()
             try:
                 check.run(rows, self._rows_step(args, kwargs))
-            except MisconfigurationException as err:
+            except NeighbourViolation as err:
                 error = err
+            except Exception as err:  # noqa: BLE001 (a model or data the functional passes cannot run: said, not fatal)
+                rank_zero_warn(f"DPSGD: the neighbour check is {check.disable(err)}; the fit goes on without it.")
             finally:
                 if self.hooks is not None:
                     self.hooks.enable_hooks()

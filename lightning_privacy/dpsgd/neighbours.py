@@ -42,7 +42,7 @@ from lightning_privacy import _compat
 from lightning_privacy.dpsgd import functional
 from lightning_privacy.dpsgd.sampled_exactness import dropout_off
 
-__all__ = ["DEFAULT_RATE", "FIRST_STEPS", "NeighbourCheck", "NeighbourRecord"]
+__all__ = ["DEFAULT_RATE", "FIRST_STEPS", "NeighbourCheck", "NeighbourRecord", "NeighbourViolation"]
 
 #: share of the later steps checked (drawn before each step); the first steps are always checked
 DEFAULT_RATE = 0.005
@@ -55,6 +55,10 @@ CAUSES = (
     "loss by its own length), a buffer written from the batch in `forward` and used in the output (running "
     "statistics), or a statistic of the batch (BatchNorm in train mode, `x - x.mean(0)`)"
 )
+
+
+class NeighbourViolation(MisconfigurationException):
+    """Removing one example moved the step's clipped sum by more than C."""
 
 
 @dataclasses.dataclass
@@ -105,6 +109,7 @@ class NeighbourCheck:
         self._steps = torch.Generator().manual_seed(3)  # which later steps: the same draws on every rank
         self._examples = torch.Generator().manual_seed(4)  # which example besides the largest
         self._seen = 0
+        self.disabled = False  # the check could not run this model (the record's reason says why)
 
     def due(self) -> bool:
         """At every batch (empty ones too, so that every rank draws alike): is this step checked?"""
@@ -112,12 +117,19 @@ class NeighbourCheck:
         draw = float(torch.rand((), generator=self._steps)) < self.rate if self.rate > 0 else False
         return self._seen <= self.first_steps or draw
 
+    def disable(self, error: BaseException) -> str:
+        """Stop checking (the check cannot run this model or data); returns the reason, kept in the record."""
+        self.disabled = True
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        self.record.reason = f"not run: the functional passes failed ({type(error).__name__}: {first[:200]})"
+        return self.record.reason
+
     def run(self, indices: Sequence[int], step: Callable[[Any], Any]) -> float:
         """‖S − S₋ᵢ‖ / C for this step's rows ``indices`` (the largest over the examples removed); raises above 1.
 
         Raises:
-            MisconfigurationException: removing one example moved the clipped sum by more than C (the sentence names
-                the example, the ratio and the likely causes).
+            NeighbourViolation: removing one example moved the clipped sum by more than C (the sentence names the
+                example, the ratio and the likely causes).
         """
         indices = [int(i) for i in indices]
         if len(indices) < 2:
@@ -136,7 +148,7 @@ class NeighbourCheck:
                 worst = max(worst, ratio)
                 if moved > self.max_grad_norm * (1 + RTOL) + SUM_TOL * scale:
                     self._count(len(removed), worst)
-                    raise MisconfigurationException(
+                    raise NeighbourViolation(
                         f"DPSGD: removing one example (row {i} of this step's batch of {len(items)}, the batch "
                         f"collated again by the train loader's collate_fn) moved the step's clipped sum by "
                         f"{ratio:.3g}·C, more than the C = {self.max_grad_norm:g} that DP-SGD's guarantee rests on (one "
