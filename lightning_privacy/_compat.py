@@ -14,20 +14,23 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | ``DDPStrategy._start_method`` | refusing ``ddp_spawn``/``ddp_fork`` (the main process keeps untrained callbacks) | ``tests/callbacks/test_strategies.py::test_ddp_start_method_is_read_from_lightning`` |
 | torch's CPU generator state layout (``CPUGeneratorImplState``: the 624 MT19937 words at bytes 24..5016) | a CPU noise generator with its whole 19,968-bit state secret (``manual_seed`` keeps 32 bits of a seed) | ``tests/test_noise.py::test_cpu_generator_state_layout_fails_loudly_if_torch_changes_it`` |
 | the locals of Lightning's ``_validate_callbacks_list`` (``seen_callbacks``, ``stateful_callbacks``) | DPSGD given twice with the same arguments: one sentence naming both instead of "state_key must be unique" | ``tests/callbacks/test_dpsgd_user_mistakes.py::test_dpsgd_given_twice_is_one_sentence_naming_both`` |
+| ``nn.Module._backward_hooks`` / ``_backward_pre_hooks`` (set aside, restored in order) | the neighbour check's functional passes under vmap in hooks and ghost mode | ``tests/callbacks/test_neighbour_check.py::test_in_hooks_mode_the_check_runs_under_vmap`` |
 | ``param._norm_sample`` (Opacus fast gradient clipping) | ghost clipping's per-parameter norms: reset before and checked after every first backward pass | ``tests/callbacks/test_dpsgd_ghost.py::test_norm_sample_attribute_fails_loudly_if_opacus_renames_it`` |
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.connectors.data_connector import _DataLoaderSource
 
 __all__ = [
     "PoissonDataSource",
+    "backward_hooks_detached",
     "callbacks_sharing_state_key",
     "accountant_from_step_hook",
     "cpu_generator_from_words",
@@ -191,6 +194,31 @@ def forward_pre_hooks(module: Any) -> list:
     """The forward pre-hooks registered on ``module`` (torch keeps them in the private ``_forward_pre_hooks``; the
     legacy ``nn.utils.spectral_norm`` is one, found by its type)."""
     return list(getattr(module, "_forward_pre_hooks", {}).values())
+
+
+@contextlib.contextmanager
+def backward_hooks_detached(module: Any) -> Iterator[None]:
+    """``module``'s backward hooks (every submodule's private ``_backward_hooks`` and ``_backward_pre_hooks``) set
+    aside inside, restored in order after: torch wraps a module that has full backward hooks (Opacus' per-sample hooks)
+    in ``BackwardHookFunction``, a classic ``autograd.Function`` that ``torch.func.vmap`` cannot run, so the functional
+    engine would fall back to one example at a time. Forward hooks stay (a spectral norm's pre-hook computes the
+    weight)."""
+    saved = []
+    for m in module.modules():
+        backward, pre = getattr(m, "_backward_hooks", None), getattr(m, "_backward_pre_hooks", None)
+        if backward is None or pre is None:
+            continue
+        saved.append((m, dict(backward), dict(pre), getattr(m, "_is_full_backward_hook", None)))
+        backward.clear()
+        pre.clear()
+    try:
+        yield
+    finally:
+        for m, backward, pre, full in saved:
+            m._backward_hooks.update(backward)
+            m._backward_pre_hooks.update(pre)
+            if full is not None:
+                m._is_full_backward_hook = full
 
 
 def remove_module_hooks(module: Any) -> None:

@@ -65,8 +65,12 @@ def fixable_module_names(module: nn.Module) -> List[str]:
     return names
 
 
-def replace_module(root: nn.Module, name: str) -> nn.Module:
+def replace_module(root: nn.Module, name: str, *, num_groups: Optional[int] = None) -> nn.Module:
     """Replace ``root``'s submodule ``name`` by Opacus' fix of it, in place; returns the new module.
+
+    ``num_groups`` (a BatchNorm only): a ``GroupNorm(num_groups, C)`` of the BatchNorm's ``eps`` and ``affine``
+    instead of Opacus' ``GroupNorm(min(32, C), C)`` — ``DPSGD(fix_modules=True)`` gives ``BatchNorm1d`` one group,
+    since Opacus' choice normalises each of C ≤ 32 features of a [batch, C] input on its own and erases it.
 
     The replacement gets the replaced module's dtype, device and train/eval mode (Opacus' fixers build in the
     default dtype). Where a fixer cannot keep the weights (BatchNorm → GroupNorm), the new layer starts afresh, as in
@@ -82,7 +86,10 @@ def replace_module(root: nn.Module, name: str) -> nn.Module:
     """
     sub = root.get_submodule(name)
     reference = next(sub.parameters(), None)
-    new = ModuleValidator.fix(sub)
+    if num_groups is not None and isinstance(sub, nn.modules.batchnorm._BatchNorm):
+        new = nn.GroupNorm(int(num_groups), sub.num_features, eps=sub.eps, affine=sub.affine)
+    else:
+        new = ModuleValidator.fix(sub)
     if reference is not None:
         dtype = reference.dtype if reference.dtype.is_floating_point else torch.get_default_dtype()
         new = new.to(device=reference.device, dtype=dtype)
@@ -111,6 +118,7 @@ def replay_fixes(module: nn.Module, record: Sequence[Mapping[str, str]]) -> List
     done: List[str] = []
     for entry in record:
         name, old, new = (str(entry.get(k, "")) for k in ("name", "old", "new"))
+        groups = entry.get("num_groups")  # (recorded since GroupNorm(1, C) for BatchNorm1d; older records: Opacus')
         what = f"{name} ({old} → {new})"
         try:
             found = type(module.get_submodule(name)).__name__
@@ -126,7 +134,7 @@ def replay_fixes(module: nn.Module, record: Sequence[Mapping[str, str]]) -> List
                 f"the checkpoint was trained with module {what} replaced by DPSGD(fix_modules=True), but "
                 f"{type(module).__name__}.{name} is a {found}"
             )
-        made = type(replace_module(module, name)).__name__
+        made = type(replace_module(module, name, num_groups=None if groups is None else int(groups))).__name__
         if made != new:
             raise ValueError(f"this Opacus replaces {name} ({old}) by {made}, the checkpoint's training by {new}")
         done.append(what)

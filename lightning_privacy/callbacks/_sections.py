@@ -50,6 +50,7 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
         ("clipping norm C", f"{cb.max_grad_norm:g}", "each example's gradient is clipped to norm ≤ C"),
         _mode_row(cb),
         _exactness_row(cb),
+        _neighbour_row(cb),
         (
             "sample rate p",
             "—" if rate is None else f"{rate:.6g}",
@@ -106,6 +107,20 @@ def _exactness_row(cb: Any) -> tuple:
     if record.later_not_comparable:
         note += f"; {record.later_not_comparable} sampled steps not comparable (the forward pass stayed random)"
     return ("exactness check", value, note)
+
+
+def _neighbour_row(cb: Any) -> tuple:
+    """What the neighbour check (the DP premise: one example moves the clipped sum by at most C) compared."""
+    record = getattr(cb, "neighbours", None)
+    if record is None or not record.steps:
+        return ("neighbour check", "not run", getattr(record, "reason", "") or "")
+    return (
+        "neighbour check",
+        f"{record.steps} steps, largest ‖S − S₋ᵢ‖ = {record.max_ratio:.3f}·C",
+        f"on the first steps and a share {record.rate:g} of the later ones, {record.removed} examples removed one at "
+        "a time (the batch re-collated by the train loader's collate_fn): each moved the pre-noise clipped sum by at "
+        "most C, the premise of DP-SGD's guarantee",
+    )
 
 
 def _rate_note(cb: Any) -> str:

@@ -98,10 +98,8 @@ class DPSGD(Callback, DPSGDRun):
         log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C),
             ``dp/grad_norm_median`` and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and see that
             clipping is active. They are computed from the private data and NOT covered by the DP guarantee.
-        clipping_every_n_steps: with ``log_clipping``, record the norms of every n-th optimizer step (steps 0, n, 2n,
-            … of the run; an epoch shorter than n steps still records its first), a uniform 1/n of the steps; 1
-            records every step (exact). The per-step work is mostly fixed overhead (~0.5 ms, ~4% of a step of the
-            Adult MLP), so thinning steps makes it cheap. Ghost clipping computes every norm and records every step.
+        clipping_every_n_steps: with ``log_clipping``, record the norms of every n-th optimizer step (0, n, 2n, …; an
+            epoch shorter than n steps still records its first); 1: every step. Ghost clipping records every step.
         functional_chunk_size: functional mode's examples per vmapped chunk; ``None`` (default): as many as keep a
             chunk's per-example gradients within 256 MiB on the CPU, a quarter of the free memory on a GPU (at least
             one; halved after an out-of-memory error).
@@ -109,6 +107,9 @@ class DPSGD(Callback, DPSGDRun):
             gradients (4, drawn uniformly) are compared with their gradients computed alone by ``torch.func``, in
             every mode (:mod:`lightning_privacy.dpsgd.sampled_exactness`); a disagreement stops the fit before that
             step's noised update. 0 turns it off.
+        neighbour_rate: the share of the later steps on which the DP premise itself is tested (besides the first two
+            steps): the step's clipped sum over its batch and over the batch without one example, both re-collated by
+            the train loader's ``collate_fn``, differ by at most C (:mod:`lightning_privacy.dpsgd.neighbours`).
 
     Attributes:
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
@@ -173,6 +174,7 @@ class DPSGD(Callback, DPSGDRun):
         expected_batch_size: Optional[float] = None,
         functional_chunk_size: Optional[int] = None,
         exactness_rate: float = 0.01,
+        neighbour_rate: float = 0.005,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)
@@ -188,6 +190,7 @@ class DPSGD(Callback, DPSGDRun):
         self.sample_rate_origin: Optional[str] = None
         self.expected_batch_size: Optional[float] = self.expected_batch_size_argument  # (else the loader's batch size)
         self.loader_batch_size: Optional[int] = None
+        self.example_leaves: Optional[tuple] = None  # which batch leaves hold one row per example (the collate's)
         self.dataset_size: Optional[int] = None  # rows Poisson-sampled (set with sample_rate; saved for the audits)
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit

@@ -53,6 +53,7 @@ from lightning_privacy import _compat
 from lightning_privacy.dpsgd import exactness, functional
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
 from lightning_privacy.dpsgd.checks import _grad_sample, odd_batch_message
+from lightning_privacy.dpsgd.neighbours import NeighbourViolation
 from lightning_privacy.dpsgd.sampled_exactness import SampledExactness
 from lightning_privacy.dpsgd.sampling import batch_rows, is_empty_batch
 
@@ -185,6 +186,10 @@ class PerExampleBackward:
         self.exactness_examples = exactness_examples
         self._rows_generator = torch.Generator().manual_seed(0)
         self.last_norms: Optional[torch.Tensor] = None
+        self.per_example: Optional[tuple] = None  # which batch leaves hold examples (set_example_leaves)
+        # the neighbour check (dpsgd.neighbours) and this step's rows in the train loader's dataset (set by install)
+        self.neighbours: Any = None
+        self.current_rows: Callable[[], Optional[List[int]]] = lambda: None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
         # checked unchanged at every step, by name: FSDP2 swaps a module's parameter objects between sharded and
@@ -217,6 +222,7 @@ class PerExampleBackward:
         self._check_trainable_unchanged()
         empty = is_empty_batch(batch)
         self._start_sampled(batch, args, kwargs, empty=empty)
+        self._check_neighbours(args, kwargs, empty=empty)
         self._empty_step = empty and not self.sharded
         if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
             self.last_rows = 0
@@ -224,7 +230,7 @@ class PerExampleBackward:
         if empty:  # FSDP2: the placeholder row, whose loss _empty_sharded multiplies by zero
             batch = self._placeholder()
             args, kwargs = ((batch, *args[1:]), kwargs) if args else (args, {**kwargs, "batch": batch})
-        self.last_rows = batch_rows(batch)
+        self.last_rows = batch_rows(batch, self.per_example)
         if self.mode == "functional":
             return self._functional_step(batch, args, kwargs)
         try:
@@ -245,6 +251,14 @@ class PerExampleBackward:
             out = {**out, "loss": losses}
         return out
 
+    def set_example_leaves(self, per_example: Optional[tuple]) -> None:
+        """Which leaves of a batch hold one row per example (the train loader's collate on one and two examples,
+        :func:`~lightning_privacy.dpsgd.sampling.example_leaves`): the batch's rows and the functional passes' split."""
+        self.per_example = per_example
+        for engine in (self.engine, getattr(self.sampled, "engine", None)):
+            if engine is not None:
+                engine.per_example = per_example
+
     def _check_trainable_unchanged(self) -> None:
         """Every step: the trainable parameters are those of the fit's start (Opacus' hooks and the DP optimizer
         took them then: a parameter unfrozen since would be updated without clipping or noise)."""
@@ -259,6 +273,36 @@ class PerExampleBackward:
                     ": set `requires_grad` before `trainer.fit`, or end the fit and start another with the new "
                     "trainable set (the ledger composes both fits' steps on the same module)."
                 )
+
+    def _check_neighbours(self, args: tuple, kwargs: Dict[str, Any], *, empty: bool) -> None:
+        """On the neighbour check's steps, before the step's forward pass: removing one example moves the clipped sum
+        by at most C (:mod:`lightning_privacy.dpsgd.neighbours`); every rank draws alike and decides together."""
+        check = self.neighbours
+        if check is None or not check.due():
+            return
+        rows = None if empty or check.disabled else self.current_rows()
+        error: Optional[MisconfigurationException] = None
+        if rows is not None and len(rows) > 1:
+            if self.hooks is not None:
+                self.hooks.disable_hooks()
+            try:
+                check.run(rows, self._rows_step(args, kwargs))
+            except NeighbourViolation as err:
+                error = err
+            except Exception as err:  # noqa: BLE001 (a model or data the functional passes cannot run: said, not fatal)
+                rank_zero_warn(f"DPSGD: the neighbour check is {check.disable(err)}; the fit goes on without it.")
+            finally:
+                if self.hooks is not None:
+                    self.hooks.enable_hooks()
+                if self.bookkeeping is not None:
+                    self.bookkeeping.start()  # (forget what the check's passes captured)
+        if _distributed() and self.pl_module.trainer.strategy.reduce_boolean_decision(error is not None, all=False):
+            error = error or MisconfigurationException(
+                "DPSGD: on another process, removing one example moved the step's clipped sum by more than C (that "
+                "process's error names it); the fit stops before this step's noised update."
+            )
+        if error is not None:
+            raise error
 
     def _rows_step(self, args: tuple, kwargs: Dict[str, Any]) -> Callable[[Any], Any]:
         """The user's ``training_step`` on other rows, its other arguments as Lightning gave them."""
@@ -587,7 +631,8 @@ class PerExampleBackward:
         engine = self.engine
         before = engine.fallback
         checking = self.should_check()
-        if checking:  # (before any gradient: a model that mixes examples is refused at once)
+        if checking:  # (before any gradient: a model that mixes examples, or hides a parameter, is refused at once)
+            functional.check_parameters_swapped(engine, batch, step)
             error = functional.check_losses_alone(
                 engine, batch, step, loss_reduction=self.loss_reduction, rtol=self.rtol
             )

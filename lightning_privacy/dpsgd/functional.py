@@ -242,6 +242,9 @@ class FunctionalClipping:
         self.chunk_bytes = chunk_bytes
         self.fallback: Optional[str] = None
         self.loop = False  # the examples one at a time by autograd even where vmap runs (exact both ways)
+        #: which leaves of a batch hold one row per example (the train loader's collate on one and two examples,
+        #: :func:`~lightning_privacy.dpsgd.sampling.example_leaves`); ``None``: inferred from the leaves' sizes
+        self.per_example: Optional[Tuple[bool, ...]] = None
         self._out_of_memory: Optional[int] = None  # half the chunk that ran out of GPU memory
         self._call = _Call(module)
 
@@ -298,7 +301,7 @@ class FunctionalClipping:
     ) -> Iterator[Tuple[List[torch.Tensor], torch.Tensor, str]]:
         """Chunks of per-example gradients and losses of ``batch``'s rows, each row alone (vmap, or the loop after a
         :attr:`fallback`)."""
-        leaves, spec, rows, batched = _split(batch)
+        leaves, spec, rows, batched = _split(batch, self.per_example)
         how = "loop" if self.fallback is not None or self.loop else "vmap"
         size = self.rows_per_chunk(rows)
         start = 0
@@ -328,7 +331,7 @@ class FunctionalClipping:
     def losses_alone(self, batch: Any, step: Callable[[Any], Any]) -> torch.Tensor:
         """Each example's loss from ``step`` on its row alone, without gradients (vmap, or the loop after a
         :attr:`fallback`)."""
-        leaves, spec, rows, batched = _split(batch)
+        leaves, spec, rows, batched = _split(batch, self.per_example)
         params = self._values()
         out = []
         with logging_suppressed(self.module), torch.no_grad():
@@ -405,11 +408,26 @@ def _by_backward(value: torch.Tensor, params: Sequence[torch.Tensor]) -> List[Op
             p.grad = g
 
 
-def _split(batch: Any) -> Tuple[List[Any], Any, int, List[int]]:
-    """``batch``'s leaves, its structure, its rows and the leaves split by rows (tensors whose first dimension is the
-    batch's: the first tensor of at least one dimension sets it). The tensors are copies: an in-place change that
+def _split(batch: Any, per_example: Optional[Sequence[bool]] = None) -> Tuple[List[Any], Any, int, List[int]]:
+    """``batch``'s leaves, its structure, its rows and the leaves split by rows. ``per_example`` (from the train
+    loader's own collate, :func:`~lightning_privacy.dpsgd.sampling.example_leaves`) says which leaves hold one row per
+    example, so a tensor the collate shares with every example is given whole even when its size happens to equal the
+    batch's; without it (or for a batch of another structure) the tensors whose first dimension is the batch's are
+    split (the first tensor of at least one dimension sets it). The tensors are copies: an in-place change that
     ``training_step`` makes to its batch happens to the batch once, in the batch's own pass, as without DPSGD."""
     leaves, spec = tree_flatten(_copy(batch))
+    if per_example is not None and len(per_example) == len(leaves):
+        batched = [i for i, flag in enumerate(per_example) if flag and isinstance(leaves[i], torch.Tensor)]
+        if batched and all(leaves[i].ndim > 0 for i in batched):
+            rows = int(leaves[batched[0]].shape[0])
+            uneven = [tuple(leaves[i].shape) for i in batched if leaves[i].shape[0] != rows]
+            if uneven:
+                raise MisconfigurationException(
+                    f"{_MODE} splits the batch into its examples by the leaves the train loader's collate_fn gives one "
+                    f"row per example, and this batch's disagree in length ({rows} rows, and leaves of shapes "
+                    f"{uneven}); let every per-example tensor of a batch have one row per example."
+                )
+            return leaves, spec, rows, batched
     tensors = [x for x in leaves if isinstance(x, torch.Tensor) and x.ndim > 0]
     if not tensors:
         raise MisconfigurationException(
@@ -449,6 +467,42 @@ def _eval_mode(module: nn.Module) -> Iterator[None]:
     finally:
         for m, training in modes:
             m.training = training
+
+
+def check_parameters_swapped(engine: FunctionalClipping, batch: Any, step: Callable[[Any], Any]) -> None:
+    """Refuse a forward pass that reaches a trainable parameter through a reference ``functional_call`` cannot swap.
+
+    ``functional_call`` replaces the module's registered parameters for the per-example pass; a ``Parameter`` the
+    forward pass reaches another way — kept in a plain ``dict`` or ``list`` attribute, or in a closure — stays the
+    original, so its gradient through that use would be silently dropped from every example's gradient (and the
+    update). One example's loss, computed with the parameters swapped for fresh copies, must not depend on the
+    originals.
+
+    Raises:
+        MisconfigurationException: naming the parameter and the fix.
+    """
+    leaves, spec, rows, batched = _split(batch, engine.per_example)
+    if rows == 0 or not engine.params:
+        return
+    copies = {f"m.{name}": p.detach().clone().requires_grad_(True) for name, p in zip(engine.names, engine.params)}
+    call = engine._call
+    call.step = step
+    with logging_suppressed(engine.module), _eval_mode(engine.module), torch.enable_grad():  # (no dropout, no stats)
+        value = example_loss(
+            functional_call(call, copies, (_rebuild(leaves, spec, batched, [leaves[i][:1] for i in batched]),))
+        )
+    if not value.requires_grad:
+        return
+    reached = torch.autograd.grad(value, engine.params, allow_unused=True)
+    names = [name for name, g in zip(engine.names, reached) if g is not None]
+    if names:
+        raise MisconfigurationException(
+            f"{_MODE}: the forward pass reaches the trainable parameter `{names[0]}` through a reference that "
+            "`torch.func.functional_call` does not swap (a plain dict, list or closure holding the Parameter, not the "
+            "module attribute it is registered as), so that use's share of each example's gradient would be dropped "
+            "without a word; reach it through its module attribute (or an nn.ParameterDict / nn.ParameterList), or "
+            "use grad_sample_mode='hooks'."
+        )
 
 
 def check_losses_alone(

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat, names
-from lightning_privacy.dpsgd import checks, functional, sampled_exactness, state, strategies
+from lightning_privacy.dpsgd import checks, functional, neighbours, sampled_exactness, state, strategies
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
@@ -164,6 +164,9 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         engine=_functional_engine(dp, pl_module),
         sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol),
     )
+    dp.example_leaves = getattr(loader, "per_example", None)  # which batch leaves are per-example: its collate says
+    dp._backward.set_example_leaves(dp.example_leaves)
+    _neighbour_check(dp, trainer, pl_module, loader, fsdp=fsdp)
     # The divisor of the noised sum: a public constant, never computed from the private N (dpsgd.settings.dp_divisor);
     # each rank divides its share by 1/W of it, so the ranks' average is the whole step's sum / divisor.
     dp.expected_batch_size = dp_divisor(dp, dp.loader_batch_size, dataset_size=len(loader.dataset))
@@ -202,6 +205,28 @@ def _functional_engine(dp: Any, pl_module: pl.LightningModule) -> Any:
         return None
     chunk_size = getattr(dp, "functional_chunk_size", None)
     return functional.FunctionalClipping(pl_module, max_grad_norm=dp.max_grad_norm, chunk_size=chunk_size)
+
+
+def _neighbour_check(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, loader: Any, *, fsdp: bool) -> None:
+    """The neighbour check (:mod:`lightning_privacy.dpsgd.neighbours`) on the train loader's dataset and collate; this
+    step's rows from the Poisson sampler of the loader Lightning iterates. Not under FSDP2 (sharded parameters)."""
+    dp.neighbours = neighbours.NeighbourRecord(rate=dp.neighbour_rate, reason="not run (FSDP2: sharded parameters)")
+    if fsdp:
+        return
+    from lightning.pytorch.utilities import move_data_to_device
+
+    check = neighbours.NeighbourCheck(
+        pl_module, max_grad_norm=dp.max_grad_norm, dataset=loader.dataset, collate=loader.collate_fn,
+        rate=dp.neighbour_rate, per_example=dp.example_leaves,
+        to_device=lambda batch: move_data_to_device(batch, pl_module.device),
+    )  # fmt: skip
+    dp.neighbours = check.record
+
+    def current_rows() -> Any:
+        sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+        return getattr(sampler, "recent", {}).get(dp.ledger.steps)
+
+    dp._backward.neighbours, dp._backward.current_rows = check, current_rows
 
 
 def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rtol: float) -> Any:

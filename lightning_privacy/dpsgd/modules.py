@@ -67,14 +67,16 @@ _NAMES_SHOWN = 24  # layers named per kind in a message; more are counted
 
 
 class Replacement(NamedTuple):
-    """One replaced submodule: its name, the old and new type names, a caveat ("" when none), and whether the new
-    layer starts from fresh weights (the replaced layer's trained values could not be carried over)."""
+    """One replaced submodule: its name, the old and new type names, a caveat ("" when none), whether the new
+    layer starts from fresh weights (the replaced layer's trained values could not be carried over), and a new
+    GroupNorm's groups where DPSGD chose them (``None``: Opacus' fixer)."""
 
     name: str
     old: str
     new: str
     caveat: str = ""
     fresh: bool = False
+    num_groups: Optional[int] = None
 
     def __str__(self) -> str:
         return f"{self.name} ({self.old} → {self.new})"
@@ -117,7 +119,8 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
     for name in fixable_module_names(module):
         sub = module.get_submodule(name)
         before = _fingerprint(sub)
-        new = replace_module(module, name)
+        one_group = type(sub) is nn.BatchNorm1d  # keeps a [batch, C] input (Opacus' GroupNorm(C, C) erases it)
+        new = replace_module(module, name, num_groups=1 if one_group else None)
         caveat = ""
         if (
             isinstance(sub, nn.MultiheadAttention)
@@ -130,15 +133,17 @@ def fix_modules_in_place(module: nn.Module) -> List[Replacement]:
                 "output (meta-pytorch/opacus#825); examples stay apart, so DP holds, but the layer computes another "
                 "function than the nn.MultiheadAttention it replaces (same weights, different outputs)"
             )
-        if isinstance(sub, nn.BatchNorm1d) and isinstance(new, nn.GroupNorm) and new.num_groups == new.num_channels:
+        if one_group:
             caveat = (
-                f"{name}: GroupNorm({new.num_groups}, {new.num_channels}) normalises each channel on its own, so on "
-                f"[batch, {new.num_channels}] features (no length dimension) every output is its bias and the layer "
-                "erases its input (meta-pytorch/opacus#567); on such features use nn.LayerNorm"
-                f"({new.num_channels}) or GroupNorm(1, {new.num_channels}) in the model instead"
+                f"{name}: BatchNorm1d({new.num_channels}) became GroupNorm(1, {new.num_channels}), which normalises each "
+                "example's features together (a LayerNorm over them, with per-feature scale and shift), not Opacus' "
+                f"GroupNorm({min(32, new.num_channels)}, {new.num_channels}): on [batch, {new.num_channels}] features "
+                "that normalises each feature on its own, so every output is its bias and the layer erases its input "
+                "(meta-pytorch/opacus#567)"
             )
         fresh = not _same_values(_fingerprint(new), before)
-        replaced.append(Replacement(name, type(sub).__name__, type(new).__name__, caveat, fresh))
+        groups = new.num_groups if one_group else None
+        replaced.append(Replacement(name, type(sub).__name__, type(new).__name__, caveat, fresh, groups))
     return replaced
 
 
@@ -383,7 +388,10 @@ def fixed_modules_record(replaced: List[Replacement]) -> List[Dict[str, str]]:
 
     Example::
 
-        >>> fixed_modules_record([Replacement("1", "BatchNorm1d", "GroupNorm")])
-        [{'name': '1', 'old': 'BatchNorm1d', 'new': 'GroupNorm'}]
+        >>> fixed_modules_record([Replacement("1", "BatchNorm1d", "GroupNorm", num_groups=1)])
+        [{'name': '1', 'old': 'BatchNorm1d', 'new': 'GroupNorm', 'num_groups': 1}]
     """
-    return [{"name": r.name, "old": r.old, "new": r.new} for r in replaced]
+    return [
+        {"name": r.name, "old": r.old, "new": r.new, **({} if r.num_groups is None else {"num_groups": r.num_groups})}
+        for r in replaced
+    ]

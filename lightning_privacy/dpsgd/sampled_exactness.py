@@ -168,7 +168,7 @@ class SampledExactness:
         index = self._rows(rows)
         if index is None:
             return
-        chosen = _select(batch, index)
+        chosen = _select(batch, index, self.engine.per_example)
         grads, losses = self._gradients_alone(chosen, step)
         found: Optional[MisconfigurationException] = None
         worst = 0.0
@@ -207,7 +207,7 @@ class SampledExactness:
         index = self._rows(rows)
         if index is None or batch_losses is None or batch_losses.numel() != rows:
             return
-        chosen = _select(batch, index)
+        chosen = _select(batch, index, self.engine.per_example)
         alone = self.engine.losses_alone(chosen, step).to(torch.float64)
         together = batch_losses.detach().to(torch.float64).reshape(-1)[index.to(batch_losses.device)].cpu()
         alone = alone.cpu()
@@ -275,8 +275,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.allclose(a, b, rtol=1e-5, atol=1e-7 * max(1.0, float(a.abs().max()) if a.numel() else 1.0)))
 
 
-def _select(batch: Any, index: torch.Tensor) -> Any:
+def _select(batch: Any, index: torch.Tensor, per_example: Any = None) -> Any:
     """The rows ``index`` of every tensor of ``batch`` split by rows (as the functional engine splits a batch)."""
-    leaves, spec, rows, batched = functional._split(batch)
+    leaves, spec, rows, batched = functional._split(batch, per_example)
     chosen: Sequence[torch.Tensor] = [leaves[i][index.to(leaves[i].device)] for i in batched]
     return functional._rebuild(leaves, spec, batched, chosen)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -193,6 +193,7 @@ class PoissonBatchSampler(Sampler[List[int]]):
         self.start_step = start_step
         self.next_step = 0  # index of the next mask when no start_step is given
         self.last_step: Optional[int] = None  # index of the mask of the last yielded batch
+        self.recent: Dict[int, List[int]] = {}  # the last batches' rows by step (the neighbour check re-collates them)
 
     def __len__(self) -> int:
         return self.steps
@@ -208,7 +209,10 @@ class PoissonBatchSampler(Sampler[List[int]]):
         first = int(self.start_step()) if self.start_step is not None else self.next_step
         for step in range(first, first + self.steps):
             self.last_step, self.next_step = step, step + 1
-            yield self.local_batch(step)
+            rows = self.local_batch(step)
+            self.recent[step] = rows
+            self.recent.pop(step - 16, None)  # (a loader prefetches a few batches ahead, never 16)
+            yield rows
 
 
 class PoissonDataLoader(DataLoader):
@@ -225,7 +229,8 @@ class PoissonDataLoader(DataLoader):
     def __init__(self, loader: DataLoader, batch_sampler: PoissonBatchSampler) -> None:
         if isinstance(loader.dataset, IterableDataset):
             raise ValueError("Poisson sampling needs a map-style dataset, got an IterableDataset")
-        collate = _CollateWithEmpty(loader.collate_fn or default_collate, loader.dataset[0])
+        second = loader.dataset[1] if len(loader.dataset) > 1 else None
+        collate = _CollateWithEmpty(loader.collate_fn or default_collate, loader.dataset[0], second)
         kwargs: Dict[str, Any] = dict(
             num_workers=loader.num_workers,
             pin_memory=loader.pin_memory,
@@ -243,18 +248,46 @@ class PoissonDataLoader(DataLoader):
         self.sample_rate = batch_sampler.sample_rate
         self.original = loader
         self.placeholder = collate.placeholder
+        self.per_example = collate.per_example  # which leaves of a batch hold its examples' rows (example_leaves)
 
 
 class _CollateWithEmpty:
     """The loader's ``collate_fn``, and for an empty list of rows :func:`empty_batch_like` a collated example."""
 
-    def __init__(self, collate: Callable[[List[Any]], Any], example: Any) -> None:
+    def __init__(self, collate: Callable[[List[Any]], Any], example: Any, second: Any = None) -> None:
         self.collate = collate
         self.placeholder = collate([example])
         self.empty = empty_batch_like(self.placeholder)
+        self.per_example = None if second is None else example_leaves(self.placeholder, collate([example, second]))
 
     def __call__(self, rows: List[Any]) -> Any:
         return self.collate(rows) if rows else self.empty
+
+
+def example_leaves(one: Any, two: Any) -> Optional[Tuple[bool, ...]]:
+    """Which leaves of a collated batch hold one row per example, from the loader's own ``collate_fn`` on one example
+    (``one``) and on two (``two``): a leaf is per-example when it is a tensor whose first dimension is 1 in the first
+    batch and 2 in the second; anything else the collate adds (a class prior of shape [3], a batch-level scalar or
+    [1] tensor) is shared by the batch's examples, whatever the batch's size. ``None`` when the two batches differ in
+    structure (no leaf-by-leaf answer).
+
+    Example::
+
+        >>> collate = lambda rows: (torch.stack(rows), torch.zeros(3))  # rows, and a shared [3] prior
+        >>> example_leaves(collate([torch.ones(2)]), collate([torch.ones(2), torch.ones(2)]))
+        (True, False)
+    """
+    from torch.utils._pytree import tree_flatten
+
+    first, spec = tree_flatten(one)
+    second, spec_two = tree_flatten(two)
+    if spec != spec_two:
+        return None
+    return tuple(
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.ndim > 0 and b.ndim > 0
+        and a.shape[0] == 1 and b.shape[0] == 2
+        for a, b in zip(first, second)
+    )  # fmt: skip
 
 
 def empty_batch_like(batch: Any) -> Any:
@@ -308,9 +341,18 @@ def is_empty_batch(batch: Any) -> bool:
     return False
 
 
-def batch_rows(batch: Any) -> Optional[int]:
-    """The examples in ``batch``: the first dimension of its first tensor of at least one dimension (nested tuples,
-    lists, dicts; batch-first, as Opacus' hooks assume), or ``None`` when it holds no such tensor."""
+def batch_rows(batch: Any, per_example: Optional[Tuple[bool, ...]] = None) -> Optional[int]:
+    """The examples in ``batch``: the first dimension of its first per-example leaf (``per_example``, from
+    :func:`example_leaves`, where it matches the batch's leaves), else of its first tensor of at least one dimension
+    (nested tuples, lists, dicts; batch-first, as Opacus' hooks assume), or ``None`` when it holds no such tensor."""
+    if per_example is not None:
+        from torch.utils._pytree import tree_flatten
+
+        leaves, _ = tree_flatten(batch)
+        if len(leaves) == len(per_example):
+            found = [x for x, flag in zip(leaves, per_example) if flag and isinstance(x, torch.Tensor) and x.ndim > 0]
+            if found:
+                return int(found[0].shape[0])
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.ndim > 0 else None
     if isinstance(batch, dict):

@@ -105,6 +105,7 @@ def set_arguments(
     expected_batch_size: Any = None,
     functional_chunk_size: Any = None,
     exactness_rate: Any = 0.01,
+    neighbour_rate: Any = 0.005,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -127,6 +128,9 @@ def set_arguments(
     if isinstance(exactness_rate, bool) or not isinstance(exactness_rate, (int, float)) or not 0 <= exactness_rate <= 1:
         raise bad(f"DPSGD(exactness_rate={exactness_rate!r}): expected a share of the steps in [0, 1] (0: never).")
     dp.exactness_rate = float(exactness_rate)
+    if isinstance(neighbour_rate, bool) or not isinstance(neighbour_rate, (int, float)) or not 0 <= neighbour_rate <= 1:
+        raise bad(f"DPSGD(neighbour_rate={neighbour_rate!r}): expected a share of the later steps in [0, 1].")
+    dp.neighbour_rate = float(neighbour_rate)
     dp.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
     dp._planned = noise_multiplier is None
     dp.target_bayes_security = target_bayes_security

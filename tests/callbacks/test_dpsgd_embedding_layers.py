@@ -202,18 +202,33 @@ def test_max_norm_is_what_leaks():
     assert float(norms[1]) <= 1.0 + 1e-6 and float(norms[3]) > 2.0
 
 
-def test_fix_modules_says_when_groupnorm_erases_features():
-    from lightning_privacy.dpsgd.modules import fix_modules_in_place, replacements_warning
+def test_fix_modules_gives_batchnorm1d_one_group_so_features_are_kept_and_says_so():
+    """Issue 57: Opacus' fix, GroupNorm(8, 8) on [batch, 8] features, erased its input (every output its bias); DPSGD
+    now gives BatchNorm1d one group, GroupNorm(1, 8), records the groups and replays them from a checkpoint."""
+    from opacus.validators import ModuleValidator
 
-    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    from lightning_privacy.checkpoints import replay_fixes
+    from lightning_privacy.dpsgd.modules import fix_modules_in_place, fixed_modules_record, replacements_warning
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, eps=1e-3), nn.Linear(8, 2))
     replaced = fix_modules_in_place(model)
     norm = model[1]
-    assert isinstance(norm, nn.GroupNorm) and norm.num_groups == 8
+    assert isinstance(norm, nn.GroupNorm) and norm.num_groups == 1 and norm.eps == 1e-3
     x = torch.randn(5, 4)
-    assert torch.allclose(norm(model[0](x)), norm.bias.expand(5, 8), atol=1e-4)  # the input is erased (up to eps)
+    h = model[0](x)
+    expected = (h - h.mean(1, keepdim=True)) / torch.sqrt(h.var(1, unbiased=False, keepdim=True) + 1e-3)
+    torch.testing.assert_close(norm(h), expected * norm.weight + norm.bias)  # each example's features together
+    assert norm(h).std() > 0.5  # the input kept, not erased
     text = replacements_warning(replaced)
-    assert "erases its input" in text and "nn.LayerNorm(8)" in text and "opacus#567" in text
-    conv = nn.Sequential(nn.Conv1d(2, 8, 3), nn.BatchNorm1d(8))  # [B, C, L]: GroupNorm(8, 8) is instance norm there
-    assert "erases" in replacements_warning(
-        fix_modules_in_place(conv)
-    )  # (said for the layer type; the shape is unknown)
+    assert "BatchNorm1d(8) became GroupNorm(1, 8)" in text and "opacus#567" in text and "erases its input" in text
+    record = fixed_modules_record(replaced)
+    assert record == [{"name": "1", "old": "BatchNorm1d", "new": "GroupNorm", "num_groups": 1}]
+    fresh = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    replay_fixes(fresh, record)
+    assert isinstance(fresh[1], nn.GroupNorm) and fresh[1].num_groups == 1
+    older = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))  # a record from before: Opacus' fix
+    replay_fixes(older, [{"name": "1", "old": "BatchNorm1d", "new": "GroupNorm"}])
+    assert older[1].num_groups == ModuleValidator.fix(nn.BatchNorm1d(8)).num_groups == 8
+    images = nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8))  # other BatchNorms: Opacus' fix, unchanged
+    fix_modules_in_place(images)
+    assert images[1].num_groups == 8
