@@ -262,19 +262,7 @@ def _gdp_mu(m: int, r: int, v: int, alpha: float, floor: float = 0.0) -> float:
     """Largest μ whose Gaussian trade-off is rejected (``floor`` if nothing above it is)."""
     if r == 0 or v == 0:
         return floor
-
-    def rejects(mu: float) -> bool:
-        return _gdp_excess(m, r, v, alpha, mu) > 0.0
-
-    if not rejects(floor):
-        return floor
-    lo, hi = floor, max(1.0, 2.0 * floor)
-    while rejects(hi):
-        if hi >= _MU_MAX:
-            return _MU_MAX
-        lo, hi = hi, min(2.0 * hi, _MU_MAX)
-    root = optimize.brentq(lambda mu: _gdp_excess(m, r, v, alpha, mu), lo, hi, xtol=_XTOL)
-    return max(floor, _safe_root(rejects, float(root)))
+    return _largest_rejected(lambda mu: _gdp_excess(m, r, v, alpha, mu), floor, _MU_MAX)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -253,24 +253,23 @@ def orderstat_mu_lower(scores: Any, included: Any, *, alpha: float = 0.05, delta
     tests = max(len(rows), 1)
     per_test = alpha / tests
     mu, row, tpr_low, fpr_high = _best(rows, per_test / 2.0)
-    optimistic = _best(rows, alpha / 2.0)[0]
+    epsilon = math.nan if delta is None else _eps(mu, delta)
+    limits = (row, tpr_low, fpr_high, alpha, per_test, tests)
+    return _orderstat_bound(mu, epsilon, _best(rows, alpha / 2.0)[0], INDEPENDENT, pos, neg, limits, delta)
+
+
+def _orderstat_bound(
+    mu: float, epsilon: float, optimistic: float, assumption: str, pos: np.ndarray, neg: np.ndarray, limits: tuple,
+    delta: Optional[float],
+) -> FdpBound:  # fmt: skip
+    """An order-statistic :class:`FdpBound` from its rung's ``limits`` (row, TPR low, FPR high, α, α per test, K)."""
+    row, tpr_low, fpr_high, alpha, per_test, tests = limits
     return FdpBound(
-        mu_lower=mu,
-        epsilon_lower=math.nan if delta is None else _eps(mu, delta),
-        optimistic=optimistic,
-        method="orderstat",
-        assumption=INDEPENDENT,
-        num_included=int(pos.size),
-        num_excluded=int(neg.size),
-        tail=row[0],
-        rung=int(row[1]),
-        tpr_low=tpr_low,
-        fpr_high=fpr_high,
-        alpha=alpha,
-        alpha_per_test=per_test,
-        delta=math.nan if delta is None else delta,
+        mu_lower=mu, epsilon_lower=epsilon, optimistic=optimistic, method="orderstat", assumption=assumption,
+        num_included=int(pos.size), num_excluded=int(neg.size), tail=row[0], rung=int(row[1]), tpr_low=tpr_low,
+        fpr_high=fpr_high, alpha=alpha, alpha_per_test=per_test, delta=math.nan if delta is None else delta,
         tests=tests,
-    )
+    )  # fmt: skip
 
 
 def _epsilon_delta_of(tpr_low: float, fpr_high: float, delta: float) -> float:
@@ -321,23 +320,9 @@ def orderstat_epsilon_lower(scores: Any, included: Any, *, delta: float, alpha: 
             best = (eps, row, tpr_low, fpr_high)
         optimistic = max(optimistic, _epsilon_delta_of(*_limits(tp, n_pos, k, n_neg, alpha / 2.0), delta))
     eps, row, tpr_low, fpr_high = best
-    return FdpBound(
-        mu_lower=_mu_of(tpr_low, fpr_high),
-        epsilon_lower=eps,
-        optimistic=optimistic,
-        method="orderstat",
-        assumption=INDEPENDENT + "; any (ε, δ)-DP mechanism (the (ε, δ) trade-off curve, no Gaussian shape)",
-        num_included=int(pos.size),
-        num_excluded=int(neg.size),
-        tail=row[0],
-        rung=int(row[1]),
-        tpr_low=tpr_low,
-        fpr_high=fpr_high,
-        alpha=alpha,
-        alpha_per_test=per_test,
-        delta=delta,
-        tests=tests,
-    )
+    assumption = INDEPENDENT + "; any (ε, δ)-DP mechanism (the (ε, δ) trade-off curve, no Gaussian shape)"
+    limits = (row, tpr_low, fpr_high, alpha, per_test, tests)
+    return _orderstat_bound(_mu_of(tpr_low, fpr_high), eps, optimistic, assumption, pos, neg, limits, delta)
 
 
 def _eps(mu: float, delta: float) -> float:
