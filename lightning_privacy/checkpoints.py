@@ -146,7 +146,8 @@ def _fix_all(module: nn.Module) -> List[str]:
     done = []
     for name in fixable_module_names(module):
         old = type(module.get_submodule(name)).__name__
-        done.append(f"{name} ({old} → {type(replace_module(module, name)).__name__})")
+        groups = 1 if old == "BatchNorm1d" else None  # (as DPSGD(fix_modules=True): GroupNorm(1, C) for BatchNorm1d)
+        done.append(f"{name} ({old} → {type(replace_module(module, name, num_groups=groups)).__name__})")
     return done
 
 

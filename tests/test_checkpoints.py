@@ -37,7 +37,8 @@ def test_dpsgd_records_what_it_replaced_and_the_training_set_size(trained, kind)
     _, _, path = trained[kind]
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)  # plain strings and ints only
     name, old, new = REPLACED[kind]
-    assert fixed_modules(checkpoint) == [{"name": name, "old": old, "new": new.__name__}]
+    groups = {"num_groups": 1} if kind == "batchnorm" else {}  # (DPSGD's GroupNorm(1, C) for a BatchNorm1d)
+    assert fixed_modules(checkpoint) == [{"name": name, "old": old, "new": new.__name__, **groups}]
     assert training_set_size(checkpoint) == N_TRAIN
     assert checkpoint["datamodule_hyper_parameters"]["n_train"] == N_TRAIN
 

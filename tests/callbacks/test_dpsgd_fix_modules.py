@@ -120,7 +120,7 @@ def test_the_state_records_what_was_replaced_and_the_training_set_size_across_a_
     listed = [
         {"name": "attention", "old": "MultiheadAttention", "new": "DPMultiheadAttention"},
         {"name": "lstm", "old": "LSTM", "new": "DPLSTM"},
-        {"name": "head.1", "old": "BatchNorm1d", "new": "GroupNorm"},
+        {"name": "head.1", "old": "BatchNorm1d", "new": "GroupNorm", "num_groups": 1},
     ]
     assert DPSGD(noise_multiplier=1.0).state_dict()["fixed_modules"] == []  # nothing replaced before a fit
     data = token_datasets(n_train=96)[0]
