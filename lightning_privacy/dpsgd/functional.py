@@ -192,6 +192,25 @@ def _where(error: BaseException) -> str:
     return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
 
 
+def one_row_message(error: BaseException) -> str:
+    """The sentence for a ``training_step`` that fails on one example alone (a batch of one row).
+
+    Example::
+
+        >>> print(one_row_message(ValueError("Target size (torch.Size([1])) must be the same as input size")))
+        DPSGD(grad_sample_mode='functional') runs `training_step` on each example alone, as a batch of one row, and there it raised ValueError: Target size (torch.Size([1])) must be the same as input size; code that assumes several rows breaks on one — `logits.squeeze()` turns [1, 1] into [] (use `.squeeze(-1)`), a statistic over the batch (`x.std(0)`) is undefined — so make `training_step` work on a batch of one, or use grad_sample_mode='hooks'.
+    """
+    where = _where(error)
+    at = f" (at {where})" if where else ""
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    return (
+        f"{_MODE} runs `training_step` on each example alone, as a batch of one row, and there it raised "
+        f"{type(error).__name__}: {first}{at}; code that assumes several rows breaks on one — `logits.squeeze()` turns "
+        "[1, 1] into [] (use `.squeeze(-1)`), a statistic over the batch (`x.std(0)`) is undefined — so make "
+        "`training_step` work on a batch of one, or use grad_sample_mode='hooks'."
+    )
+
+
 def vmap_obstacle(error: BaseException) -> str:
     """What in the model ``vmap`` could not run, from its error: the operation, where, and the fix (a phrase)."""
     text = str(error)
@@ -348,7 +367,7 @@ class FunctionalClipping:
                     self.fallback, out = vmap_obstacle(error), []
             for i in range(rows):
                 rebuilt = _rebuild(leaves, spec, batched, [leaves[j][i : i + 1] for j in batched])
-                out.append(example_loss(step(rebuilt)).reshape(-1))
+                out.append(example_loss(_on_one_row(step, rebuilt)).reshape(-1))
         return torch.cat(out)
 
     def _values(self) -> Dict[str, torch.Tensor]:
@@ -381,7 +400,7 @@ class FunctionalClipping:
     def _looped(
         self, leaves: List[Any], spec: Any, batched: List[int], chunk: List[torch.Tensor], step: Callable[[Any], Any]
     ) -> Tuple[List[torch.Tensor], torch.Tensor]:
-        value = example_loss(step(_rebuild(leaves, spec, batched, chunk)))
+        value = example_loss(_on_one_row(step, _rebuild(leaves, spec, batched, chunk)))
         grads: Sequence[Optional[torch.Tensor]] = [None] * len(self.params)
         if value.requires_grad:
             try:
@@ -393,6 +412,17 @@ class FunctionalClipping:
         return [
             (g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self.params)
         ], value.detach().reshape(1)
+
+
+def _on_one_row(step: Callable[[Any], Any], batch: Any) -> Any:
+    """``step(batch)`` on one example's row; an error of the user's code there is one sentence saying why a batch of
+    one breaks it (:func:`one_row_message`), not torch's alone."""
+    try:
+        return step(batch)
+    except MisconfigurationException:
+        raise
+    except Exception as error:  # noqa: BLE001 (the user's training_step, whatever it raises)
+        raise MisconfigurationException(one_row_message(error)) from error
 
 
 def _by_backward(value: torch.Tensor, params: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
@@ -486,7 +516,7 @@ def check_parameters_swapped(engine: FunctionalClipping, batch: Any, step: Calla
         return
     copies = {f"m.{name}": p.detach().clone().requires_grad_(True) for name, p in zip(engine.names, engine.params)}
     call = engine._call
-    call.step = step
+    call.step = lambda batch: _on_one_row(step, batch)  # (an error on one row: one sentence)
     with logging_suppressed(engine.module), _eval_mode(engine.module), torch.enable_grad():  # (no dropout, no stats)
         value = example_loss(
             functional_call(call, copies, (_rebuild(leaves, spec, batched, [leaves[i][:1] for i in batched]),))

@@ -744,3 +744,30 @@ def test_a_parameter_reached_outside_its_registration_is_refused_not_dropped():
     assert dpsgd.steps == 0 and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     _, difference, _ = fit_and_compare(MLP)  # the same model with its weight reached as registered: exact
     assert difference < TOLERANCE
+
+
+class Squeezed(MLP):
+    """BCE on ``logits.squeeze()``: on one example [1, 1] becomes [], which no longer matches the target's [1]."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(D, 1)
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        return F.binary_cross_entropy_with_logits(self(ids).squeeze(), y.to(torch.float64), reduction="none")
+
+
+def test_a_training_step_that_fails_on_one_example_is_one_sentence_naming_why():
+    """Issue 57: `logits.squeeze()` with BCE crashed raw in functional mode (each example is a batch of one)."""
+    torch.manual_seed(0)
+    model = Squeezed().double()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode="functional")
+    with pytest.raises(
+        MisconfigurationException, match=r"as a batch of one row, and there it raised ValueError"
+    ) as err:
+        _trainer([dpsgd]).fit(model, DataLoader(_data(), batch_size=16))
+    message = str(err.value)
+    assert "use `.squeeze(-1)`" in message and "(at test_dpsgd_functional.py:" in message and _one_sentence(message)
+    assert dpsgd.steps == 0 and all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
