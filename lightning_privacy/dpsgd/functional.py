@@ -515,12 +515,9 @@ def check_parameters_swapped(engine: FunctionalClipping, batch: Any, step: Calla
     if rows == 0 or not engine.params:
         return
     copies = {f"m.{name}": p.detach().clone().requires_grad_(True) for name, p in zip(engine.names, engine.params)}
-    call = engine._call
-    call.step = lambda batch: _on_one_row(step, batch)  # (an error on one row: one sentence)
+    loss = engine._loss_fn(leaves, spec, batched, lambda rows: _on_one_row(step, rows))  # (the per-example pass's)
     with logging_suppressed(engine.module), _eval_mode(engine.module), torch.enable_grad():  # (no dropout, no stats)
-        value = example_loss(
-            functional_call(call, copies, (_rebuild(leaves, spec, batched, [leaves[i][:1] for i in batched]),))
-        )
+        value = loss(copies, *[leaves[i][:1] for i in batched])
     if not value.requires_grad:
         return
     reached = torch.autograd.grad(value, engine.params, allow_unused=True)
