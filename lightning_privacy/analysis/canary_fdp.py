@@ -500,22 +500,16 @@ def tightest_canary_bound(
             f"Expected argument `delta` > 0 with the Gaussian-trade-off methods {methods!r}, but got delta=0.0."
         )
     levels = {name: alpha * share for name, share in _shares(methods, weights).items()}
+
+    def grid(method: str) -> Callable[[float], float]:  # the guess-grid tests of analysis.canary, one per method
+        return lambda level: (
+            canary_audit_from_scores(
+                scores=scores, included=included, delta=delta, alpha=level, method=method, seed=seed
+            ).epsilon_lower
+        )
+
     runners: Dict[str, Callable[[float], float]] = {
-        "binomial": lambda level: (
-            canary_audit_from_scores(
-                scores=scores, included=included, delta=delta, alpha=level, method="binomial", seed=seed
-            ).epsilon_lower
-        ),
-        "gdp": lambda level: (
-            canary_audit_from_scores(
-                scores=scores, included=included, delta=delta, alpha=level, method="gdp", seed=seed
-            ).epsilon_lower
-        ),
-        "fdp": lambda level: (
-            canary_audit_from_scores(
-                scores=scores, included=included, delta=delta, alpha=level, method="fdp", seed=seed
-            ).epsilon_lower
-        ),
+        **{method: grid(method) for method in ("binomial", "gdp", "fdp")},
         "orderstat": lambda level: orderstat_epsilon_lower(scores, included, alpha=level, delta=delta).epsilon_lower,
         "orderstat_gaussian": lambda level: (
             orderstat_mu_lower(scores, included, alpha=level, delta=delta).epsilon_lower
