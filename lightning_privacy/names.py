@@ -28,6 +28,7 @@ DP_CLIP_FRACTION = "dp/clip_fraction"  # share of per-sample gradients whose nor
 DP_GRAD_NORM_MEDIAN = "dp/grad_norm_median"
 DP_GRAD_NORMS = "dp/grad_norms"  # histogram of per-sample gradient norms
 DP_EXACTNESS_ERROR = "dp/exactness_error"  # largest mismatch between what was clipped and the examples' gradients
+DP_AUTO_SWITCH_STEP = "dp/auto_switch_step"  # grad_sample_mode="auto": the step it left hooks for functional mode
 
 # Bayes security (per epoch)
 MIA_BAYES_SECURITY = "privacy/mia_bayes_security"  # safe: a certified lower bound (pessimistic PLD) every epoch
@@ -175,7 +176,11 @@ KEY_DOCS = {
     DP_TARGET_BAYES_SECURITY: ("the β*_MIA σ was planned for", "β* in [0, 1]", SETTING),
     DP_TARGET_EPSILON: ("the ε σ was planned for", "ε (nats)", SETTING),
     DP_PLANNED_EPOCHS: ("the epochs σ was planned for", "epochs", SETTING),
-    DP_GRAD_SAMPLE_MODE: ("hooks (per-sample gradients) or ghost (ghost clipping)", "name", SETTING),
+    DP_GRAD_SAMPLE_MODE: (
+        "hooks (per-sample gradients), ghost (ghost clipping) or functional (torch.func); auto's pick at fit start",
+        "name",
+        SETTING,
+    ),
     DP_SAMPLING_SEED: ("how the Poisson masks' seed was chosen: secret, fixed or secure", "kind", SETTING),
     DP_NOISE_SEED: ("how the noise's seed was chosen: secret, fixed or secure", "kind", SETTING),
     DP_EXPECTED_BATCH_SIZE: (
@@ -190,6 +195,12 @@ KEY_DOCS = {
     DP_EXACTNESS_ERROR: (
         "largest mismatch between what DP-SGD clipped and the examples' whole gradients on the self-checked steps",
         "fraction of the gradient norm",
+        DIAGNOSTIC,
+    ),
+    DP_AUTO_SWITCH_STEP: (
+        "grad_sample_mode='auto': the step at which Opacus' hooks disagreed and functional mode took over (logged "
+        "once switched)",
+        "optimizer step",
         DIAGNOSTIC,
     ),
     MIA_BAYES_SECURITY: (

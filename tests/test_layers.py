@@ -218,7 +218,7 @@ def test_lower_layers_neither_import_nor_lazily_export_the_callbacks():
 
 # The engine's modules that meet the Trainer (its strategies, loaders, hooks and callbacks list); the others import
 # from Lightning at most the MisconfigurationException that users catch, and the pure ones not even that.
-ENGINE_TRAINER = {"backward", "install", "loaders", "run", "self_checks", "settings", "state", "strategies"}
+ENGINE_TRAINER = {"auto", "backward", "install", "loaders", "run", "self_checks", "settings", "state", "strategies"}
 ENGINE_EXCEPTION_ONLY = {
     "checks", "exactness", "functional", "neighbours", "noise_check", "sampled_exactness", "samplers"
 }  # fmt: skip

@@ -231,6 +231,7 @@ def test_json_round_trip(fitted):
         "noise_seed",
         "secure_mode",
         "grad_sample_mode",
+        "grad_sample_mode_switch",
         "loss_reduction",
         "strategy",
         "world_size",

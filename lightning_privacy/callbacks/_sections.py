@@ -89,7 +89,11 @@ def _mode_row(cb: Any) -> tuple:
     note = _HOW.get(mode, "")
     if getattr(cb, "grad_sample_mode_argument", None) == "auto":
         reason = getattr(cb, "grad_sample_mode_reason", None)
-        mode, note = f"{mode} (auto)", f"{note}; chosen because {reason}" if reason else note
+        switched = getattr(cb, "grad_sample_mode_switch", None)
+        if switched is not None:  # (dpsgd.auto: the hooks disagreed on a step, which functional mode redid)
+            mode, note = f"{mode} (auto, from step {switched.step})", f"{note}; auto {switched.sentence()}"
+        else:
+            mode, note = f"{mode} (auto)", f"{note}; chosen because {reason}" if reason else note
     return ("per-example gradients", mode, note)
 
 

@@ -63,12 +63,12 @@ class DPSGD(Callback, DPSGDRun):
             accountant (a 0.2.0 checkpoint resumes with RDP, saying so in one warning).
         loss_reduction: ``"mean"`` or ``"sum"``, how ``training_step`` reduces its loss over the batch (or how DPSGD
             reduces the per-example losses it returns).
-        grad_sample_mode: ``"hooks"`` (Opacus' per-sample gradients), ``"ghost"`` (ghost clipping; per-example
-            losses), ``"functional"`` (each example's whole gradient by ``torch.func`` on that example alone: tied
-            weights, parameters used outside their layer or in ``training_step``, any layer vmap runs;
-            :mod:`lightning_privacy.dpsgd.functional`) or ``"auto"`` (hooks where every trainable parameter belongs
-            to one layer Opacus samples exactly, functional otherwise; the choice and its reason are logged and kept
-            in ``grad_sample_mode``/``grad_sample_mode_reason``).
+        grad_sample_mode: ``"auto"`` (default: Opacus' hooks where every trainable parameter is in a layer Opacus
+            samples exactly, every step verified, and on a disagreement that step and the rest of the fit redone in
+            functional mode before any noise, :mod:`lightning_privacy.dpsgd.auto`; pick, switch and why kept in
+            ``grad_sample_mode``/``grad_sample_mode_reason``/``grad_sample_mode_switch``), ``"hooks"``, ``"ghost"``
+            (ghost clipping; per-example losses) or ``"functional"`` (each example's whole gradient by ``torch.func``
+            on that example alone; :mod:`lightning_privacy.dpsgd.functional`). Explicit modes never switch.
         fix_modules: replace DP-incompatible layers with Opacus' fixers in ``setup`` (warns with the list)
             instead of raising.
         exactness_examples: examples the exactness check compares on each of the two self-checked steps; a larger
@@ -167,7 +167,7 @@ class DPSGD(Callback, DPSGDRun):
         noise_seed: Optional[int] = None,
         log_clipping: bool = False,
         clipping_every_n_steps: int = 4,
-        grad_sample_mode: str = "hooks",
+        grad_sample_mode: str = "auto",
         fix_modules: bool = False,
         exactness_examples: Optional[int] = 64,
         sample_rate: Optional[float] = None,

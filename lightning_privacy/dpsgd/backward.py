@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import lightning.pytorch as pl
 import torch
@@ -50,9 +50,10 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
 from lightning_privacy import _compat
+from lightning_privacy.dpsgd import auto as auto_mode
 from lightning_privacy.dpsgd import exactness, functional
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
-from lightning_privacy.dpsgd.checks import _grad_sample, odd_batch_message
+from lightning_privacy.dpsgd.checks import _grad_sample, check_per_sample_gradients, odd_batch_message
 from lightning_privacy.dpsgd.neighbours import NeighbourViolation
 from lightning_privacy.dpsgd.sampled_exactness import SampledExactness
 from lightning_privacy.dpsgd.sampling import batch_rows, is_empty_batch
@@ -108,6 +109,12 @@ def _zero_missing_grads(params: List[torch.Tensor]) -> None:
             param.grad = torch.zeros_like(param)
 
 
+def _first_sentence(err: BaseException) -> str:
+    """An error's first line, as part of a sentence (``auto``'s reason for a switch)."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text.rstrip(".")
+
+
 def _reduce(loss: torch.Tensor, loss_reduction: str) -> torch.Tensor:
     return loss.mean() if loss_reduction == "mean" else loss.sum()
 
@@ -133,6 +140,8 @@ class PerExampleBackward:
         engine: functional mode's :class:`~lightning_privacy.dpsgd.functional.FunctionalClipping`.
         sampled: the exactness check on sampled later steps
             (:class:`~lightning_privacy.dpsgd.sampled_exactness.SampledExactness`; ``None``: not run).
+        auto: ``grad_sample_mode="auto"`` started in hooks mode: every step is verified, and on a disagreement
+            redone in functional mode, which the fit keeps (:mod:`lightning_privacy.dpsgd.auto`; ``None``: no switch).
 
     Attributes:
         last_norms: the per-example gradient norms of the last ghost or functional step (``None`` in hooks mode).
@@ -158,6 +167,7 @@ class PerExampleBackward:
         one_pass: bool = True,
         engine: Optional[functional.FunctionalClipping] = None,
         sampled: Optional[SampledExactness] = None,
+        auto: Optional[auto_mode.AutoSwitch] = None,
     ) -> None:
         if mode == "ghost" and is_overridden("backward", pl_module, parent=pl.LightningModule):
             raise MisconfigurationException(
@@ -172,6 +182,10 @@ class PerExampleBackward:
             )
         self.engine = engine
         self.sampled = sampled
+        self.auto = auto if mode == "hooks" else None
+        self._auto_step = False  # this step started in hooks mode under auto: its backward decides on the switch
+        self._auto_reason: Optional[str] = None  # the hooks' forward pass failed on this step (switched already)
+        self._inputs: Any = None  # this step's batch and training_step arguments, for a redo in functional mode
         self._sampled_batch: Any = None  # a sampled later step: a copy of its batch and its training_step on rows
         self._sampled_step: Optional[Callable[[Any], Any]] = None
         self._functional_sums: Optional[List[torch.Tensor]] = None
@@ -220,6 +234,7 @@ class PerExampleBackward:
         empty batch does not reach it (see the module docstring)."""
         batch = args[0] if args else kwargs.get("batch")
         self._check_trainable_unchanged()
+        self._auto_step, self._auto_reason = self.auto is not None and self.mode == "hooks", None
         empty = is_empty_batch(batch)
         self._start_sampled(batch, args, kwargs, empty=empty)
         self._check_neighbours(args, kwargs, empty=empty)
@@ -233,13 +248,20 @@ class PerExampleBackward:
         self.last_rows = batch_rows(batch, self.per_example)
         if self.mode == "functional":
             return self._functional_step(batch, args, kwargs)
+        self._inputs = (batch, args, kwargs) if self._auto_step else None
         try:
             with self._no_per_step_sync():
                 out = self._original_step(*args, **kwargs)
         except NotImplementedError as err:
             if self.mode == "ghost" and "Parameter tying is not supported" in str(err):
                 raise MisconfigurationException(self._called_twice_message()) from err
-            raise
+            if not self._auto_step:
+                raise
+            return self._forward_failed(err, batch, args, kwargs)
+        except Exception as err:  # noqa: BLE001 (auto: the hooks' forward failed; functional mode takes the step)
+            if not self._auto_step:
+                raise
+            return self._forward_failed(err, batch, args, kwargs)
         self._check_train_mode()
         if isinstance(out, dict) and PER_EXAMPLE_LOSS in out:
             losses = out[PER_EXAMPLE_LOSS]
@@ -318,7 +340,10 @@ class PerExampleBackward:
         self._sampled_batch = self._sampled_step = None
         if self.sampled is None:
             return
-        if self.sampled.start_step(first_steps=self.should_check()) and not empty:
+        # hooks mode compares a few examples alone on its self-checked steps too: with a reduced loss the exactness
+        # check there sees only the sum, which examples mixed by the model (`h - h.mean(0)`) keep
+        first = self.should_check()
+        if self.sampled.start_step(first_steps=first, force=first and self.mode == "hooks") and not empty:
             self._sampled_batch, self._sampled_step = functional._copy(batch), self._rows_step(args, kwargs)
 
     def _check_sampled(self, got: Callable[[int, torch.Tensor], torch.Tensor], *, what: str, norms_only: bool,
@@ -449,14 +474,26 @@ class PerExampleBackward:
 
     # ------------------------------------------------------------------------------------------------ backward
     def __call__(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        verifying, self._auto_step = self._auto_step, False
+        reason, self._auto_reason = self._auto_reason, None
         if self._empty_step:
             self._empty_skipped(loss, *args, **kwargs)
-            return
-        if isinstance(loss, torch.Tensor) and loss.ndim == 1:
-            self._check_rows(loss)
-        if self.mode == "functional":
+        elif self.mode == "functional":
+            if isinstance(loss, torch.Tensor) and loss.ndim == 1:
+                self._check_rows(loss)
             self._functional_backward(loss, *args, **kwargs)
-            return
+        else:
+            if isinstance(loss, torch.Tensor) and loss.ndim == 1:
+                self._check_rows(loss)
+            if verifying:
+                reason = self._verified_hooks(loss, *args, **kwargs)
+            else:
+                self._per_layer_backward(loss, *args, **kwargs)
+        if verifying:
+            self._decide(reason, *args, **kwargs)
+
+    def _per_layer_backward(self, loss: Any, *args: Any, **kwargs: Any) -> None:
+        """Hooks or ghost mode's backward, Opacus' and torch's errors that name no layer and no fix put in words."""
         try:
             with opacus_hooks_backward():
                 if self.mode == "hooks":
@@ -471,6 +508,63 @@ class PerExampleBackward:
             if "use_reentrant=True" in str(err):
                 raise MisconfigurationException(REENTRANT.format(mode=self.mode)) from err
             raise
+
+    # ------------------------------------------------------------------------------------------------- auto
+    def _verified_hooks(self, loss: Any, *args: Any, **kwargs: Any) -> Optional[str]:
+        """``auto`` in hooks mode: the hooks' backward and its checks; why they cannot be trusted on this step
+        (``None``: they can) — an error, a parameter without per-example gradients for the batch, a mismatch."""
+        try:
+            with opacus_hooks_backward():
+                self._hooks_mode(loss, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 (said as the reason; functional mode redoes the step)
+            if isinstance(err, MisconfigurationException) and "DPSGD expects `training_step`" in str(err):
+                raise  # (what training_step returned: no mode trains it)
+            gap = auto_mode.hooks_gap(self.trainable, self.last_rows, self.param_names)
+            if gap is None and isinstance(err, MisconfigurationException):  # (a check's finding, without its advice)
+                return _first_sentence(err).split(", so ")[0]
+            return gap or f"Opacus' hooks' backward pass failed ({_first_sentence(err)})"
+        gap = auto_mode.hooks_gap(self.trainable, self.last_rows, self.param_names)
+        if gap is not None:
+            return gap
+        pending = None if self.sampled is None else self.sampled.pending
+        if pending is not None:
+            self.sampled.pending = None
+            return _first_sentence(pending).split(", so ")[0]
+        return None
+
+    def _decide(self, reason: Optional[str], *args: Any, **kwargs: Any) -> None:
+        """``auto``: every rank decides together whether to leave hooks mode; if so this step is redone in functional
+        mode before its noise (a rank whose forward failed switched already; an empty batch has nothing to redo)."""
+        trainer = self.pl_module.trainer
+        if not auto_mode.collectively(trainer, reason is not None) or self.mode != "hooks":
+            self._inputs = None
+            return
+        self._switch(reason or "another process's per-example gradients from Opacus' hooks could not be verified")
+        inputs, self._inputs = self._inputs, None
+        if inputs is None or self._empty_step or not self.last_rows:
+            _zero_missing_grads(self.trainable)
+            self.last_norms = torch.zeros(0)
+            return
+        batch, step_args, step_kwargs = inputs
+        for param in self.trainable:
+            param.grad = None
+        self._functional_sums, self.last_norms = self._functional_sum(batch, step_args, step_kwargs, checking=True)
+        self._functional_backward(None, *args, **kwargs)
+
+    def _switch(self, reason: str) -> None:
+        auto, self.auto = self.auto, None
+        auto.switch(reason)
+        if self.sampled is not None:
+            self.sampled.pending = None  # (what the hooks got wrong on this step: the reason, not raised)
+        self.hooks, self.mode, self.engine = None, "functional", auto.engine(self.pl_module)
+        self.engine.per_example = self.per_example
+
+    def _forward_failed(self, err: BaseException, batch: Any, args: tuple, kwargs: Dict[str, Any]) -> Any:
+        """``auto``: the model's forward pass failed under Opacus' hooks; functional mode takes this step and the fit."""
+        self._auto_reason = f"the forward pass under Opacus' hooks failed ({_first_sentence(err)})"
+        self._switch(self._auto_reason)
+        self._inputs = None
+        return self._functional_step(batch, args, kwargs, checking=True)
 
     def _sampled(self) -> Dict[str, Any]:
         return {"max_examples": self.exactness_examples, "generator": self._rows_generator}
@@ -493,6 +587,7 @@ class PerExampleBackward:
         self._original(reduced, *args, **({**kwargs, "retain_graph": True} if checking and per_example else kwargs))
         if self._sampled_batch is not None:
             rows = int(self.last_rows or 0)
+            check_per_sample_gradients(self.trainable, self.param_names)  # (one per example, before indexing them)
 
             def got(j: int, index: torch.Tensor) -> torch.Tensor:
                 param = self.sampled.engine.params[j]
@@ -622,30 +717,14 @@ class PerExampleBackward:
         )
 
     # ---------------------------------------------------------------------------------------------- functional
-    def _functional_step(self, batch: Any, args: tuple, kwargs: Dict[str, Any]) -> Any:
+    def _functional_step(
+        self, batch: Any, args: tuple, kwargs: Dict[str, Any], *, checking: Optional[bool] = None
+    ) -> Any:
         """Functional mode's ``training_step``: the clipped sum of the examples' own gradients
         (:mod:`lightning_privacy.dpsgd.functional`; on the checked steps the examples' losses alone are first compared
         with the batch's), then the batch's ``training_step`` once without gradients for what it logs and returns."""
-
         step = self._rows_step(args, kwargs)
-        engine = self.engine
-        before = engine.fallback
-        checking = self.should_check()
-        if checking:  # (before any gradient: a model that mixes examples, or hides a parameter, is refused at once)
-            functional.check_parameters_swapped(engine, batch, step)
-            error = functional.check_losses_alone(
-                engine, batch, step, loss_reduction=self.loss_reduction, rtol=self.rtol
-            )
-        result = engine.clipped_sum(batch, step)
-        if checking:
-            self.record.add(f"{functional.FUNCTIONAL_REFERENCE} ({result.how})", int(self.last_rows or 0), error)
-        if engine.fallback is not None and before is None:
-            rank_zero_warn(
-                f"DPSGD(grad_sample_mode='functional'): torch.func.vmap cannot run `training_step` because of "
-                f"{engine.fallback}; each example's gradient is now computed by its own forward and backward pass "
-                "(exact, one pass per example, slower)."
-            )
-        self._functional_sums, self.last_norms = result.sums, result.norms
+        self._functional_sums, self.last_norms = self._functional_sum(batch, args, kwargs, checking=checking)
         with torch.no_grad(), self._no_per_step_sync():
             out = self._original_step(*args, **kwargs)  # (what the module logs and returns, from the whole batch)
         loss = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
@@ -666,6 +745,31 @@ class PerExampleBackward:
         if _distributed():  # DDP's reducer waits for every parameter's gradient: a zero that reaches each one
             loss = loss + torch.stack([p.sum() for p in self.trainable]).sum() * 0.0
         return {**out, "loss": loss} if isinstance(out, dict) else loss
+
+    def _functional_sum(
+        self, batch: Any, args: tuple, kwargs: Dict[str, Any], *, checking: Optional[bool] = None
+    ) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        """The batch's clipped sum and its examples' norms by torch.func; on the checked steps (``checking``, default
+        the self-checked ones) the parameters' swap and the examples' losses alone are checked first."""
+        step = self._rows_step(args, kwargs)
+        engine = self.engine
+        before = engine.fallback
+        checking = self.should_check() if checking is None else checking
+        if checking:  # (before any gradient: a model that mixes examples, or hides a parameter, is refused at once)
+            functional.check_parameters_swapped(engine, batch, step)
+            error = functional.check_losses_alone(
+                engine, batch, step, loss_reduction=self.loss_reduction, rtol=self.rtol
+            )
+        result = engine.clipped_sum(batch, step)
+        if checking:
+            self.record.add(f"{functional.FUNCTIONAL_REFERENCE} ({result.how})", int(self.last_rows or 0), error)
+        if engine.fallback is not None and before is None:
+            rank_zero_warn(
+                f"DPSGD(grad_sample_mode='functional'): torch.func.vmap cannot run `training_step` because of "
+                f"{engine.fallback}; each example's gradient is now computed by its own forward and backward pass "
+                "(exact, one pass per example, slower)."
+            )
+        return result.sums, result.norms
 
     def _functional_backward(self, loss: Any, *args: Any, **kwargs: Any) -> None:
         """Functional mode: ``p.grad`` is the step's clipped sum (under DDP after a zero backward for the reducer;

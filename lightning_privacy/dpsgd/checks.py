@@ -89,8 +89,9 @@ def odd_batch_message(sizes: Dict[str, int], what: str = "gradients") -> str:
         f"DP-SGD self-check: per-example {what} of {shown} count other examples than the batch's {batch}: "
         "their layer was called on a tensor whose first dimension is not the batch — e.g. position ids of shape "
         "[1, T] broadcast over the batch, as GPT-2's `wpe` — or by several forward passes. Call it with batch-first "
-        "inputs (`position_ids.repeat(batch_size, 1)`: contiguous, as Opacus' ghost embedding norms need) or freeze "
-        "it (requires_grad=False)."
+        "inputs (`position_ids.repeat(batch_size, 1)`: contiguous, as Opacus' ghost embedding norms need), freeze "
+        "it (requires_grad=False), or use grad_sample_mode='auto' (the default) or 'functional', which computes each "
+        "example's gradient alone (an unmodified Hugging Face model trains there)."
     )
 
 

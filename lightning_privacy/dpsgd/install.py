@@ -22,6 +22,7 @@ from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat, names
 from lightning_privacy.dpsgd import checks, functional, neighbours, sampled_exactness, state, strategies
+from lightning_privacy.dpsgd.auto import AutoSwitch
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
@@ -84,6 +85,7 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     trained = dp._module() if dp._module is not None else None
     if trained is not None and trained is not pl_module and dp.ledger.steps:
         dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.delta)
+        dp.grad_sample_mode_switch = None  # (auto's switch was that model's)
     dp._module = weakref.ref(pl_module)
     check_trainer(trainer)
     record = fix_module(pl_module, fix_modules=dp.fix_modules)
@@ -135,6 +137,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
             delta=dp.delta,
             max_epochs=trainer.max_epochs,
         )
+    _resume_switch(dp)
     dp._param_names = {id(p): name for name, p in pl_module.named_parameters()}
     dp._batch_statistics = checks.batch_statistics_layers(pl_module)
     fsdp = strategies.is_fsdp(trainer)
@@ -163,6 +166,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         sharded=fsdp,
         engine=_functional_engine(dp, pl_module),
         sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol),
+        auto=AutoSwitch(dp, trainer) if getattr(dp, "grad_sample_mode_argument", None) == "auto" else None,
     )
     dp.example_leaves = getattr(loader, "per_example", None)  # which batch leaves are per-example: its collate says
     dp._backward.set_example_leaves(dp.example_leaves)
@@ -197,6 +201,19 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         backward=dp._backward,
     )
     dp_optimizer.check_before_noise = dp._checks.before_noise
+
+
+def _resume_switch(dp: Any) -> None:
+    """``auto`` resuming a run that switched to functional mode (the checkpoint's record): functional from the start."""
+    switched = getattr(dp, "grad_sample_mode_switch", None)
+    if (
+        getattr(dp, "grad_sample_mode_argument", None) == "auto"
+        and switched is not None
+        and dp.grad_sample_mode == "hooks"
+    ):
+        dp.grad_sample_mode = "functional"
+        dp.grad_sample_mode_reason = f"the run this fit resumes {switched.sentence()}"
+        rank_zero_info(f"DPSGD(grad_sample_mode='auto') trains with 'functional': {dp.grad_sample_mode_reason}.")
 
 
 def _functional_engine(dp: Any, pl_module: pl.LightningModule) -> Any:
@@ -275,6 +292,9 @@ def epoch_end(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, log_h
             names.DP_EXACTNESS_ERROR, dp.exactness.max_relative_error, on_step=False, on_epoch=True, sync_dist=True,
             reduce_fx="max",
         )  # fmt: skip
+    switched = getattr(dp, "grad_sample_mode_switch", None)
+    if switched is not None:  # (the same on every rank)
+        pl_module.log(names.DP_AUTO_SWITCH_STEP, float(switched.step), on_step=False, on_epoch=True)
     if not dp.log_clipping:
         return
     summary = dp._clipping.epoch_summary(trainer, pl_module.device, dp.max_grad_norm)

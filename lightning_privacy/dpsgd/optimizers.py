@@ -267,3 +267,26 @@ class _FSDPGhostDPOptimizer(
     def summed(self, param: torch.Tensor) -> torch.Tensor:
         """FSDP2: the ranks' reduce-scattered average of clipped sums, this rank's shard (a ``DTensor``)."""
         return self.grad_state[param]["summed_grad"]
+
+
+#: the optimizer that noises a clipped sum (ghost and functional modes) for each hooks-mode one
+_CLIPPED_SUM = {_DPOptimizer: _GhostDPOptimizer, _DistributedDPOptimizer: _DistributedGhostDPOptimizer}
+
+
+def to_clipped_sum(optimizer: Any) -> None:
+    """Make a hooks-mode DP optimizer (``optimizer``, or the one a Lightning optimizer wraps) the ghost/functional one,
+    in place: ``grad_sample_mode="auto"``'s switch to functional mode (:mod:`lightning_privacy.dpsgd.auto`).
+
+    Both are Opacus ``DPOptimizer``\\ s built from the same arguments with the same state (the wrapped optimizer, σ, C,
+    the expected batch size, the step hook, the noise source; the distributed ones also the rank and world size); they
+    differ only in their methods: per-sample clipping of ``p.grad_sample`` or the clipped sum taken from ``p.grad``.
+    Changing the instance's class keeps every reference to it (Lightning's, the self-checks', the audits') valid, and
+    takes effect in the running ``step``: its ``pre_step`` is looked up after the closure (training step and backward).
+    """
+    inner = getattr(optimizer, "_optimizer", optimizer)  # (Lightning's LightningOptimizer wraps it)
+    if type(inner) in _CLIPPED_SUM.values():
+        return
+    target = _CLIPPED_SUM.get(type(inner))
+    if target is None:
+        raise TypeError(f"no clipped-sum DP optimizer for {type(inner).__name__}")
+    inner.__class__ = target

@@ -59,14 +59,20 @@ def dropout_off(module: nn.Module) -> Iterator[None]:
             m.p = p
 
 
-def likely_causes(module: nn.Module, param_name: str, *, mixes: bool) -> str:
+def likely_causes(module: nn.Module, param_name: str, *, mixes: Optional[bool]) -> str:
     """The likely causes of a per-example gradient of ``param_name`` that differs from the example's gradient alone,
-    most specific first, as one phrase."""
+    most specific first, as one phrase (``mixes``: each example's loss alone differs from its loss in the batch;
+    ``None``: not known, a reduced loss)."""
     causes: List[str] = []
     if mixes:
         causes.append(
             "examples are mixed in the batch (an operation across the batch dimension such as `h - h.mean(0)`, batch "
             "statistics: each example's loss alone differs from its loss in the batch)"
+        )
+    elif mixes is None:
+        causes.append(
+            "examples are mixed in the batch (an operation across the batch dimension such as `h - h.mean(0)`, batch "
+            "statistics), which a reduced loss hides"
         )
     for name, m in module.named_modules():
         if getattr(m, "batch_first", None) is False and any(p.requires_grad for p in m.parameters()):
@@ -122,16 +128,19 @@ class SampledExactness:
         self._examples = torch.Generator().manual_seed(2)  # which examples (each rank its own batch)
         self.pending: Optional[MisconfigurationException] = None
         self.active = False  # this step is checked (drawn at its batch's start)
+        self.first = False  # ...as a self-checked first step (hooks mode)
         self._dropout: Optional[contextlib.ExitStack] = None
         self._seconds: List[float] = []  # the first two checks' reference: by vmap, then by the loop
 
     # -------------------------------------------------------------------------------------------- the step's life
-    def start_step(self, *, first_steps: bool) -> bool:
+    def start_step(self, *, first_steps: bool, force: bool = False) -> bool:
         """At every batch's ``training_step`` (empty batches included, so every rank draws alike): draw whether this
-        step is checked; if so, switch dropout off until :meth:`end_step`."""
+        step is checked (``force``: checked whatever the draw, a self-checked first step of hooks mode, counted with
+        those); if so, switch dropout off until :meth:`end_step`."""
         self.end_step()
         draw = float(torch.rand((), generator=self._steps)) < self.rate if self.rate > 0 else False
-        self.active = draw and not first_steps
+        self.active = (draw and not first_steps) or force
+        self.first = force
         if self.active:
             self._dropout = contextlib.ExitStack()
             self._dropout.enter_context(dropout_off(self.module))
@@ -186,7 +195,8 @@ class SampledExactness:
                 i = int(bad[relative[bad].argmax()])
                 name = self.names.get(id(param), f"<parameter of shape {tuple(param.shape)}>")
                 found = MisconfigurationException(
-                    f"DP-SGD exactness check (a sampled later step): {what} of `{name}` for example {int(index[i])} "
+                    f"DP-SGD exactness check ({'a self-checked first step' if self.first else 'a sampled later step'}"
+                    f"): {what} of `{name}` for example {int(index[i])} "
                     f"is {float(error[i]):.4g} away from that example's gradient computed alone by torch.func (norm "
                     f"{float(ref_size[i]):.4g}; {float(relative[i]):.1%} of the example's gradient norm), so what DP-SGD "
                     f"clips is not that example's gradient. Likely cause: "
@@ -195,7 +205,7 @@ class SampledExactness:
                     "noised update."
                 )
         if found is not None and self._random(chosen, step):  # (only a disagreement pays for this test)
-            self.record.later_not_comparable += 1
+            self.record.later_not_comparable += 0 if self.first else 1
             return
         self.pending = self.pending or found
         self._compared(len(index), worst)
@@ -230,8 +240,9 @@ class SampledExactness:
 
     def _compared(self, examples: int, worst: float) -> None:
         record = self.record
-        record.later_steps += 1
-        record.later_examples += examples
+        if not self.first:  # (a self-checked first step is counted by the first steps' check)
+            record.later_steps += 1
+            record.later_examples += examples
         record.max_relative_error = max(record.max_relative_error, worst)
 
     def _gradients_alone(self, chosen: Any, step: Callable[[Any], Any]) -> Tuple[List[torch.Tensor], torch.Tensor]:
@@ -259,9 +270,9 @@ class SampledExactness:
         return not _same(self.engine.losses_alone(chosen, step), self.engine.losses_alone(chosen, step))
 
     @staticmethod
-    def _mixes(batch_losses: Optional[torch.Tensor], index: torch.Tensor, alone: torch.Tensor) -> bool:
+    def _mixes(batch_losses: Optional[torch.Tensor], index: torch.Tensor, alone: torch.Tensor) -> Optional[bool]:
         if batch_losses is None or batch_losses.ndim != 1 or int(index.max()) >= batch_losses.numel():
-            return False
+            return None  # (a reduced loss: not known)
         together = batch_losses.detach().to(torch.float64)[index.to(batch_losses.device)].cpu()
         alone = alone.detach().to(torch.float64).reshape(-1).cpu()
         scale = max(float(together.abs().max()), float(alone.abs().max()), 1e-12)

@@ -117,6 +117,7 @@ def set_arguments(
     dp.max_grad_norm = positive("max_grad_norm", max_grad_norm)
     dp.grad_sample_mode = grad_sample_mode  # (each fit resolves "auto": dpsgd.strategies.resolve_grad_sample_mode)
     dp.grad_sample_mode_argument = grad_sample_mode
+    dp.grad_sample_mode_switch = None  # auto's switch to functional mode (dpsgd.auto.Switched), saved
     dp.grad_sample_mode_reason = None if grad_sample_mode == "auto" else "given as DPSGD(grad_sample_mode=...)"
     if functional_chunk_size is not None:
         functional_chunk_size = check_int("functional_chunk_size", functional_chunk_size, minimum=1, exc=bad)

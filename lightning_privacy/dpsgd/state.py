@@ -11,6 +11,7 @@ from typing import Any, Dict
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_privacy.checkpoints import dpsgd_state_digest
+from lightning_privacy.dpsgd.auto import Switched
 from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, PrivacyLedger, accountant_label
 
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
@@ -34,6 +35,7 @@ def state_key_fields(dp: Any) -> Dict[str, Any]:
 def dpsgd_state(dp: Any) -> Dict[str, Any]:
     """The state a checkpoint keeps of the DPSGD ``dp``: the ledger, the recipe, and what loading and auditing need,
     sealed by a digest of them (:func:`~lightning_privacy.checkpoints.dpsgd_state_digest`)."""
+    switched = getattr(dp, "grad_sample_mode_switch", None)
     state = {
         "version": STATE_VERSION,
         "accountant": dp.accountant_mechanism,
@@ -56,6 +58,8 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         "delta": dp.delta,
         "loss_reduction": dp.loss_reduction,
         "grad_sample_mode": dp.grad_sample_mode,
+        # grad_sample_mode="auto" left hooks for functional mode (dpsgd.auto): at which step and why
+        "grad_sample_mode_switch": None if switched is None else switched.state_dict(),
         # for the privacy statement (lightning_privacy.statement): how the noise was drawn and on what strategy
         "secure_mode": dp.secure_mode,
         "strategy": dp.strategy_name,
@@ -105,6 +109,7 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
     else:
         ledger = state_dict["ledger"]
     dp.ledger.load_state_dict(ledger)
+    dp.grad_sample_mode_switch = Switched.from_state(state_dict.get("grad_sample_mode_switch"))
 
 
 def check_checkpoint_has_state(state_key: str, checkpoint: Dict[str, Any]) -> None:

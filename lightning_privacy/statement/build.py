@@ -246,6 +246,7 @@ def _dp_sgd(
         "noise_seed": _seed_kind(fields.noise_seed, secure),
         "secure_mode": secure,
         "grad_sample_mode": fields.grad_sample_mode,
+        "grad_sample_mode_switch": fields.grad_sample_mode_switch,
         "loss_reduction": fields.loss_reduction,
         "strategy": strategy,
         "world_size": world_size,

@@ -162,6 +162,7 @@ class DPFields:
     noise_seed: Optional[int] = None
     secure_mode: Optional[bool] = None
     grad_sample_mode: Optional[str] = None
+    grad_sample_mode_switch: Optional[Dict[str, Any]] = None  # auto's switch to functional mode: step, reason
     loss_reduction: Optional[str] = None
     strategy: Optional[str] = None
     world_size: Optional[int] = None
@@ -211,12 +212,23 @@ def dpsgd_fields(state: Mapping[str, Any]) -> DPFields:
         noise_seed=whole("noise_seed", state.get("noise_seed"), minimum=-(2**63)),
         secure_mode=flag("secure_mode", state.get("secure_mode")),
         grad_sample_mode=text("grad_sample_mode", state.get("grad_sample_mode")),
+        grad_sample_mode_switch=_switch(state.get("grad_sample_mode_switch")),
         loss_reduction=text("loss_reduction", state.get("loss_reduction")),
         strategy=text("strategy", state.get("strategy")),
         world_size=whole("world_size", state.get("world_size"), minimum=1),
         fixed_modules=[dict(plain(f"fixed_modules[{i}]", entry)) for i, entry in enumerate(fixed)],
         digest=text("digest", state.get("digest")),
     )
+
+
+def _switch(value: Any) -> Optional[Dict[str, Any]]:
+    """``grad_sample_mode="auto"``'s switch record (``None``: none): a dict with a whole ``step`` and a ``reason``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not isinstance(value.get("reason"), str):
+        raise _bad("grad_sample_mode_switch", value, "a dict with 'step', 'reason' and 'from'")
+    whole("grad_sample_mode_switch.step", value.get("step"), optional=False)
+    return dict(plain("grad_sample_mode_switch", value))
 
 
 def state_key_arguments(key: str) -> Dict[str, Any]:

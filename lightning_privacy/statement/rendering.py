@@ -98,7 +98,7 @@ def mechanism_rows(data: dict) -> List[Row]:
         (
             "per-example gradients",
             str(m["grad_sample_mode"]),
-            "hooks: Opacus' per-sample gradients; ghost: ghost clipping",
+            _mode_note(m.get("grad_sample_mode_switch")),
         ),
         (
             "strategy",
@@ -266,3 +266,15 @@ def escape(line: str) -> str:
     """``line`` with ``*`` escaped outside code spans: ``β*_MIA … β*`` in one paragraph would otherwise be emphasis."""
     parts = line.split("`")
     return "`".join(part if i % 2 else part.replace("*", "\\*") for i, part in enumerate(parts))
+
+
+def _mode_note(switch: Any) -> str:
+    """The per-example gradients row's note: what the modes mean, or ``auto``'s switch (step and reason)."""
+    if not switch:
+        return (
+            "hooks: Opacus' per-sample gradients; ghost: ghost clipping; functional: torch.func on each example alone"
+        )
+    return (
+        f"grad_sample_mode='auto' switched from {switch.get('from', 'hooks')} at step {switch['step']}, before that "
+        f"step's noised update: {switch['reason']}"
+    )

@@ -169,7 +169,7 @@ def _setup_error(model, **dpsgd) -> str:
 
 
 def test_the_validator_error_puts_the_fix_first_and_names_each_layer_once_with_its_replacement():
-    message = _setup_error(ResNetStyle())
+    message = _setup_error(ResNetStyle(), grad_sample_mode="hooks")
     assert message.startswith("Pass `DPSGD(fix_modules=True)`: it replaces the 6 layers of ResNetStyle")
     batch_norms = ["stem.1", "blocks.0.bn1", "blocks.0.bn2", "blocks.1.bn1", "blocks.1.bn2"]
     assert f"BatchNorm2d → GroupNorm: {', '.join(batch_norms)}." in message
@@ -178,12 +178,16 @@ def test_the_validator_error_puts_the_fix_first_and_names_each_layer_once_with_i
         assert len(re.findall(rf"(?<![\w.]){re.escape(name)}(?!\w|\.\w)", message)) == 1, name
     assert "GN-ResNet" not in message and message.count("BatchNorm normalises") == 1
     assert len(message) < 800
+    # the default (auto) trains attention in functional mode: only the batch statistics are refused
+    message = _setup_error(ResNetStyle())
+    assert message.startswith("Pass `DPSGD(fix_modules=True)`: it replaces the 5 layers of ResNetStyle")
+    assert f"BatchNorm2d → GroupNorm: {', '.join(batch_norms)}." in message and "MultiheadAttention" not in message
 
 
 def test_an_attention_model_is_not_told_about_batchnorm():
     holder = ResNetStyle()
     holder.stem, holder.blocks = nn.Conv2d(1, 8, 3), nn.ModuleList()
-    message = _setup_error(holder)
+    message = _setup_error(holder, grad_sample_mode="hooks")
     assert "BatchNorm" not in message and "GroupNorm" not in message
     assert message.startswith("Pass `DPSGD(fix_modules=True)`: it replaces the 1 layer of ResNetStyle")
     assert "MultiheadAttention → DPMultiheadAttention: pool." in message
@@ -211,7 +215,8 @@ def test_a_layer_without_replacement_is_named_and_fix_modules_is_not_suggested_a
 def test_a_model_left_in_eval_mode_is_told_to_call_train():
     model = ResNetStyle()
     model.eval()
-    assert _setup_error(model).endswith("Also: ResNetStyle is in eval mode: call `model.train()` before `fit`.")
+    message = _setup_error(model, grad_sample_mode="hooks")
+    assert message.endswith("Also: ResNetStyle is in eval mode: call `model.train()` before `fit`.")
 
 
 def test_the_warning_speaks_of_fresh_weights_only_for_layers_that_lost_their_trained_values():

@@ -478,7 +478,7 @@ def test_refusals_name_the_argument_and_the_strategy():
     with pytest.raises(MisconfigurationException) as err:
         strategies.check_fsdp_settings(grad_sample_mode="functional", loss_reduction="mean")
     assert "FSDP2" in str(err.value) and "grad_sample_mode='ghost'" in str(err.value) and _one_sentence(str(err.value))
-    assert DPSGD(noise_multiplier=1.0).grad_sample_mode == "hooks"  # the default stays
+    assert DPSGD(noise_multiplier=1.0).grad_sample_mode == "auto"  # the default (dpsgd.auto)
 
 
 def test_auto_under_fsdp2_is_ghost_clipping_or_a_refusal_naming_why():

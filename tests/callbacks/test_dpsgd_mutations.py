@@ -165,7 +165,11 @@ def test_an_empty_poisson_batch_updates_the_model_by_the_noise_alone(mode):
     sigma, c, seed = 0.7, 0.5, 11
     torch.manual_seed(0)
     model = _Module()
-    dpsgd = DPSGD(noise_multiplier=sigma, max_grad_norm=c, grad_sample_mode=mode, sampling_seed=3, noise_seed=seed)
+    # (exactness_rate=0: hooks mode's first steps would also run training_step on examples alone, as functional's do)
+    dpsgd = DPSGD(
+        noise_multiplier=sigma, max_grad_norm=c, grad_sample_mode=mode, sampling_seed=3, noise_seed=seed,
+        exactness_rate=0.0,
+    )  # fmt: skip
     steps = _Steps(dpsgd)
     _trainer([dpsgd, steps], max_epochs=3).fit(model, DataLoader(_data(n=8), batch_size=1))  # q = 1/8
     empty = [t for t, rows in enumerate(steps.rows) if rows == 0]

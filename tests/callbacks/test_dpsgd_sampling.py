@@ -64,8 +64,16 @@ class _MLP(PerExampleLoss):
         return self.net(x)
 
 
-def _module():
-    return _MLP()
+class _ReusedMLP(_MLP):
+    """The first layer's weight also used by ``F.linear`` outside its layer (Opacus' hooks miss it; auto switches)."""
+
+    def forward(self, x):
+        first = self.net[0]
+        return self.net[2](torch.relu(first(x) + 0.5 * torch.nn.functional.linear(x, first.weight)))
+
+
+def _module(reused=False):
+    return _ReusedMLP() if reused else _MLP()
 
 
 def _fit(
@@ -237,7 +245,7 @@ def _ddp_worker(
     batch,
     epochs=1,
     seed=None,
-    mode="hooks",
+    mode="auto",
     nodes=1,
     devices=2,
     sigma=1.0,
@@ -246,6 +254,7 @@ def _ddp_worker(
     canary=False,
     noise_seed=None,
     root_only=False,
+    reused=False,
 ):
     """One rank of DDP (or, with ``fsdp``, of FSDP2 through ModelParallelStrategy) training the small MLP."""
     from lightning.pytorch.strategies import ModelParallelStrategy
@@ -257,7 +266,7 @@ def _ddp_worker(
     monitor = BayesSecurityMonitor()
     star = [EpsilonStarAudit()] if audit else []  # members: the train loader's rows; non-members: the val loader's
     canaries = [CanaryAudit(seed=2)] if canary else []  # default: one canary per trainable coordinate (58)
-    model = (_RootShardedMLP() if root_only else _ShardedMLP()) if fsdp else _module()
+    model = (_RootShardedMLP() if root_only else _ShardedMLP()) if fsdp else _module(reused)
     strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else "ddp"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -288,6 +297,8 @@ def _ddp_worker(
         "epsilon_star": star[0].results if star else None,
         "canary": canaries[0].state_dict() if canaries else None,
         "sampling_seed": record.seed,
+        "mode": dpsgd.grad_sample_mode,
+        "switch": None if dpsgd.grad_sample_mode_switch is None else dpsgd.grad_sample_mode_switch.state_dict(),
     }
 
 
@@ -405,6 +416,20 @@ def test_ghost_equals_hooks_under_ddp(tmp_path):
         assert not torch.equal(h["weights"], _ddp_initial_weights())  # trained
         torch.testing.assert_close(g["weights"], h["weights"], atol=1e-5, rtol=0)
         assert g["epsilon"] == h["epsilon"] and g["beta"] == h["beta"]
+
+
+@pytest.mark.slow
+def test_auto_switches_every_rank_together_under_ddp_and_trains_as_functional_mode(tmp_path):
+    kwargs = dict(n=256, batch=32, epochs=1, seed=4, noise_seed=4, reused=True)
+    target = "tests.callbacks.test_dpsgd_sampling:_ddp_worker"
+    auto = run_ddp(target, tmp_path / "auto", mode="auto", **kwargs)
+    functional = run_ddp(target, tmp_path / "functional", mode="functional", **kwargs)
+    for a, f in zip(auto, functional):
+        assert a["mode"] == "functional" and a["switch"]["step"] == 0 and "net.0.weight" in a["switch"]["reason"]
+        assert a["steps"] == f["steps"] == 8
+        torch.testing.assert_close(a["weights"], f["weights"], atol=1e-5, rtol=0)
+        assert "functional (auto, from step 0)" in a["report"]
+    torch.testing.assert_close(auto[0]["weights"], auto[1]["weights"], atol=0, rtol=0)  # one model on every rank
 
 
 def _ddp_initial_weights():
