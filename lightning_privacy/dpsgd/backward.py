@@ -204,6 +204,8 @@ class PerExampleBackward:
         # the neighbour check (dpsgd.neighbours) and this step's rows in the train loader's dataset (set by install)
         self.neighbours: Any = None
         self.current_rows: Callable[[], Optional[List[int]]] = lambda: None
+        # a batch that rows do not split into its examples: each example collated alone (functional.Examples)
+        self.examples_of: Optional[Callable[[Any], Any]] = None
         self.sharded = sharded
         self.trainable = [p for p in pl_module.parameters() if p.requires_grad]
         # checked unchanged at every step, by name: FSDP2 swaps a module's parameter objects between sharded and
@@ -236,7 +238,9 @@ class PerExampleBackward:
         self._check_trainable_unchanged()
         self._auto_step, self._auto_reason = self.auto is not None and self.mode == "hooks", None
         empty = is_empty_batch(batch)
-        self._start_sampled(batch, args, kwargs, empty=empty)
+        # a batch whose rows are not its examples (torchtext's): the per-example passes take each collated alone
+        examples = self.examples_of(batch) if self.examples_of is not None and not empty else batch
+        self._start_sampled(examples, args, kwargs, empty=empty)
         self._check_neighbours(args, kwargs, empty=empty)
         self._empty_step = empty and not self.sharded
         if self._empty_step:  # a zero loss that reaches every trainable parameter (DDP's reducer waits for each)
@@ -246,6 +250,7 @@ class PerExampleBackward:
             batch = self._placeholder()
             args, kwargs = ((batch, *args[1:]), kwargs) if args else (args, {**kwargs, "batch": batch})
         self.last_rows = batch_rows(batch, self.per_example)
+        batch = examples if not empty else batch
         if self.mode == "functional":
             return self._functional_step(batch, args, kwargs)
         self._inputs = (batch, args, kwargs) if self._auto_step else None

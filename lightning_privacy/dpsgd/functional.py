@@ -62,6 +62,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 __all__ = [
+    "Examples",
     "CHUNK_BYTES",
     "FUNCTIONAL_REFERENCE",
     "ClippedSum",
@@ -113,10 +114,25 @@ def example_loss(out: Any) -> torch.Tensor:
 
 @contextlib.contextmanager
 def logging_suppressed(module: nn.Module) -> Iterator[None]:
-    """``module.log`` and ``module.log_dict`` do nothing inside (a LightningModule's ``self.log`` cannot take the
-    batched tensors of a per-example pass; the batch's own ``training_step`` logs)."""
+    """``training_step``'s side effects do nothing inside a per-example pass; the batch's own ``training_step`` has
+    them once per step, as without DPSGD.
+
+    - ``module.log`` and ``module.log_dict`` (a LightningModule's ``self.log`` cannot take a per-example pass's
+      batched tensors);
+    - every torchmetrics ``Metric`` of the module: its ``update`` and ``forward`` do nothing (``forward`` returns
+      NaN), so an accuracy updated in ``training_step`` counts each example once, not once more per pass, and keeps
+      no tensor of a ``vmap`` ("tensor may have escaped from vmap");
+    - lists held by the module (``self.outputs.append(logits)`` for ``on_train_epoch_end``): what a pass appends is
+      removed after it.
+    """
     saved = {name: module.__dict__[name] for name in ("log", "log_dict") if name in module.__dict__}
     module.__dict__["log"] = module.__dict__["log_dict"] = lambda *args, **kwargs: None
+    metrics = [m for m in module.modules() if _is_metric(m)]
+    own = [(m, {name: m.__dict__[name] for name in ("forward", "update") if name in m.__dict__}) for m in metrics]
+    for m in metrics:
+        m.__dict__["update"] = lambda *args, **kwargs: None
+        m.__dict__["forward"] = lambda *args, **kwargs: torch.tensor(float("nan"))
+    lists = [(value, len(value)) for value in list(vars(module).values()) if isinstance(value, list)]
     try:
         yield
     finally:
@@ -125,6 +141,22 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
                 module.__dict__[name] = saved[name]
             else:
                 module.__dict__.pop(name, None)
+        for m, kept in own:
+            for name in ("forward", "update"):
+                if name in kept:
+                    m.__dict__[name] = kept[name]
+                else:
+                    m.__dict__.pop(name, None)
+        for value, length in lists:
+            del value[length:]
+
+
+def _is_metric(module: nn.Module) -> bool:
+    """A torchmetrics ``Metric`` (or collection), without importing torchmetrics where it is not loaded."""
+    import sys
+
+    torchmetrics = sys.modules.get("torchmetrics")
+    return torchmetrics is not None and isinstance(module, (torchmetrics.Metric, torchmetrics.MetricCollection))
 
 
 class _Call(nn.Module):
@@ -225,6 +257,18 @@ def vmap_obstacle(error: BaseException) -> str:
     return f"an operation vmap cannot batch{at} (torch: {first[:200]})"
 
 
+class Examples(list):
+    """A batch's examples, each collated alone by the train loader's ``collate_fn`` — for a batch whose rows do not
+    split into its examples (torchtext's ``(label, text, offsets)``: the texts concatenated, each offset counted from
+    the batch's start; :func:`~lightning_privacy.dpsgd.sampling.splits_by_rows` finds it on the loader's own
+    collate). The per-example passes run on each of them (one pass per example); ``batch`` is the batch itself, for
+    what ``training_step`` computes on the whole batch."""
+
+    def __init__(self, examples: Sequence[Any], batch: Any = None) -> None:
+        super().__init__(examples)
+        self.batch = batch
+
+
 class FunctionalClipping:
     """Per-example gradients of ``module``'s trainable parameters by ``torch.func``, clipped and summed.
 
@@ -320,6 +364,11 @@ class FunctionalClipping:
     ) -> Iterator[Tuple[List[torch.Tensor], torch.Tensor, str]]:
         """Chunks of per-example gradients and losses of ``batch``'s rows, each row alone (vmap, or the loop after a
         :attr:`fallback`)."""
+        if isinstance(batch, Examples):  # (examples collated alone: one pass each)
+            with logging_suppressed(self.module), torch.enable_grad():
+                for example in batch:
+                    yield (*self._one(_copy(example), step), "loop")
+            return
         leaves, spec, rows, batched = _split(batch, self.per_example)
         how = "loop" if self.fallback is not None or self.loop else "vmap"
         size = self.rows_per_chunk(rows)
@@ -350,6 +399,10 @@ class FunctionalClipping:
     def losses_alone(self, batch: Any, step: Callable[[Any], Any]) -> torch.Tensor:
         """Each example's loss from ``step`` on its row alone, without gradients (vmap, or the loop after a
         :attr:`fallback`)."""
+        if isinstance(batch, Examples):
+            with logging_suppressed(self.module), torch.no_grad():
+                losses = [example_loss(_on_one_row(step, _copy(example))).reshape(-1) for example in batch]
+            return torch.cat(losses) if losses else torch.zeros(0)
         leaves, spec, rows, batched = _split(batch, self.per_example)
         params = self._values()
         out = []
@@ -400,7 +453,11 @@ class FunctionalClipping:
     def _looped(
         self, leaves: List[Any], spec: Any, batched: List[int], chunk: List[torch.Tensor], step: Callable[[Any], Any]
     ) -> Tuple[List[torch.Tensor], torch.Tensor]:
-        value = example_loss(_on_one_row(step, _rebuild(leaves, spec, batched, chunk)))
+        return self._one(_rebuild(leaves, spec, batched, chunk), step)
+
+    def _one(self, example: Any, step: Callable[[Any], Any]) -> Tuple[List[torch.Tensor], torch.Tensor]:
+        """One example's gradient (``[1, *shape]`` per parameter) and loss, by autograd on ``step(example)``."""
+        value = example_loss(_on_one_row(step, example))
         grads: Sequence[Optional[torch.Tensor]] = [None] * len(self.params)
         if value.requires_grad:
             try:
@@ -511,7 +568,13 @@ def check_parameters_swapped(engine: FunctionalClipping, batch: Any, step: Calla
     Raises:
         MisconfigurationException: naming the parameter and the fix.
     """
-    leaves, spec, rows, batched = _split(batch, engine.per_example)
+    if isinstance(batch, Examples):  # (the first example collated alone, as a batch of its own)
+        if not batch:
+            return
+        leaves, spec = tree_flatten(_copy(batch[0]))
+        rows, batched = 1, []  # (nothing to split: the example is the pass's batch)
+    else:
+        leaves, spec, rows, batched = _split(batch, engine.per_example)
     if rows == 0 or not engine.params:
         return
     copies = {f"m.{name}": p.detach().clone().requires_grad_(True) for name, p in zip(engine.names, engine.params)}
@@ -550,7 +613,7 @@ def check_losses_alone(
         MisconfigurationException: naming the example and the two losses, and the likely causes.
     """
     with _eval_mode(engine.module), logging_suppressed(engine.module), torch.no_grad():
-        out = step(_copy(batch))
+        out = step(_copy(batch.batch if isinstance(batch, Examples) else batch))
         alone = engine.losses_alone(batch, step).to(torch.float64)
     together = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
     if not isinstance(together, torch.Tensor):

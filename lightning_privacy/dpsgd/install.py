@@ -244,6 +244,23 @@ def _neighbour_check(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule
         return getattr(sampler, "recent", {}).get(dp.ledger.steps)
 
     dp._backward.neighbours, dp._backward.current_rows = check, current_rows
+    if not getattr(loader, "by_rows", True):  # (torchtext's batches: each example collated alone, on the device)
+        check.by_rows = False
+        dp._backward.examples_of = functools.partial(_collated_examples, loader, current_rows, check.to_device)
+
+
+def _collated_examples(
+    loader: Any, current_rows: Callable[[], Any], to_device: Callable[[Any], Any], batch: Any
+) -> Any:
+    """This step's examples, each collated alone by the train loader (a batch its rows do not split)."""
+    rows = current_rows()
+    if rows is None:
+        raise MisconfigurationException(
+            "DPSGD: this train loader's batches do not split into their examples by rows (its collate_fn concatenates "
+            "them, as torchtext's `(label, text, offsets)`), so DP-SGD collates each example alone, and needs the "
+            "step's rows from DPSGD's Poisson sampler, which this loader does not give."
+        )
+    return functional.Examples([to_device(loader.collate_fn([loader.dataset[int(i)]])) for i in rows], batch=batch)
 
 
 def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rtol: float) -> Any:

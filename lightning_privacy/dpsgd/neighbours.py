@@ -115,6 +115,7 @@ class NeighbourCheck:
         self._examples = torch.Generator().manual_seed(4)  # which example besides the largest
         self._seen = 0
         self.disabled = False  # the check could not run this model (the record's reason says why)
+        self.by_rows = True  # a batch splits into its examples by rows; else each is collated alone (torchtext's)
 
     def due(self) -> bool:
         """At every batch (empty ones too, so that every rank draws alike): is this step checked?"""
@@ -193,7 +194,10 @@ class NeighbourCheck:
         """The clipped sum over ``items`` collated as one batch, the module's buffers as at the step's start."""
         self._restore(saved)
         try:
-            return self.engine.clipped_sum(self.to_device(self.collate(items)), step).sums
+            batch = self.to_device(self.collate(items))
+            if not self.by_rows:
+                batch = functional.Examples([self.to_device(self.collate([item])) for item in items], batch=batch)
+            return self.engine.clipped_sum(batch, step).sums
         finally:
             self._restore(saved)
 

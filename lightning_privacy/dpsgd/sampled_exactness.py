@@ -287,7 +287,10 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _select(batch: Any, index: torch.Tensor, per_example: Any = None) -> Any:
-    """The rows ``index`` of every tensor of ``batch`` split by rows (as the functional engine splits a batch)."""
+    """The rows ``index`` of every tensor of ``batch`` split by rows (as the functional engine splits a batch), or
+    of a batch's :class:`~lightning_privacy.dpsgd.functional.Examples` those examples."""
+    if isinstance(batch, functional.Examples):
+        return functional.Examples([batch[int(i)] for i in index])
     leaves, spec, rows, batched = functional._split(batch, per_example)
     chosen: Sequence[torch.Tensor] = [leaves[i][index.to(leaves[i].device)] for i in batched]
     return functional._rebuild(leaves, spec, batched, chosen)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -249,6 +249,7 @@ class PoissonDataLoader(DataLoader):
         self.original = loader
         self.placeholder = collate.placeholder
         self.per_example = collate.per_example  # which leaves of a batch hold its examples' rows (example_leaves)
+        self.by_rows = collate.by_rows  # a batch splits into its examples by rows (splits_by_rows)
 
 
 class _CollateWithEmpty:
@@ -259,6 +260,10 @@ class _CollateWithEmpty:
         self.placeholder = collate([example])
         self.empty = empty_batch_like(self.placeholder)
         self.per_example = None if second is None else example_leaves(self.placeholder, collate([example, second]))
+        # whether a batch splits into its examples by rows; else the per-example passes collate each one alone
+        self.by_rows = second is None or splits_by_rows(
+            self.placeholder, collate([second]), collate([example, second]), self.per_example
+        )
 
     def __call__(self, rows: List[Any]) -> Any:
         return self.collate(rows) if rows else self.empty
@@ -288,6 +293,47 @@ def example_leaves(one: Any, two: Any) -> Optional[Tuple[bool, ...]]:
         and a.shape[0] == 1 and b.shape[0] == 2
         for a, b in zip(first, second)
     )  # fmt: skip
+
+
+def splits_by_rows(one: Any, other: Any, two: Any, per_example: Optional[Sequence[bool]]) -> bool:
+    """Whether a batch splits into its examples by rows: the loader's ``collate_fn`` on two examples (``two``) holds,
+    leaf by leaf, the first example collated alone (``one``) as its first row and the second (``other``) as its
+    second, and the leaves shared by the batch equal in all three. Values, not sizes, are compared, so a coincidence of
+    sizes cannot pass; torchtext's ``(label, text, offsets)`` fails it (the texts are concatenated, the second offset
+    counts from the batch's start). Where it fails the per-example passes collate each example alone
+    (:class:`~lightning_privacy.dpsgd.functional.Examples`).
+
+    Example::
+
+        >>> def collate(rows):  # torchtext's: the texts concatenated, each one's offset
+        ...     return torch.cat(rows), torch.tensor([0] + [len(r) for r in rows[:-1]]).cumsum(0)
+        >>> a, b = torch.tensor([1, 2]), torch.tensor([3])
+        >>> two = collate([a, b])
+        >>> splits_by_rows(collate([a]), collate([b]), two, example_leaves(collate([a]), two))
+        False
+        >>> stack = lambda rows: torch.stack(rows)
+        >>> splits_by_rows(stack([a]), stack([a + 1]), stack([a, a + 1]), (True,))
+        True
+    """
+    from torch.utils._pytree import tree_flatten
+
+    first, spec = tree_flatten(one)
+    second, spec_other = tree_flatten(other)
+    both, spec_two = tree_flatten(two)
+    if per_example is None or spec != spec_other or spec != spec_two or len(per_example) != len(both):
+        return False
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+        return type(a) is type(b) and a == b
+
+    for flag, a, b, ab in zip(per_example, first, second, both):
+        if flag and not (same(ab[:1], a) and same(ab[1:2], b)):
+            return False
+        if not flag and not (same(a, ab) and same(b, ab)):
+            return False
+    return True
 
 
 def empty_batch_like(batch: Any) -> Any:

@@ -1,0 +1,97 @@
+"""Stock models train first time under the default ``DPSGD()`` (issue 57 item 8), exactly.
+
+The reference is independent of the engine: a float64 copy of the module at the first step's start, ``training_step``
+on each example alone (torchtext's batch split by its offsets and collated alone), its whole gradient by
+``torch.autograd.grad`` clipped to C, summed; DPSGD's own clipped sum is read before the noise
+(``register_before_noise_hook``). Which mode ``auto`` ends in, and why, is printed by
+``benchmarks/clipping_exactness.py``; here only that it trains exactly and side effects happen once per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import TensorDataset
+
+from lightning_privacy import DPSGD
+from lightning_privacy.dpsgd import functional
+from tests.callbacks._stock_models import STOCK
+
+pytest.importorskip("transformers")
+
+C = 0.5
+TOLERANCE = 1e-9  # float64 end to end, relative to the sum's largest entry
+
+
+class FirstStep(Callback):
+    """A float64 copy of the module at the first step's start, that step's batch, and DPSGD's clipped sums."""
+
+    def __init__(self, dpsgd):
+        self.twin, self.batch, self.sums = None, None, None
+        dpsgd.register_before_noise_hook(self._hook)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.sums is None:
+            self.batch = tuple(t.clone() for t in batch)
+            self.twin = copy.deepcopy(pl_module.state_dict())
+            self._names = {id(p): n for n, p in pl_module.named_parameters()}
+
+    def _hook(self, optimizer):
+        if self.sums is None:
+            self.sums = {self._names[id(p)]: optimizer.summed(p).detach().clone() for p in optimizer.params}
+
+
+def reference(module, state, examples):
+    """Σᵢ clip(∇ℓᵢ, C) over ``examples`` (batches of one) on ``module`` with ``state`` (float64, no logging)."""
+    module.load_state_dict(state)
+    module.log = module.log_dict = lambda *args, **kwargs: None
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    total = [torch.zeros_like(p) for _, p in named]
+    for one in examples:
+        with functional.logging_suppressed(module):
+            loss = functional.example_loss(module.training_step(one, 0))
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+        grads = [g if g is not None else torch.zeros_like(p) for g, (_, p) in zip(grads, named)]
+        factor = min(1.0, C / (float(torch.sqrt(sum(g.pow(2).sum() for g in grads))) + 1e-6))
+        total = [t + factor * g for t, g in zip(total, grads)]
+    return {n: t for (n, _), t in zip(named, total)}
+
+
+def _fit(name):
+    make, loader, arguments, split = STOCK[name]
+    torch.manual_seed(0)
+    model = make().double()
+    data = loader(48)
+    if isinstance(data.dataset, TensorDataset):  # (float64 inputs for the float64 model)
+        data.dataset.tensors = tuple(t.double() if t.is_floating_point() else t for t in data.dataset.tensors)
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, sampling_seed=0, **arguments)
+    first = FirstStep(dpsgd)
+    trainer = pl.Trainer(
+        max_epochs=2, callbacks=[dpsgd, first], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (vmap's fallbacks for attention kernels: performance, not correctness)
+        trainer.fit(model, data)
+    return model, dpsgd, first, split, trainer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(STOCK))
+def test_a_stock_model_trains_exactly_first_time_under_the_default_dpsgd(name):
+    model, dpsgd, first, split, trainer = _fit(name)
+    assert dpsgd.grad_sample_mode_argument == "auto" and dpsgd.steps == trainer.global_step > 0
+    expected = reference(model, first.twin, split(first.batch))
+    assert set(first.sums) == set(expected)
+    scale = max(float(v.abs().max()) for v in expected.values())
+    assert scale > 1e-4
+    difference = max(float((first.sums[n] - expected[n]).abs().max()) for n in expected)
+    assert difference / scale < TOLERANCE, (name, dpsgd.grad_sample_mode, dpsgd.grad_sample_mode_reason)
+    if name == "metric":  # side effects once per step: the epoch's kept outputs hold each example once
+        assert len(model.epoch_rows) == 2 and model.epoch_rows == model.batch_rows
+        assert "train_acc" in trainer.callback_metrics
