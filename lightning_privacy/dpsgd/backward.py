@@ -71,6 +71,12 @@ REENTRANT = (
     "torch cannot differentiate with `torch.autograd.grad` as DP-SGD's per-example computations and checks do, so use "
     "`use_reentrant=False` with grad_sample_mode='functional' (or 'auto'), or turn gradient checkpointing off."
 )
+DIFFERENTIATES = (
+    "DPSGD(grad_sample_mode={mode!r}): `training_step` runs a backward pass of its own (`torch.autograd.grad`, e.g. "
+    "an input-gradient penalty), which fires Opacus' per-layer hooks before DP-SGD's backward pass and leaves them "
+    "without the layers' inputs, so use grad_sample_mode='auto' (the default) or 'functional', which differentiate "
+    "each example's whole loss, penalty included."
+)
 # torch/utils/hooks.py, BackwardHook: a full backward hook fired on a module none of whose inputs needs a gradient
 FULL_BACKWARD_HOOK_WARNING = "Full backward hook is firing when gradients are computed with respect to module outputs"
 
@@ -150,6 +156,8 @@ class PerExampleBackward:
     Raises:
         MisconfigurationException: ghost mode on a module that overrides ``backward``.
     """
+
+    stands_in_for_a_fit = True  # (a copy of the module, e.g. a hook-free twin, leaves it out)
 
     def __init__(
         self,
@@ -263,6 +271,12 @@ class PerExampleBackward:
             if not self._auto_step:
                 raise
             return self._forward_failed(err, batch, args, kwargs)
+        except IndexError as err:  # (Opacus' hooks, when training_step runs a backward pass of its own)
+            if self._auto_step:
+                return self._forward_failed(err, batch, args, kwargs)
+            if "pop from empty list" in str(err):
+                raise MisconfigurationException(DIFFERENTIATES.format(mode=self.mode)) from err
+            raise
         except Exception as err:  # noqa: BLE001 (auto: the hooks' forward failed; functional mode takes the step)
             if not self._auto_step:
                 raise
@@ -513,6 +527,10 @@ class PerExampleBackward:
             if "use_reentrant=True" in str(err):
                 raise MisconfigurationException(REENTRANT.format(mode=self.mode)) from err
             raise
+        except IndexError as err:  # (Opacus' hooks, after training_step ran a backward pass of its own)
+            if "pop from empty list" in str(err):
+                raise MisconfigurationException(DIFFERENTIATES.format(mode=self.mode)) from err
+            raise
 
     # ------------------------------------------------------------------------------------------------- auto
     def _verified_hooks(self, loss: Any, *args: Any, **kwargs: Any) -> Optional[str]:
@@ -635,7 +653,8 @@ class PerExampleBackward:
                 "DPSGD(grad_sample_mode='ghost') clips each example's gradient through that example's own loss, so "
                 f"`training_step` must return one loss per example, a tensor of shape [batch_size] ({EXAMPLE}; "
                 f"or a dict whose 'loss' is one); it returned {_describe(losses)}. DPSGD reduces them with "
-                f"loss_reduction={self.loss_reduction!r}; log their mean yourself."
+                f"loss_reduction={self.loss_reduction!r}; log their mean yourself. Or use grad_sample_mode='auto' "
+                "(the default), which takes a reduced loss."
             )
         params = self.hooks.trainable_parameters
         if self._skipping:
@@ -730,8 +749,10 @@ class PerExampleBackward:
         with the batch's), then the batch's ``training_step`` once without gradients for what it logs and returns."""
         step = self._rows_step(args, kwargs)
         self._functional_sums, self.last_norms = self._functional_sum(batch, args, kwargs, checking=checking)
-        with torch.no_grad(), self._no_per_step_sync():
-            out = self._original_step(*args, **kwargs)  # (what the module logs and returns, from the whole batch)
+        # what the module logs and returns, from the whole batch (with gradients: a step may differentiate inside, as
+        # an input-gradient penalty does; nothing is differentiated from it)
+        with torch.enable_grad(), self._no_per_step_sync():
+            out = self._original_step(*args, **kwargs)
         loss = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
         if not isinstance(loss, torch.Tensor):
             raise MisconfigurationException(

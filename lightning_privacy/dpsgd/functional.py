@@ -400,13 +400,13 @@ class FunctionalClipping:
         """Each example's loss from ``step`` on its row alone, without gradients (vmap, or the loop after a
         :attr:`fallback`)."""
         if isinstance(batch, Examples):
-            with logging_suppressed(self.module), torch.no_grad():
-                losses = [example_loss(_on_one_row(step, _copy(example))).reshape(-1) for example in batch]
+            with logging_suppressed(self.module), torch.enable_grad():
+                losses = [example_loss(_on_one_row(step, _copy(example))).detach().reshape(-1) for example in batch]
             return torch.cat(losses) if losses else torch.zeros(0)
         leaves, spec, rows, batched = _split(batch, self.per_example)
         params = self._values()
         out = []
-        with logging_suppressed(self.module), torch.no_grad():
+        with logging_suppressed(self.module), torch.enable_grad():  # (a step may differentiate: a gradient penalty)
             if self.fallback is None:
                 try:
                     size = self.rows_per_chunk(rows)
@@ -414,13 +414,13 @@ class FunctionalClipping:
                         chunk = [leaves[i][start : start + size].unsqueeze(1) for i in batched]
                         fn = vmap(self._loss_fn(leaves, spec, batched, step), in_dims=(None, *[0] * len(chunk)),
                                   randomness="different")  # fmt: skip
-                        out.append(fn(params, *chunk).reshape(-1))
+                        out.append(fn(params, *chunk).detach().reshape(-1))
                     return torch.cat(out)
                 except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
                     self.fallback, out = vmap_obstacle(error), []
             for i in range(rows):
                 rebuilt = _rebuild(leaves, spec, batched, [leaves[j][i : i + 1] for j in batched])
-                out.append(example_loss(_on_one_row(step, rebuilt)).reshape(-1))
+                out.append(example_loss(_on_one_row(step, rebuilt)).detach().reshape(-1))
         return torch.cat(out)
 
     def _values(self) -> Dict[str, torch.Tensor]:
@@ -467,8 +467,18 @@ class FunctionalClipping:
                     raise
                 grads = _by_backward(value, self.params)  # (reentrant checkpointing: only `.backward()` runs it)
         return [
-            (g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self.params)
+            _dense(g if g is not None else torch.zeros_like(p)).unsqueeze(0) for g, p in zip(grads, self.params)
         ], value.detach().reshape(1)
+
+
+def _dense(gradient: torch.Tensor) -> torch.Tensor:
+    """A sparse gradient (``nn.Embedding(sparse=True)``) as the dense tensor DP-SGD clips and noises: the noise
+    reaches every row, so the step is dense whatever the layer's gradient layout."""
+    return gradient.to_dense() if gradient.is_sparse else gradient
+
+
+class OneRowError(MisconfigurationException):
+    """``training_step`` failed on one example alone (a batch of one row); :func:`one_row_message` says why."""
 
 
 def _on_one_row(step: Callable[[Any], Any], batch: Any) -> Any:
@@ -479,7 +489,7 @@ def _on_one_row(step: Callable[[Any], Any], batch: Any) -> Any:
     except MisconfigurationException:
         raise
     except Exception as error:  # noqa: BLE001 (the user's training_step, whatever it raises)
-        raise MisconfigurationException(one_row_message(error)) from error
+        raise OneRowError(one_row_message(error)) from error
 
 
 def _by_backward(value: torch.Tensor, params: Sequence[torch.Tensor]) -> List[Optional[torch.Tensor]]:
@@ -612,9 +622,10 @@ def check_losses_alone(
     Raises:
         MisconfigurationException: naming the example and the two losses, and the likely causes.
     """
-    with _eval_mode(engine.module), logging_suppressed(engine.module), torch.no_grad():
+    # (with gradients: a training_step may differentiate inside, as an input-gradient penalty does)
+    with _eval_mode(engine.module), logging_suppressed(engine.module), torch.enable_grad():
         out = step(_copy(batch.batch if isinstance(batch, Examples) else batch))
-        alone = engine.losses_alone(batch, step).to(torch.float64)
+        alone = engine.losses_alone(batch, step).detach().to(torch.float64)
     together = out.get(PER_EXAMPLE_LOSS, out.get("loss")) if isinstance(out, dict) else out
     if not isinstance(together, torch.Tensor):
         return 0.0
@@ -693,6 +704,12 @@ def hooks_obstacles(module: nn.Module) -> List[str]:
             layout.append(f"{where} uses gradient checkpointing, whose re-run Opacus' hooks count twice")
         if isinstance(m, nn.modules.conv._ConvNd) and m.padding_mode != "zeros" and m.weight.requires_grad:
             layout.append(f"{where} pads with {m.padding_mode!r}, which Opacus' hooks treat as zeros")
+        if (
+            getattr(m, "sparse", False) is True
+            and isinstance(m, (nn.Embedding, nn.EmbeddingBag))
+            and m.weight.requires_grad
+        ):
+            layout.append(f"{where} has sparse=True, whose sparse gradient Opacus' hooks and checks do not take")
     owners: Dict[int, List[Tuple[str, str, nn.Module]]] = {}
     for prefix, layer in module.named_modules(remove_duplicate=False):
         for name, param in layer.named_parameters(recurse=False):

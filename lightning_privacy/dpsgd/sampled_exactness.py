@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
@@ -128,6 +129,7 @@ class SampledExactness:
         self._examples = torch.Generator().manual_seed(2)  # which examples (each rank its own batch)
         self.pending: Optional[MisconfigurationException] = None
         self.active = False  # this step is checked (drawn at its batch's start)
+        self.off: Optional[str] = None  # why the check cannot run (training_step fails on one example alone)
         self.first = False  # ...as a self-checked first step (hooks mode)
         self._dropout: Optional[contextlib.ExitStack] = None
         self._seconds: List[float] = []  # the first two checks' reference: by vmap, then by the loop
@@ -175,10 +177,14 @@ class SampledExactness:
         kept in :attr:`pending`. ``batch_losses``: the batch's per-example losses (their graph not needed), compared
         with the losses alone to tell mixed examples apart."""
         index = self._rows(rows)
-        if index is None:
+        if index is None or self.off is not None:
             return
         chosen = _select(batch, index, self.engine.per_example)
-        grads, losses = self._gradients_alone(chosen, step)
+        try:
+            grads, losses = self._gradients_alone(chosen, step)
+        except functional.OneRowError as err:  # (hooks and ghost train the batch; the check cannot run one example)
+            self._switch_off(err)
+            return
         found: Optional[MisconfigurationException] = None
         worst = 0.0
         flat = [g.reshape(len(index), -1).to(torch.float64) for g in grads]
@@ -237,6 +243,17 @@ class SampledExactness:
                 "example's output from that example alone; DPSGD stopped before this step's noised update."
             )
         self._compared(len(index), float(error.max()) / scale)
+
+    def _switch_off(self, err: BaseException) -> None:
+        """``training_step`` cannot run on one example alone: this check is off for the fit, said once and recorded."""
+        self.off = str(err)
+        self.record.later_rate = 0.0
+        warnings.warn(
+            "DPSGD: the exactness check on examples alone is off for this fit (what is clipped for an example is not "
+            f"compared with its gradient computed alone): {err}",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def _compared(self, examples: int, worst: float) -> None:
         record = self.record

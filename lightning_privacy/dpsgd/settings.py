@@ -323,6 +323,17 @@ def check_module(module: torch.nn.Module, *, fix_modules: bool, grad_sample_mode
     (:mod:`lightning_privacy.dpsgd.functional`) differentiates each example's loss itself: it does not refuse what
     Opacus' hooks alone cannot sample, and leaves the modules' modes as they are."""
     functional = grad_sample_mode == "functional"
+    sparse = [
+        name for name, m in module.named_modules()
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse and m.weight.requires_grad
+    ]  # fmt: skip
+    if sparse and grad_sample_mode in ("hooks", "ghost"):
+        raise MisconfigurationException(
+            f"DPSGD(grad_sample_mode={grad_sample_mode!r}): {', '.join(f'`{n}`' for n in sparse[:5])} "
+            "(Embedding(sparse=True)) gives a sparse gradient, which Opacus' per-example hooks do not take; DP-SGD's "
+            "noise reaches every row, so its step is dense anyway: use sparse=False, or grad_sample_mode='auto' (the "
+            "default) or 'functional', which clip its dense per-example gradients."
+        )
     layers = incompatible_layers(module)  # (also what Opacus' validator lets through: padded convolutions)
     if functional:
         layers = [layer for layer in layers if layer.kind not in _HOOKS_ONLY]

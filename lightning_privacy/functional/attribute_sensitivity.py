@@ -249,7 +249,15 @@ def hook_free_twin(module: nn.Module) -> nn.Module:
         for key, value in vars(m).items():
             if "hooks" in key and isinstance(value, dict):
                 memo[id(value)] = type(value)()
+    dropped = object()  # DPSGD's stand-ins for backward and training_step (they hold the fit: the Trainer, optimizer)
+    for key in ("backward", "training_step"):
+        value = vars(module).get(key)
+        if getattr(getattr(value, "__self__", value), "stands_in_for_a_fit", False):
+            memo[id(value)] = dropped
     twin = copy.deepcopy(module, memo)
+    for key in ("backward", "training_step"):
+        if vars(twin).get(key) is dropped:
+            del twin.__dict__[key]  # (the class's own methods again)
     for m in twin.modules():
         for attr in ("autograd_grad_sample_hooks", "activations"):  # Opacus bookkeeping, meaningless on the twin
             if attr in vars(m):
