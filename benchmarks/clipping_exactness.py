@@ -42,9 +42,11 @@ sys.path.insert(0, str(ROOT))
 from lightning_privacy import DPSGD  # noqa: E402
 from lightning_privacy.dpsgd.functional import example_loss  # noqa: E402
 from lightning_privacy.dpsgd.sampled_exactness import DEFAULT_RATE  # noqa: E402
+from lightning_privacy.dpsgd.settings import fix_module  # noqa: E402
 from tests.callbacks import test_dpsgd_exactness as small  # noqa: E402
 from tests.callbacks import test_dpsgd_functional as fx  # noqa: E402
 from tests.callbacks._language_models import PaddedSequences, TinyCausalLM  # noqa: E402
+from tests.callbacks._stock_models import STOCK  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "clipping_exactness.md"
 C = 1.0
@@ -197,6 +199,8 @@ ARCHITECTURES: Dict[str, Callable[[], pl.LightningModule]] = {
     "checkpoint_reentrant": ReentrantCheckpoint,
     "item": fx.Item,
     "classic_function": fx.ClassicFunction,
+    # stock models as a user writes them (issue 57 item 8; tests/callbacks/_stock_models.py): Hugging Face's own loss
+    **{f"stock_{name}": make for name, (make, _, _, _) in STOCK.items()},
 }
 WHAT = {
     "functional_reuse": "`lin.weight` also used by `F.linear`",
@@ -224,18 +228,34 @@ WHAT = {
     "checkpoint_reentrant": "reentrant `torch.utils.checkpoint`",
     "item": "`.item()` in `training_step`",
     "classic_function": "a classic `autograd.Function` (ctx in forward)",
+    "stock_bert": "stock HF `BertForSequenceClassification`, `.loss`",
+    "stock_gpt2": "stock HF `GPT2LMHeadModel` (tied head), `.loss`",
+    "stock_llama": "stock HF `LlamaForCausalLM`, `.loss`",
+    "stock_t5": "stock HF `T5ForConditionalGeneration`, `.loss`",
+    "stock_vit": "stock HF `ViTForImageClassification`, `.loss`",
+    "stock_resnet": "ResNet with BatchNorm, `fix_modules=True`",
+    "stock_lstm": "`nn.LSTM` classifier",
+    "stock_textbag": "torchtext `EmbeddingBag(text, offsets)` classifier",
+    "stock_metric": "torchmetrics accuracy and kept outputs in `training_step`",
 }
 MODES = ("hooks", "ghost", "functional", "auto")
 
 
-def _data(name: str):
-    return PaddedSequences(64) if name.startswith(("gpt2", "llama")) else small._data(64)
+def _loader(name: str, batch_size: int) -> DataLoader:
+    if name.startswith("stock_"):
+        stock = STOCK[name[len("stock_") :]][1](64)
+        return DataLoader(stock.dataset, batch_size=batch_size, collate_fn=stock.collate_fn)
+    data = PaddedSequences(64) if name.startswith(("gpt2", "llama")) else small._data(64)
+    return DataLoader(data, batch_size=batch_size)
 
 
-def _rows(batch: Any, i: int) -> Any:
+def _examples(name: str, batch: Any) -> List[Any]:
+    """The batch's examples, each a batch of one (torchtext's split by its offsets and collated alone)."""
+    if name.startswith("stock_"):
+        return STOCK[name[len("stock_") :]][3](batch)
     if isinstance(batch, dict):
-        return {k: v[i : i + 1] for k, v in batch.items()}
-    return [t[i : i + 1] for t in batch]
+        return [{k: v[i : i + 1] for k, v in batch.items()} for i in range(len(batch["input_ids"]))]
+    return [[t[i : i + 1] for t in batch] for i in range(len(batch[0]))]
 
 
 class Capture(Callback):
@@ -268,13 +288,14 @@ class Capture(Callback):
             self.sums = [optimizer.summed(p).detach().clone() for p in optimizer.params]
 
 
-def reference_clipped_sum(twin: pl.LightningModule, batch: Any) -> List[torch.Tensor]:
+def reference_clipped_sum(twin: pl.LightningModule, examples: List[Any]) -> List[torch.Tensor]:
     """Σᵢ clip_C(∇ℓᵢ) by a loop over the batch's examples, each its own forward and backward pass (float64)."""
     params = [p for p in twin.parameters() if p.requires_grad]
     total = [torch.zeros_like(p) for p in params]
-    n = len(batch["input_ids"]) if isinstance(batch, dict) else len(batch[0])
-    for i in range(n):
-        loss = example_loss(twin.training_step(_rows(batch, i), 0))
+    twin.log = twin.log_dict = lambda *args, **kwargs: None
+    for example in examples:
+        example = [t.double() if t.is_floating_point() else t for t in example] if isinstance(example, (list, tuple)) else example
+        loss = example_loss(twin.training_step(example, 0))
         for p in params:
             p.grad = None
         loss.backward()  # (not autograd.grad, which reentrant checkpointing refuses)
@@ -287,8 +308,10 @@ def reference_clipped_sum(twin: pl.LightningModule, batch: Any) -> List[torch.Te
 def run(name: str, mode: str, steps: int, batch_size: int, rate: float) -> Dict[str, Any]:
     torch.manual_seed(0)
     model = ARCHITECTURES[name]()
-    twin = copy.deepcopy(model)
-    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=7, exactness_rate=rate)
+    extra = STOCK[name[len("stock_") :]][2] if name.startswith("stock_") else {}
+    dpsgd = DPSGD(
+        noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=7, exactness_rate=rate, **extra
+    )
     capture = Capture(dpsgd)
     trainer = pl.Trainer(
         max_steps=steps, max_epochs=-1, callbacks=[dpsgd, capture], logger=False, enable_checkpointing=False,
@@ -298,7 +321,7 @@ def run(name: str, mode: str, steps: int, batch_size: int, rate: float) -> Dict[
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trainer.fit(model, DataLoader(_data(name), batch_size=batch_size))
+            trainer.fit(model, _loader(name, batch_size))
     except MisconfigurationException as err:
         row.update(outcome="refused", message=str(err), steps=dpsgd.steps, used=dpsgd.grad_sample_mode)
         return row
@@ -307,10 +330,14 @@ def run(name: str, mode: str, steps: int, batch_size: int, rate: float) -> Dict[
             outcome="CRASH", message=f"{type(err).__name__}: {err}", steps=dpsgd.steps, used=dpsgd.grad_sample_mode
         )
         return row
+    twin = ARCHITECTURES[name]()  # (the module as trained: fix_modules' replacements included) at the first step
+    if extra.get("fix_modules"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fix_module(twin, fix_modules=True)
     twin.load_state_dict(capture.state)
     twin = twin.double().train()
-    batch = capture.batch
-    expected = reference_clipped_sum(twin, batch)
+    expected = reference_clipped_sum(twin, _examples(name, capture.batch))
     got = [s.double() for s in capture.sums]
     error = float(torch.sqrt(sum((g - e).pow(2).sum() for g, e in zip(got, expected))))
     size = float(torch.sqrt(sum(e.pow(2).sum() for e in expected)))
@@ -324,6 +351,7 @@ def run(name: str, mode: str, steps: int, batch_size: int, rate: float) -> Dict[
         step_times=capture.times,
         sampled=capture.sampled,
         used=dpsgd.grad_sample_mode,
+        switched=None if dpsgd.grad_sample_mode_switch is None else dpsgd.grad_sample_mode_switch.step,
     )
     return row
 
@@ -354,6 +382,8 @@ def table(rows: List[Dict[str, Any]]) -> str:
     ]
     for r in rows:
         mode = r["mode"] if r["mode"] != "auto" else f"auto → {r['used']}"
+        if r.get("switched") is not None:
+            mode += f" (switched at step {r['switched']})"
         if r["outcome"] in ("refused", "CRASH"):
             message = r["message"]
             words = "exactness check" if "exactness check" in message else message.split(":")[0].split(" (")[0]
@@ -401,7 +431,9 @@ def main(argv: List[str] | None = None) -> List[Dict[str, Any]]:
             "the module (no Opacus hook, each example alone): `exact` means within 1e-4 of its norm (float32 "
             "training). `refused`: DPSGD raised a MisconfigurationException, before any step or at the step named "
             "(a sampled later step); `CRASH` would be any other exception, `WRONG` a clipped sum off the reference. "
-            "`auto → m`: the mode auto picked. DPSGD's own check: what its first two steps compared, and how many "
+            "`auto → m`: the mode auto trained in (the default; `switched at step k`: it started in hooks, the "
+            "verification disagreed at step k, and that step was redone in functional mode before its noise). "
+            "`stock …` rows: models as a user writes them (`tests/callbacks/_stock_models.py`). DPSGD's own check: what its first two steps compared, and how many "
             "later steps were sampled. Timing: mean wall time of the two self-checked steps / the later unsampled "
             f"steps / the sampled ones; the cost of the sampled check at the default rate ({DEFAULT_RATE}) is that "
             "rate × (sampled − unsampled) ÷ unsampled (this machine runs other jobs: the times are noisy).\n\n"
