@@ -294,7 +294,11 @@ def reference_clipped_sum(twin: pl.LightningModule, examples: List[Any]) -> List
     total = [torch.zeros_like(p) for p in params]
     twin.log = twin.log_dict = lambda *args, **kwargs: None
     for example in examples:
-        example = [t.double() if t.is_floating_point() else t for t in example] if isinstance(example, (list, tuple)) else example
+        example = (
+            [t.double() if t.is_floating_point() else t for t in example]
+            if isinstance(example, (list, tuple))
+            else example
+        )
         loss = example_loss(twin.training_step(example, 0))
         for p in params:
             p.grad = None

@@ -223,8 +223,8 @@ def test_the_report_carries_the_warnings(project, kind):
 
 @pytest.mark.parametrize("kind", ("resnet", "attention", "lstm"))
 def test_dpsgd_without_fix_modules_names_the_fix_first_and_each_layer_once(tmp_path, kind):
-    torch.manual_seed(0)
-    t = trainer([DPSGD(noise_multiplier=1.0)], tmp_path, enable_checkpointing=False)
+    torch.manual_seed(0)  # (hooks mode: the default, auto, trains attention and LSTM layers in functional mode)
+    t = trainer([DPSGD(noise_multiplier=1.0, grad_sample_mode="hooks")], tmp_path, enable_checkpointing=False)
     with pytest.raises(MisconfigurationException) as info:
         t.fit(Net(kind=kind), datamodule=data(kind))
     message = str(info.value)
@@ -235,6 +235,17 @@ def test_dpsgd_without_fix_modules_names_the_fix_first_and_each_layer_once(tmp_p
     assert len(message) < 600 and t.global_step == 0
     if kind != "resnet":
         assert "BatchNorm" not in message
+
+
+@pytest.mark.parametrize("kind", ("attention", "lstm"))
+def test_the_default_dpsgd_trains_attention_and_lstm_layers_without_replacing_them(tmp_path, kind):
+    torch.manual_seed(0)
+    dpsgd = DPSGD(noise_multiplier=1.0)
+    t = trainer([dpsgd], tmp_path, enable_checkpointing=False, max_steps=2)
+    net = Net(kind=kind)
+    t.fit(net, datamodule=data(kind))
+    assert t.global_step == 2 and dpsgd.grad_sample_mode == "functional" and not dpsgd.fixed_modules
+    assert "has no exact Opacus per-example gradient" in dpsgd.grad_sample_mode_reason
 
 
 def test_panoramia_refuses_the_token_id_checkpoint_in_one_line(project):

@@ -32,6 +32,7 @@ failed), so all ranks switch at the same step. Explicit modes do not switch: the
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Dict, Optional
 
 import torch
@@ -93,7 +94,17 @@ class AutoSwitch:
     """
 
     def __init__(self, dp: Any, trainer: Any) -> None:
-        self.dp, self.trainer = dp, trainer
+        # (weak references: a copy of the module, e.g. an audit's reference model, copies DPSGD's stand-ins for its
+        # backward and training_step, and must not copy the fit's Trainer and optimizer with them)
+        self._dp, self._trainer = weakref.ref(dp), weakref.ref(trainer)
+
+    @property
+    def dp(self) -> Any:
+        return self._dp()
+
+    @property
+    def trainer(self) -> Any:
+        return self._trainer()
 
     def engine(self, module: Any) -> Any:
         """Functional mode's per-example engine for the rest of the fit (DPSGD's C and chunk size)."""

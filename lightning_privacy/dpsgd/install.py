@@ -246,21 +246,24 @@ def _neighbour_check(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule
     dp._backward.neighbours, dp._backward.current_rows = check, current_rows
     if not getattr(loader, "by_rows", True):  # (torchtext's batches: each example collated alone, on the device)
         check.by_rows = False
-        dp._backward.examples_of = functools.partial(_collated_examples, loader, current_rows, check.to_device)
+        dp._backward.examples_of = _collated_examples(loader, current_rows, check.to_device)
 
 
-def _collated_examples(
-    loader: Any, current_rows: Callable[[], Any], to_device: Callable[[Any], Any], batch: Any
-) -> Any:
-    """This step's examples, each collated alone by the train loader (a batch its rows do not split)."""
-    rows = current_rows()
-    if rows is None:
-        raise MisconfigurationException(
-            "DPSGD: this train loader's batches do not split into their examples by rows (its collate_fn concatenates "
-            "them, as torchtext's `(label, text, offsets)`), so DP-SGD collates each example alone, and needs the "
-            "step's rows from DPSGD's Poisson sampler, which this loader does not give."
-        )
-    return functional.Examples([to_device(loader.collate_fn([loader.dataset[int(i)]])) for i in rows], batch=batch)
+def _collated_examples(loader: Any, current_rows: Callable[[], Any], to_device: Callable[[Any], Any]) -> Callable:
+    """A step's examples, each collated alone by the train loader (a batch its rows do not split)."""
+
+    def examples(batch: Any) -> Any:  # (a function: a copy of the module does not copy the loader it reads)
+        rows = current_rows()
+        if rows is None:
+            raise MisconfigurationException(
+                "DPSGD: this train loader's batches do not split into their examples by rows (its collate_fn "
+                "concatenates them, as torchtext's `(label, text, offsets)`), so DP-SGD collates each example alone, "
+                "and needs the step's rows from DPSGD's Poisson sampler, which this loader does not give."
+            )
+        collate, dataset = loader.collate_fn, loader.dataset
+        return functional.Examples([to_device(collate([dataset[int(i)]])) for i in rows], batch=batch)
+
+    return examples
 
 
 def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rtol: float) -> Any:
@@ -270,7 +273,7 @@ def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rt
     if fsdp or rate == 0:
         return None
     return sampled_exactness.SampledExactness(
-        pl_module, rate=rate, rtol=rtol, names=dp._param_names, record=dp.exactness
+        pl_module, rate=rate, rtol=rtol, names=dp._param_names, record=dp.exactness, sixteen_bit=rtol >= 5e-2
     )
 
 

@@ -102,6 +102,10 @@ class SampledExactness:
         module: the LightningModule (its trainable parameters as at fit start).
         rate: the probability that a step after the first self-checked ones is checked (0: never).
         rtol: the relative tolerance (as the first steps' check).
+        sixteen_bit: the fit trains in 16-bit precision: the step's per-example gradients come from a 16-bit forward
+            pass and the reference from a float32 one (ReLU patterns flip: single examples' gradients differ by up to
+            ~25 %), so the self-checked first steps are not forced to compare examples alone (the exactness check
+            there differentiates the step's own 16-bit graph).
         names: parameter names by ``id``.
         record: the fit's :class:`~lightning_privacy.dpsgd.exactness.ExactnessRecord`, whose ``later_*`` fields and
             ``max_relative_error`` this check keeps.
@@ -117,11 +121,13 @@ class SampledExactness:
         *,
         rate: float,
         rtol: float,
+        sixteen_bit: bool = False,
         names: Dict[int, str],
         record: ExactnessRecord,
         examples: int = EXAMPLES,
     ) -> None:
         self.module, self.rate, self.rtol, self.names, self.record = module, float(rate), rtol, names, record
+        self.sixteen_bit = sixteen_bit
         self.examples = examples
         record.later_rate = self.rate
         self.engine = functional.FunctionalClipping(module, max_grad_norm=1.0)
@@ -141,6 +147,7 @@ class SampledExactness:
         those); if so, switch dropout off until :meth:`end_step`."""
         self.end_step()
         draw = float(torch.rand((), generator=self._steps)) < self.rate if self.rate > 0 else False
+        force = force and not self.sixteen_bit
         self.active = (draw and not first_steps) or force
         self.first = force
         if self.active:

@@ -9,41 +9,22 @@ on each example alone (torchtext's batch split by its offsets and collated alone
 
 from __future__ import annotations
 
-import copy
 import warnings
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
 from torch.utils.data import TensorDataset
 
 from lightning_privacy import DPSGD
 from lightning_privacy.dpsgd import functional
 from tests.callbacks._stock_models import STOCK
+from tests.callbacks.test_dpsgd_functional import FirstStep
 
 pytest.importorskip("transformers")
 
 C = 0.5
 TOLERANCE = 1e-9  # float64 end to end, relative to the sum's largest entry
-
-
-class FirstStep(Callback):
-    """A float64 copy of the module at the first step's start, that step's batch, and DPSGD's clipped sums."""
-
-    def __init__(self, dpsgd):
-        self.twin, self.batch, self.sums = None, None, None
-        dpsgd.register_before_noise_hook(self._hook)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if self.sums is None:
-            self.batch = tuple(t.clone() for t in batch)
-            self.twin = copy.deepcopy(pl_module.state_dict())
-            self._names = {id(p): n for n, p in pl_module.named_parameters()}
-
-    def _hook(self, optimizer):
-        if self.sums is None:
-            self.sums = {self._names[id(p)]: optimizer.summed(p).detach().clone() for p in optimizer.params}
 
 
 def reference(module, state, examples):
@@ -86,7 +67,7 @@ def _fit(name):
 def test_a_stock_model_trains_exactly_first_time_under_the_default_dpsgd(name):
     model, dpsgd, first, split, trainer = _fit(name)
     assert dpsgd.grad_sample_mode_argument == "auto" and dpsgd.steps == trainer.global_step > 0
-    expected = reference(model, first.twin, split(first.batch))
+    expected = reference(model, first.state, split(first.batch))
     assert set(first.sums) == set(expected)
     scale = max(float(v.abs().max()) for v in expected.values())
     assert scale > 1e-4

@@ -116,8 +116,11 @@ def _model_parallel(tmp_path, monkeypatch, tensor_parallel):
 def test_fsdp2_takes_ghost_clipping_with_mean_reduction_and_no_tensor_parallelism(tmp_path, monkeypatch):
     t = _model_parallel(tmp_path, monkeypatch, tensor_parallel=1)
     DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")  # accepted
+    default = DPSGD(noise_multiplier=1.0)
+    default.setup(t, tiny_module(), "fit")  # the default (auto) runs ghost clipping under FSDP2
+    assert default.grad_sample_mode == "ghost"
     for kwargs, expected in (
-        ({}, "needs grad_sample_mode='ghost'"),
+        ({"grad_sample_mode": "hooks"}, "needs grad_sample_mode='ghost'"),
         ({"grad_sample_mode": "ghost", "loss_reduction": "sum"}, "needs loss_reduction='mean'"),
     ):
         with pytest.raises(MisconfigurationException, match=expected):
