@@ -15,6 +15,7 @@ fails loudly if a new release changes it. Checked on lightning 2.6.6, opacus 1.6
 | torch's CPU generator state layout (``CPUGeneratorImplState``: the 624 MT19937 words at bytes 24..5016) | a CPU noise generator with its whole 19,968-bit state secret (``manual_seed`` keeps 32 bits of a seed) | ``tests/test_noise.py::test_cpu_generator_state_layout_fails_loudly_if_torch_changes_it`` |
 | the locals of Lightning's ``_validate_callbacks_list`` (``seen_callbacks``, ``stateful_callbacks``) | DPSGD given twice with the same arguments: one sentence naming both instead of "state_key must be unique" | ``tests/callbacks/test_dpsgd_user_mistakes.py::test_dpsgd_given_twice_is_one_sentence_naming_both`` |
 | ``nn.Module._backward_hooks`` / ``_backward_pre_hooks`` (set aside, restored in order) | the neighbour check's functional passes under vmap in hooks and ghost mode | ``tests/callbacks/test_neighbour_check.py::test_in_hooks_mode_the_check_runs_under_vmap`` |
+| ``nn.Module._forward_hooks`` (Hugging Face's ``make_inputs_require_grads``, set aside, restored) | vmap through a Hugging Face model with gradient checkpointing on (functional mode's per-example passes) | ``tests/callbacks/test_stock_models.py::test_hugging_face_gradient_checkpointing_goes_through_vmap`` |
 | ``param._norm_sample`` (Opacus fast gradient clipping) | ghost clipping's per-parameter norms: reset before and checked after every first backward pass | ``tests/callbacks/test_dpsgd_ghost.py::test_norm_sample_attribute_fails_loudly_if_opacus_renames_it`` |
 """
 
@@ -37,6 +38,7 @@ __all__ = [
     "clear_norm_sample",
     "ddp_start_method",
     "forward_pre_hooks",
+    "hugging_face_input_grad_hooks_off",
     "install_train_loader_transform",
     "norm_sample",
     "original_train_loader",
@@ -219,6 +221,27 @@ def backward_hooks_detached(module: Any) -> Iterator[None]:
             m._backward_pre_hooks.update(pre)
             if full is not None:
                 m._is_full_backward_hook = full
+
+
+@contextlib.contextmanager
+def hugging_face_input_grad_hooks_off(module: Any) -> Iterator[None]:
+    """Hugging Face's ``enable_input_require_grads`` forward hooks (``make_inputs_require_grads``, which
+    ``gradient_checkpointing_enable()`` registers on the input embeddings: ``output.requires_grad_(True)``, which
+    torch.func refuses) set aside from every submodule's private ``_forward_hooks`` inside, restored in place after
+    (transformers 5.24). Where Hugging Face renames the function, nothing is set aside and the pass falls back to one
+    example at a time (the guarding test sees vmap no longer used)."""
+    removed = []
+    for m in module.modules():
+        hooks = getattr(m, "_forward_hooks", None)
+        for key, hook in list((hooks or {}).items()):
+            if getattr(hook, "__name__", "") == "make_inputs_require_grads":
+                removed.append((hooks, key, hook))
+                del hooks[key]
+    try:
+        yield
+    finally:
+        for hooks, key, hook in removed:
+            hooks[key] = hook
 
 
 def remove_module_hooks(module: Any) -> None:

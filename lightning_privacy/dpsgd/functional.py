@@ -61,6 +61,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from lightning_privacy import _compat
+
 __all__ = [
     "Examples",
     "CHUNK_BYTES",
@@ -123,7 +125,9 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
       NaN), so an accuracy updated in ``training_step`` counts each example once, not once more per pass, and keeps
       no tensor of a ``vmap`` ("tensor may have escaped from vmap");
     - lists held by the module (``self.outputs.append(logits)`` for ``on_train_epoch_end``): what a pass appends is
-      removed after it.
+      removed after it;
+    - Hugging Face's gradient checkpointing is off (torch.func cannot run its saved-tensor hooks; the chunks of
+      examples bound the pass's memory), so the examples go through vmap rather than one at a time.
     """
     saved = {name: module.__dict__[name] for name in ("log", "log_dict") if name in module.__dict__}
     module.__dict__["log"] = module.__dict__["log_dict"] = lambda *args, **kwargs: None
@@ -133,9 +137,18 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
         m.__dict__["update"] = lambda *args, **kwargs: None
         m.__dict__["forward"] = lambda *args, **kwargs: torch.tensor(float("nan"))
     lists = [(value, len(value)) for value in list(vars(module).values()) if isinstance(value, list)]
+    # Hugging Face's gradient checkpointing (`gradient_checkpointing_enable()`): off inside the pass, where torch.func
+    # cannot run its saved-tensor hooks and the chunks of examples already bound the memory (vmap, not a loop)
+    checkpointed = [m for m in module.modules() if getattr(m, "gradient_checkpointing", None) is True]
+    for m in checkpointed:
+        m.gradient_checkpointing = False
+    input_hooks = _compat.hugging_face_input_grad_hooks_off(module) if checkpointed else contextlib.nullcontext()
     try:
-        yield
+        with input_hooks:  # (its `output.requires_grad_(True)` on the embeddings, for checkpointing: not needed here)
+            yield
     finally:
+        for m in checkpointed:
+            m.gradient_checkpointing = True
         for name in ("log", "log_dict"):
             if name in saved:
                 module.__dict__[name] = saved[name]

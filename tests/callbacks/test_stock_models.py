@@ -76,3 +76,27 @@ def test_a_stock_model_trains_exactly_first_time_under_the_default_dpsgd(name):
     if name == "metric":  # side effects once per step: the epoch's kept outputs hold each example once
         assert len(model.epoch_rows) == 2 and model.epoch_rows == model.batch_rows
         assert "train_acc" in trainer.callback_metrics
+
+
+@pytest.mark.slow
+def test_hugging_face_gradient_checkpointing_goes_through_vmap():
+    """GPT-2 with ``gradient_checkpointing_enable()``: checkpointing (and the input-grad hook it registers) is off
+    inside the per-example passes, so the examples go through vmap (not one at a time) and the step is exact; the
+    module's own checkpointing is on again after (issue 57 item 6; guards ``_compat.hugging_face_input_grad_hooks_off``)."""
+    from tests.callbacks import _stock_models
+
+    class Checkpointed(_stock_models.GPT2):
+        def __init__(self):
+            super().__init__()
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    STOCK["gpt2_checkpointed"] = (Checkpointed, *STOCK["gpt2"][1:])
+    try:
+        model, dpsgd, first, split, _ = _fit("gpt2_checkpointed")
+    finally:
+        del STOCK["gpt2_checkpointed"]
+    assert dpsgd.grad_sample_mode == "functional" and dpsgd.exactness.reference.endswith("(vmap)")
+    assert model.model.transformer.gradient_checkpointing is True
+    expected = reference(model, first.state, split(first.batch))
+    scale = max(float(v.abs().max()) for v in expected.values())
+    assert max(float((first.sums[n] - expected[n]).abs().max()) for n in expected) / scale < TOLERANCE
