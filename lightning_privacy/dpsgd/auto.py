@@ -37,10 +37,14 @@ from typing import Any, Dict, Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy.dpsgd import optimizers
+from lightning_privacy.dpsgd.functional_mode import FunctionalMode
+from lightning_privacy.dpsgd.hooks_mode import HooksMode
+from lightning_privacy.dpsgd.modes import first_sentence, opacus_hooks_backward, zero_missing_grads
 
-__all__ = ["AutoSwitch", "Switched", "hooks_gap"]
+__all__ = ["AutoMode", "AutoSwitch", "Switched", "hooks_gap"]
 
 
 @dataclasses.dataclass
@@ -148,3 +152,89 @@ def collectively(trainer: Any, needed: bool) -> bool:
     if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         return bool(trainer.strategy.reduce_boolean_decision(needed, all=False))
     return needed
+
+
+class AutoMode(HooksMode):
+    """``auto`` while it trains in hooks mode: every step verified, and on a disagreement redone in functional mode,
+    which the fit keeps (see the module docstring)."""
+
+    def __init__(self, owner: Any, switch: AutoSwitch) -> None:
+        super().__init__(owner)
+        self.switcher = switch
+        self.inputs: Any = None  # this step's batch and training_step arguments, for a redo in functional mode
+        self.reason: Optional[str] = None  # the hooks' forward pass failed on this step (switched already)
+
+    def step(self, batch: Any, args: tuple, kwargs: Dict[str, Any]) -> Any:
+        self.inputs = (batch, args, kwargs)
+        try:
+            out = self.forward(args, kwargs)
+        except Exception as err:  # noqa: BLE001 (the hooks' forward failed: functional mode takes the step and the fit)
+            self.reason = f"the forward pass under Opacus' hooks failed ({first_sentence(err)})"
+            self.inputs = None
+            return self.switch(self.reason).step(batch, args, kwargs, checking=True)
+        return self.with_per_example_loss(out)
+
+    def finish(self, loss: Any, *args: Any, **kwargs: Any) -> bool:
+        """The step's backward, verified (an empty batch's too: every rank decides together), then the decision."""
+        owner = self.owner
+        reason, self.reason = self.reason, None
+        if owner._empty_step:
+            owner.empty_skipped(loss, *args, **kwargs)
+        elif owner.impl is not self:  # (switched in the forward pass: functional mode has this step)
+            owner.check_rows(loss)
+            owner.impl.backward(loss, *args, **kwargs)
+        else:
+            owner.check_rows(loss)
+            reason = self.verified(loss, *args, **kwargs)
+        self.decide(reason, *args, **kwargs)
+        return True
+
+    def verified(self, loss: Any, *args: Any, **kwargs: Any) -> Optional[str]:
+        """The hooks' backward and its checks; why they cannot be trusted on this step (``None``: they can) — an
+        error, a parameter without per-example gradients for the batch, a mismatch."""
+        owner = self.owner
+        try:
+            with opacus_hooks_backward():
+                self.per_layer_backward(loss, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 (said as the reason; functional mode redoes the step)
+            if isinstance(err, MisconfigurationException) and "DPSGD expects `training_step`" in str(err):
+                raise  # (what training_step returned: no mode trains it)
+            gap = hooks_gap(owner.trainable, owner.last_rows, owner.param_names)
+            if gap is None and isinstance(err, MisconfigurationException):  # (a check's finding, without its advice)
+                return first_sentence(err).split(", so ")[0]
+            return gap or f"Opacus' hooks' backward pass failed ({first_sentence(err)})"
+        gap = hooks_gap(owner.trainable, owner.last_rows, owner.param_names)
+        if gap is not None:
+            return gap
+        pending = None if owner.sampled is None else owner.sampled.pending
+        if pending is not None:
+            owner.sampled.pending = None
+            return first_sentence(pending).split(", so ")[0]
+        return None
+
+    def decide(self, reason: Optional[str], *args: Any, **kwargs: Any) -> None:
+        """Every rank decides together whether to leave hooks mode; if so this step is redone in functional mode
+        before its noise (a rank whose forward failed switched already; an empty batch has nothing to redo)."""
+        owner = self.owner
+        if not collectively(owner.pl_module.trainer, reason is not None) or owner.impl is not self:
+            self.inputs = None
+            return
+        functional_mode = self.switch(reason or "another process's per-example gradients could not be verified")
+        inputs, self.inputs = self.inputs, None
+        if inputs is None or not owner.last_rows:
+            zero_missing_grads(owner.trainable)
+            owner.last_norms = torch.zeros(0)
+            return
+        functional_mode.redo(*inputs, *args, **kwargs)
+
+    def switch(self, reason: str) -> FunctionalMode:
+        """Functional mode from here on (:meth:`AutoSwitch.switch` outside the backward)."""
+        owner = self.owner
+        self.switcher.switch(reason)
+        if owner.sampled is not None:
+            owner.sampled.pending = None  # (what the hooks got wrong on this step: the reason, not raised)
+        owner.hooks = None
+        mode = FunctionalMode(owner, self.switcher.engine(owner.pl_module))
+        mode.engine.per_example = owner.per_example
+        owner.impl = mode
+        return mode
