@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD
-from lightning_privacy.dpsgd import backward as backward_module
+from lightning_privacy.dpsgd import ghost_mode as backward_module  # (where ghost mode builds its book-keeping)
 from tests._launch import run_ddp
 from tests.callbacks._tiny import trainer
 
