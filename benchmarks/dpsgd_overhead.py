@@ -30,6 +30,9 @@ expected batch 64, ghost mode.
 out into a temporary worktree, imported through ``PYTHONPATH``; the script itself is this one) and prints the
 ratios side by side: the speed-ups of this release measured in one run.
 
+``--auto-cost N`` measures ``auto`` (the default) against ``hooks`` where it trains in hooks mode, N alternating fresh
+processes per model (one run per mode is too noisy for a few per cent: ±30 % between runs of the same mode here).
+
     python benchmarks/dpsgd_overhead.py [--steps 8] [--warmup 3] [--before REF] --output benchmarks/results/dpsgd_overhead.txt
 """
 
@@ -294,6 +297,34 @@ def auto_summary(rows: list) -> list:
     return lines
 
 
+def measure_auto_cost(models, steps: int, warmup: int, clock: str, repeats: int) -> list:
+    """``auto`` against ``hooks`` on the models where auto trains in hooks mode, each measured ``repeats`` times in
+    alternation (hooks, auto, hooks, auto, …; a fresh process each), so that a slower stretch of the machine touches
+    both alike: the median of each mode's step medians, and their ratio (the goal: ≤ 1.03)."""
+    lines = [
+        "",
+        f"auto (the default) against hooks where it trains in hooks mode: median of {repeats} alternating runs each:",
+    ]
+    for model in models:
+        times: dict = {"hooks": [], "auto": []}
+        used = None
+        for _ in range(repeats):
+            for mode in ("hooks", "auto"):
+                env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+                command = [sys.executable, __file__, "--one", model, mode, "--steps", str(steps)]
+                command += ["--warmup", str(warmup), "--clock", clock]
+                done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+                row = json.loads(done.stdout.strip().splitlines()[-1])
+                times[mode].append(row["step"])
+                used = row.get("used", used) if mode == "auto" else used
+                print(f"  measured {model} / {mode} (auto's cost)", file=sys.stderr, flush=True)
+        if used != "hooks":
+            continue
+        hooks, auto = statistics.median(times["hooks"]), statistics.median(times["auto"])
+        lines.append(f"{model:<12}hooks {hooks:>8.2f} ms   auto {auto:>8.2f} ms   {auto / hooks:>6.3f} × hooks")
+    return lines
+
+
 def side_by_side(before: list, after: list, ref: str) -> list:
     lines = [f"{'model':<12}{'mode':<11}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"]
     for old, new in zip(before, after):
@@ -323,6 +354,10 @@ def main() -> str:
     parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
     parser.add_argument("--callbacks", action="store_true", help="also each callback's cost per epoch on the CNN")
+    parser.add_argument(
+        "--auto-cost", type=int, default=0, metavar="N",
+        help="also auto against hooks, N alternating runs per model (the models where auto trains in hooks mode)",
+    )  # fmt: skip
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--one-callbacks", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -356,6 +391,9 @@ def main() -> str:
     lines.append(
         "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in after if r["mode"] == "none")
     )
+    if args.auto_cost:
+        cheap = [m for m in args.models if m != "mlp"]  # (the MLP's 1.5 s hooks step: the others say it faster)
+        lines += measure_auto_cost(cheap, args.steps, args.warmup, args.clock, args.auto_cost)
     if args.callbacks:
         lines += measure_callbacks()
     table = "\n".join(lines) + "\n"
