@@ -11,12 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "dpsgd_modes.txt"
 GUIDE = ROOT / "docs" / "guides" / "dpsgd.md"
 MODELS = ("mlp", "cnn", "transformer", "gpt2", "gpt2_lora")
-MODES = ("none", "hooks", "ghost", "functional")
+MODES = ("none", "hooks", "ghost", "functional", "auto")
 
 
 def _breakdown():
     steps, refused = {}, {}
-    for line in RESULTS.read_text(encoding="utf-8").splitlines():
+    for line in RESULTS.read_text(encoding="utf-8").split("\n\n")[0].splitlines():  # (the breakdown: the first block)
         parts = line.split()
         if len(parts) >= 3 and parts[0] in MODELS and parts[1] in MODES:
             if parts[2] == "refused:":
@@ -48,8 +48,10 @@ def test_the_functional_summary_is_the_breakdown_s_ratio():
     assert set(summary) == set(MODELS)
     for model, (hooks, plain) in summary.items():  # (the steps are printed to 0.1 ms, the ratios from the unrounded)
         for ratio, of in ((hooks, "hooks"), (plain, "none")):
-            printed = steps[(model, "functional")] / steps[(model, of)]
-            assert abs(ratio - printed) <= 0.005 + 0.002 * printed, (model, of, ratio, printed)
+            num, den = steps[(model, "functional")], steps[(model, of)]
+            printed = num / den  # (each step rounded to 0.1 ms: the ratio of the rounded steps is that far off)
+            allowed = 0.005 + printed * (0.05 / num + 0.05 / den)
+            assert abs(ratio - printed) <= allowed, (model, of, ratio, printed)
 
 
 def test_the_guide_states_the_transformer_goal_as_measured():
@@ -58,3 +60,34 @@ def test_the_guide_states_the_transformer_goal_as_measured():
     text = " ".join(GUIDE.read_text(encoding="utf-8").split())
     assert f"{hooks:.2f}× hooks' step and {plain:.2f}× the plain step" in text
     assert ("goal met" in text) == met and ("goal not met" in text) == (not met)
+
+
+def _auto_cost():
+    text = RESULTS.read_text(encoding="utf-8")
+    block = text.split("auto (the default) against hooks where it trains in hooks mode:")[1]
+    rows = re.findall(
+        r"^(\w+)\s+hooks\s+([0-9.]+) ms\s+auto\s+([0-9.]+) ms\s+([0-9.]+) × hooks\s+"
+        r"auto's own work\s+([0-9.]+) ms = \s*([0-9.]+)% of its step$",
+        block, flags=re.M,
+    )  # fmt: skip
+    return {model: tuple(float(v) for v in values) for model, *values in rows}
+
+
+def test_auto_trains_in_the_mode_the_guide_says_and_its_cost_is_stated_as_measured():
+    """Issue 57 item 1: what the default costs where nothing switches — the step in alternating runs against hooks',
+    and auto's own work (its verification and decision) in those runs (the goal: ≤ 3 % over hooks) — and the guide's
+    sentence says what the file shows."""
+    steps, _ = _breakdown()
+    for model in MODELS:
+        assert (model, "auto") in steps, model
+    cost = _auto_cost()
+    assert set(cost) == {"cnn", "transformer", "gpt2_lora"}  # (gpt2: auto trains the tied head in functional mode)
+    for model, (hooks, auto, ratio, own, share) in cost.items():
+        assert abs(ratio - auto / hooks) <= 0.0005 + 0.002 * ratio, model
+        assert abs(share - 100 * own / auto) <= 0.006 + 0.002 * share, model
+    text = " ".join(GUIDE.read_text(encoding="utf-8").split())
+    worst_share = max(share for *_, share in cost.values())
+    ratios = sorted(ratio for _, _, ratio, _, _ in cost.values())
+    assert f"{ratios[0]:.3f}–{ratios[-1]:.3f}× hooks' step" in text
+    assert f"at most {worst_share:.2f} % of the step" in text
+    assert ("(goal ≤ 3 %: met)" in text) == (worst_share <= 3.0)

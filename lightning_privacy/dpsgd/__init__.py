@@ -8,8 +8,13 @@ from the Trainer's hooks and logs what they measure. Each concern has one home:
 - :mod:`~lightning_privacy.dpsgd.noise` — the noise's randomness (:class:`NoiseSource`);
   :mod:`~lightning_privacy.dpsgd.optimizers` — Opacus' DP optimizers with DPSGD's mixins (secret noise, noise added
   into the gradient, before-noise hooks, clipping in the parameters' precision).
-- Clipping: :mod:`~lightning_privacy.dpsgd.backward` (per-example losses, ghost clipping's passes, empty batches),
-  :mod:`~lightning_privacy.dpsgd.bookkeeping` (the clipped sum in one pass),
+- Clipping: :mod:`~lightning_privacy.dpsgd.backward` (DPSGD's stand-in for ``training_step`` and ``backward``:
+  empty batches, the checks every mode shares, :mod:`~lightning_privacy.dpsgd.step_guards`) dispatching to one class
+  per mode behind :class:`~lightning_privacy.dpsgd.modes.Mode`: :mod:`~lightning_privacy.dpsgd.hooks_mode`,
+  :mod:`~lightning_privacy.dpsgd.ghost_mode`, :mod:`~lightning_privacy.dpsgd.functional_mode` (on
+  :mod:`~lightning_privacy.dpsgd.functional`'s engine) and :mod:`~lightning_privacy.dpsgd.auto` (the default: hooks,
+  verified, switched to functional on a disagreement); :mod:`~lightning_privacy.dpsgd.bookkeeping` (the clipped sum in
+  one pass),
   :mod:`~lightning_privacy.dpsgd.samplers` (Opacus' per-example samplers corrected for ``padding_idx``),
   :mod:`~lightning_privacy.dpsgd.exactness` (what is clipped is each example's whole gradient).
 - :mod:`~lightning_privacy.dpsgd.strategies` — one process, DDP and FSDP2: hooks, optimizer classes, seeds.

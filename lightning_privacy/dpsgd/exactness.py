@@ -25,7 +25,7 @@ step), this module compares what DP-SGD clips with a computation that differenti
   that cancels over the batch (examples swapped), which the per-example reference sees.
 
 With book-keeping (ghost mode), the clipped sum is also compared with the second backward pass (autograd of
-``Σᵢ cᵢ·ℓᵢ``) on these steps (:mod:`lightning_privacy.dpsgd.backward`). A mismatch raises before the first optimizer step, in one sentence
+``Σᵢ cᵢ·ℓᵢ``) on these steps (:mod:`lightning_privacy.dpsgd.ghost_mode`). A mismatch raises before the first optimizer step, in one sentence
 naming the parameter, the size of the mismatch and the fixes. :class:`ExactnessRecord` keeps what ran, for the
 report and the ``dp/exactness_error`` scalar.
 """

@@ -80,7 +80,7 @@ __all__ = [
 #: bytes of per-example gradients one chunk may hold on the CPU when ``functional_chunk_size`` is not given (on a GPU:
 #: a quarter of its free memory)
 CHUNK_BYTES = 2**28
-PER_EXAMPLE_LOSS = "per_example_loss"  # (as dpsgd.backward: training_step's dict key beside "loss")
+PER_EXAMPLE_LOSS = "per_example_loss"  # (as dpsgd.modes: training_step's dict key beside "loss")
 FUNCTIONAL_REFERENCE = (
     "functional: each example's whole gradient by torch.func on that example alone (exact by construction); "
     "compared: the examples' losses alone with their losses in the batch"
