@@ -25,8 +25,8 @@
    (:class:`AutoSwitch`), warned once, logged as ``dp/auto_switch_step``, saved in the checkpoint and shown in the
    report and the privacy statement. A resumed fit that had switched starts in functional mode.
 
-Under DDP every rank decides together (a collective call on the checked steps, and on any step where a rank's hooks
-failed), so all ranks switch at the same step. Explicit modes do not switch: they refuse, naming ``auto``.
+Under DDP every rank decides together (one boolean all-reduce at every step's backward while the fit is in hooks
+mode: a rank's hooks can fail on any step), so all ranks switch at the same step. Explicit modes do not switch: they refuse, naming ``auto``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning_privacy.dpsgd import optimizers
 from lightning_privacy.dpsgd.functional_mode import FunctionalMode
 from lightning_privacy.dpsgd.hooks_mode import HooksMode
-from lightning_privacy.dpsgd.modes import first_sentence, opacus_hooks_backward, zero_missing_grads
+from lightning_privacy.dpsgd.modes import distributed, first_sentence, opacus_hooks_backward, zero_missing_grads
 
 __all__ = ["AutoMode", "AutoSwitch", "Switched", "hooks_gap"]
 
@@ -132,8 +132,6 @@ class AutoSwitch:
         dp.grad_sample_mode = "functional"
         dp.grad_sample_mode_reason = switched.sentence()
         dp.grad_sample_mode_switch = switched
-        if dp._checks is not None:
-            dp._checks.grad_sample_mode = "functional"
         record = dp.exactness  # the hooks' mismatch is the reason; what is compared from here is functional mode's
         for field in ("steps", "examples", "batch_examples", "max_relative_error"):
             setattr(record, field, type(getattr(record, field))())
@@ -149,7 +147,7 @@ class AutoSwitch:
 
 def collectively(trainer: Any, needed: bool) -> bool:
     """Under several processes: whether any rank needs the switch (every rank calls this on the same steps)."""
-    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if trainer.world_size > 1 and distributed():
         return bool(trainer.strategy.reduce_boolean_decision(needed, all=False))
     return needed
 

@@ -129,39 +129,41 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
     - Hugging Face's gradient checkpointing is off (torch.func cannot run its saved-tensor hooks; the chunks of
       examples bound the pass's memory), so the examples go through vmap rather than one at a time.
     """
-    saved = {name: module.__dict__[name] for name in ("log", "log_dict") if name in module.__dict__}
-    module.__dict__["log"] = module.__dict__["log_dict"] = lambda *args, **kwargs: None
-    metrics = [m for m in module.modules() if _is_metric(m)]
-    own = [(m, {name: m.__dict__[name] for name in ("forward", "update") if name in m.__dict__}) for m in metrics]
-    for m in metrics:
-        m.__dict__["update"] = lambda *args, **kwargs: None
-        m.__dict__["forward"] = lambda *args, **kwargs: torch.tensor(float("nan"))
+    silent = lambda *args, **kwargs: None  # noqa: E731
+    nan = lambda *args, **kwargs: torch.tensor(float("nan"))  # noqa: E731
     lists = [(value, len(value)) for value in list(vars(module).values()) if isinstance(value, list)]
     # Hugging Face's gradient checkpointing (`gradient_checkpointing_enable()`): off inside the pass, where torch.func
     # cannot run its saved-tensor hooks and the chunks of examples already bound the memory (vmap, not a loop)
     checkpointed = [m for m in module.modules() if getattr(m, "gradient_checkpointing", None) is True]
-    for m in checkpointed:
-        m.gradient_checkpointing = False
-    input_hooks = _compat.hugging_face_input_grad_hooks_off(module) if checkpointed else contextlib.nullcontext()
-    try:
-        with input_hooks:  # (its `output.requires_grad_(True)` on the embeddings, for checkpointing: not needed here)
-            yield
-    finally:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_instance_attributes(module, log=silent, log_dict=silent))
+        for metric in (m for m in module.modules() if _is_metric(m)):
+            stack.enter_context(_instance_attributes(metric, update=silent, forward=nan))
         for m in checkpointed:
-            m.gradient_checkpointing = True
-        for name in ("log", "log_dict"):
-            if name in saved:
-                module.__dict__[name] = saved[name]
+            stack.enter_context(_instance_attributes(m, gradient_checkpointing=False))
+        if checkpointed:  # (its `output.requires_grad_(True)` on the embeddings, for checkpointing: not needed here)
+            stack.enter_context(_compat.hugging_face_input_grad_hooks_off(module))
+        try:
+            yield
+        finally:
+            for value, length in lists:
+                del value[length:]
+
+
+@contextlib.contextmanager
+def _instance_attributes(obj: Any, **values: Any) -> Iterator[None]:
+    """``obj``'s instance attributes set to ``values`` inside; after, each is what it was (or removed, where the
+    instance had none of its own and its class's showed through)."""
+    own = {name: obj.__dict__[name] for name in values if name in obj.__dict__}
+    obj.__dict__.update(values)
+    try:
+        yield
+    finally:
+        for name in values:
+            if name in own:
+                obj.__dict__[name] = own[name]
             else:
-                module.__dict__.pop(name, None)
-        for m, kept in own:
-            for name in ("forward", "update"):
-                if name in kept:
-                    m.__dict__[name] = kept[name]
-                else:
-                    m.__dict__.pop(name, None)
-        for value, length in lists:
-            del value[length:]
+                obj.__dict__.pop(name, None)
 
 
 def _is_metric(module: nn.Module) -> bool:

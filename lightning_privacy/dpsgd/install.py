@@ -152,7 +152,8 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     cls = strategies.dp_optimizer_class(trainer, dp.grad_sample_mode)
     strategies.disable_ddp_gradient_sync(trainer)
     dp.exactness = ExactnessRecord(reference="not run (FSDP2: the parameters are sharded)" if fsdp else "not run")
-    rtol = 5e-2 if "16" in str(trainer.precision) else 1e-3  # the exactness checks' (16-bit precision needs more)
+    sixteen_bit = "16" in str(trainer.precision)
+    rtol = 5e-2 if sixteen_bit else 1e-3  # the exactness checks' (16-bit precision needs more)
     dp._backward = PerExampleBackward(
         pl_module,
         mode=dp.grad_sample_mode,
@@ -165,7 +166,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         exactness_examples=dp.exactness_examples,
         sharded=fsdp,
         engine=_functional_engine(dp, pl_module),
-        sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol),
+        sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol, sixteen_bit=sixteen_bit),
         auto=AutoSwitch(dp, trainer) if getattr(dp, "grad_sample_mode_argument", None) == "auto" else None,
     )
     dp.example_leaves = getattr(loader, "per_example", None)  # which batch leaves are per-example: its collate says
@@ -193,7 +194,6 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp._checks = SelfChecks(
         trainer,
         dp_optimizer,
-        grad_sample_mode=dp.grad_sample_mode,
         max_grad_norm=dp.max_grad_norm,
         noise_multiplier=float(dp.noise_multiplier),
         loss_reduction=dp.loss_reduction,
@@ -266,14 +266,14 @@ def _collated_examples(loader: Any, current_rows: Callable[[], Any], to_device: 
     return examples
 
 
-def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rtol: float) -> Any:
+def _sampled_exactness(dp: Any, pl_module: pl.LightningModule, *, fsdp: bool, rtol: float, sixteen_bit: bool) -> Any:
     """The exactness check on sampled later steps (:mod:`lightning_privacy.dpsgd.sampled_exactness`); ``None`` under
     FSDP2 (sharded parameters) or with ``exactness_rate=0``."""
     rate = getattr(dp, "exactness_rate", sampled_exactness.DEFAULT_RATE)
     if fsdp or rate == 0:
         return None
     return sampled_exactness.SampledExactness(
-        pl_module, rate=rate, rtol=rtol, names=dp._param_names, record=dp.exactness, sixteen_bit=rtol >= 5e-2
+        pl_module, rate=rate, rtol=rtol, names=dp._param_names, record=dp.exactness, sixteen_bit=sixteen_bit
     )
 
 

@@ -34,14 +34,13 @@ class SelfChecks:
         trainer: pl.Trainer,
         optimizer: Any,
         *,
-        grad_sample_mode: str,
         max_grad_norm: float,
         noise_multiplier: float,
         loss_reduction: str,
         param_names: Dict[int, str],
         backward: Any,
     ) -> None:
-        self.trainer, self.grad_sample_mode, self.max_grad_norm = trainer, grad_sample_mode, max_grad_norm
+        self.trainer, self.max_grad_norm = trainer, max_grad_norm
         self.loss_reduction, self.param_names, self.backward = loss_reduction, param_names, backward
         self.distributed, self.fsdp = strategies.is_distributed(trainer), strategies.is_fsdp(trainer)
         self.clipping_steps_left = SELF_CHECK_STEPS
@@ -54,6 +53,11 @@ class SelfChecks:
         coordinates = sum(p.numel() for p in optimizer.params)  # FSDP2: each rank checks its ~1/W shard
         coordinates = coordinates // trainer.world_size if self.fsdp else coordinates
         self.noise_steps_left = max(1, math.ceil(noise_check.NOISE_MIN_COORDINATES / max(1, coordinates)))
+
+    @property
+    def grad_sample_mode(self) -> str:
+        """The mode the backward runs in now (``auto`` may switch from hooks to functional mid-fit)."""
+        return self.backward.mode
 
     @property
     def checking_clipping(self) -> bool:
