@@ -30,6 +30,11 @@ expected batch 64, ghost mode.
 out into a temporary worktree, imported through ``PYTHONPATH``; the script itself is this one) and prints the
 ratios side by side: the speed-ups of this release measured in one run.
 
+``--models stock_bert stock_gpt2 …`` (``STOCK_MODELS``) measures the models as a user writes them (Hugging Face
+BERT, GPT-2, Llama and T5 from small configs, a ViT, a ResNet with BatchNorm under ``fix_modules=True``, an LSTM, a
+torchtext-style EmbeddingBag, a module with a torchmetrics metric; ``tests/callbacks/_stock_models.py``) with their own
+loaders (batch 8): auto's pick, its switch step and its cost (``benchmarks/results/dpsgd_overhead_stock.txt``).
+
 ``--auto-cost N`` measures ``auto`` (the default) against ``hooks`` where it trains in hooks mode, N alternating fresh
 processes per model (one run per mode is too noisy for a few per cent: ±30 % between runs of the same mode here).
 
@@ -50,6 +55,10 @@ from collections import defaultdict
 from pathlib import Path
 
 MODELS = ("mlp", "cnn", "transformer", "gpt2", "gpt2_lora")
+#: models as a user writes them (issue 57 item 8; ``tests/callbacks/_stock_models.py``), batch 8 of their own loader
+STOCK_MODELS = tuple(
+    f"stock_{name}" for name in ("bert", "gpt2", "llama", "t5", "vit", "resnet", "lstm", "textbag", "metric")
+)
 MODES = ("none", "hooks", "ghost", "functional", "auto")
 PARTS = ("forward", "backward", "clip", "noise", "scale", "optimizer", "checks", "ledger")
 
@@ -98,7 +107,15 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
         setattr(owner, name, wrapper)
 
     n = 32 * 16  # sample rate 1/16
-    if model_name == "mlp":
+    module, loader, extra = None, None, {}
+    if model_name.startswith("stock_"):  # the module, its own loader (batch 8) and DPSGD's arguments, as the tests use
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.callbacks._stock_models import STOCK
+
+        make, loader_of, extra, _ = STOCK[model_name[len("stock_") :]]
+        module, loader = make(), loader_of(n)
+        net = module
+    elif model_name == "mlp":
         net = wide_mlp()
         data = TensorDataset(torch.randn(n, 1024), torch.randint(0, 10, (n,)))
     elif model_name == "cnn":
@@ -113,7 +130,7 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
         data = TensorDataset(tokens, tokens)
     params = sum(p.numel() for p in net.parameters())
 
-    timed(Classifier, "training_step", "forward")
+    timed(Classifier if module is None else type(module), "training_step", "forward")
     timed(pl.LightningModule, "backward", "backward")  # (DPSGD's backward calls it: exclusive timing counts it once)
     timed(PerExampleBackward, "__call__", "backward")
     timed(DPOptimizer, "clip_and_accumulate", "clip")
@@ -145,12 +162,14 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
     callbacks = [Timer()]
     dpsgd = None
     if mode != "none":
-        dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode)
+        dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode, **extra)
         callbacks.insert(0, dpsgd)
     trainer = pl.Trainer(max_steps=warmup + steps, callbacks=callbacks, **QUIET)
     out = {"model": model_name, "mode": mode, "params": params}
     try:
-        trainer.fit(Classifier(net, lr=0.01), train_dataloaders=DataLoader(data, batch_size=32, shuffle=True))
+        if module is None:
+            module, loader = Classifier(net, lr=0.01), DataLoader(data, batch_size=32, shuffle=True)
+        trainer.fit(module, train_dataloaders=loader)
     except MisconfigurationException as err:  # (ghost clipping refuses the tied head: the row says so)
         return dict(out, refused=str(err).split(" (")[0])
     if dpsgd is not None:  # (auto: the mode it trained in, and the step it switched at)
@@ -366,7 +385,7 @@ def main() -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="measured steps (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps (default: %(default)s)")
-    parser.add_argument("--models", nargs="*", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="*", choices=MODELS + STOCK_MODELS, default=list(MODELS))
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
     parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
@@ -400,7 +419,9 @@ def main() -> str:
     clock = "process CPU time" if args.clock == "cpu" else "wall time"
     lines = [
         f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms of "
-        f"{clock}; CPU, 1 torch thread, expected batch 32 (Poisson), σ = 1, C = 1"
+        f"{clock}; CPU, 1 torch thread, expected batch "
+        + ("8 (the stock models' own loaders)" if all(m in STOCK_MODELS for m in args.models) else "32")
+        + " (Poisson), σ = 1, C = 1"
     ]
     if args.before:
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """Checkpoints of DP-SGD runs in the user's own class: the modules ``DPSGD(fix_modules=True)`` replaced, the training set.
 
 ``DPSGD(fix_modules=True)`` replaces the layers DP-SGD cannot train (BatchNorm → GroupNorm, ``nn.MultiheadAttention``
-→ Opacus' ``DPMultiheadAttention``, ``nn.LSTM``/``nn.GRU`` → ``DPLSTM``/``DPGRU``) before training, so the checkpoint
+→ Opacus' ``DPMultiheadAttention``, ``nn.LSTM``/``nn.GRU``/``nn.RNN`` → ``DPLSTM``/``DPGRU``/``DPRNN``) before training, so the checkpoint
 holds the replacements' weights (``self_attn.qlinear.weight``, a GroupNorm without running statistics) and a freshly
 built user model refuses them. DPSGD records in its state what it replaced (``fixed_modules``: module path, old and
 new class names, plain strings, so the checkpoint still loads with ``weights_only=True``) and the size of the training
@@ -20,7 +20,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from opacus.utils.module_utils import requires_grad
-from opacus.validators import ModuleValidator
+from opacus.validators import ModuleValidator, register_module_fixer, register_module_validator
+from opacus.validators.errors import ShouldReplaceModuleError
 from torch import nn
 
 __all__ = [
@@ -48,6 +49,31 @@ _OPACUS_KEYS = re.compile(
 
 
 # --- the replacement ---------------------------------------------------------------------------
+
+
+# Opacus validates and fixes nn.LSTM and nn.GRU (→ DPLSTM, DPGRU) but not nn.RNN, whose fused kernel its hooks cannot
+# sample either: unflagged, its functorch fallback fails raw when the layer's output sequence is not used (only h_n).
+# Registered here, through Opacus' own registry, as its lstm.py does: DPRNN, with the same weights.
+@register_module_validator(nn.RNN)
+def _validate_rnn(module: nn.RNN) -> List[ShouldReplaceModuleError]:
+    return [
+        ShouldReplaceModuleError(
+            "nn.RNN runs a fused kernel Opacus' per-example hooks cannot sample; DPRNN is the same layer built from "
+            "Linear layers, with the same weights"
+        )
+    ]
+
+
+@register_module_fixer(nn.RNN)
+def _fix_rnn(module: nn.RNN) -> nn.Module:
+    from opacus.layers import DPRNN
+
+    names = ("input_size", "hidden_size", "num_layers", "bias", "batch_first", "dropout", "bidirectional")
+    fixed = DPRNN(**{name: getattr(module, name) for name in names}, nonlinearity=module.nonlinearity)
+    fixed.load_state_dict(module.state_dict())
+    return fixed
+
+
 def fixable_module_names(module: nn.Module) -> List[str]:
     """Paths of the trainable submodules Opacus has a fixer for, outermost only, in module order.
 

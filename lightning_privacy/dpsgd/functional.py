@@ -62,6 +62,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from lightning_privacy import _compat
+from lightning_privacy.dpsgd import recurrent
 
 __all__ = [
     "Examples",
@@ -127,7 +128,9 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
     - lists held by the module (``self.outputs.append(logits)`` for ``on_train_epoch_end``): what a pass appends is
       removed after it;
     - Hugging Face's gradient checkpointing is off (torch.func cannot run its saved-tensor hooks; the chunks of
-      examples bound the pass's memory), so the examples go through vmap rather than one at a time.
+      examples bound the pass's memory), so the examples go through vmap rather than one at a time;
+    - ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM`` run unrolled over time (:mod:`~lightning_privacy.dpsgd.recurrent`: the
+      same equations in operations vmap batches, where torch's fused kernels write into a tensor the examples share).
     """
     silent = lambda *args, **kwargs: None  # noqa: E731
     nan = lambda *args, **kwargs: torch.tensor(float("nan"))  # noqa: E731
@@ -141,6 +144,8 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
             stack.enter_context(_instance_attributes(metric, update=silent, forward=nan))
         for m in checkpointed:
             stack.enter_context(_instance_attributes(m, gradient_checkpointing=False))
+        for m in (m for m in module.modules() if type(m) in recurrent.UNROLLED):
+            stack.enter_context(_instance_attributes(m, forward=recurrent.unrolled(m)))
         if checkpointed:  # (its `output.requires_grad_(True)` on the embeddings, for checkpointing: not needed here)
             stack.enter_context(_compat.hugging_face_input_grad_hooks_off(module))
         try:
@@ -232,6 +237,9 @@ _OPERATIONS = (  # (text of torch's error, the operation, the fix) — the first
 )
 
 
+_PACKING = ("pack_padded_sequence", "pack_sequence", "_pack_padded_sequence")  # torch.nn.utils.rnn's packing
+
+
 def _where(error: BaseException) -> str:
     """The innermost frame of the user's code in ``error``'s traceback, as ``file:line``."""
     skip = (os.sep + "torch" + os.sep, os.sep + "lightning" + os.sep, os.sep + "dpsgd" + os.sep + "functional.py")
@@ -263,6 +271,12 @@ def vmap_obstacle(error: BaseException) -> str:
     text = str(error)
     where = _where(error)
     at = f" (at {where})" if where else ""
+    if any(f.name in _PACKING for f in traceback.extract_tb(error.__traceback__)):
+        return (
+            f"a `PackedSequence`{at}, whose packing reads each example's length as data; to keep vmap's speed, run "
+            "the recurrent layer on the padded batch (it runs unrolled under vmap) and read each row at its length "
+            "(`out[torch.arange(len(out)), lengths - 1]`, for a layer in one direction)"
+        )
     for needle, operation, fix in _OPERATIONS:
         if needle in text:
             if where.startswith("masking_utils.py"):  # Hugging Face's sdpa masks read the data to skip the mask

@@ -44,6 +44,7 @@ _REPLACED_BY = {
     nn.MultiheadAttention: "DPMultiheadAttention",
     nn.LSTM: "DPLSTM",
     nn.GRU: "DPGRU",
+    nn.RNN: "DPRNN",
 }
 _FUSED = (
     "Opacus cannot compute per-example gradients through the fused implementation; the replacement is the same "
@@ -60,7 +61,7 @@ _RUNNING = (
 #: Why each layer type cannot be trained as it is (one sentence instead of Opacus' paragraph per layer).
 _REASONS = {
     **dict.fromkeys((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm), _BATCH),
-    **dict.fromkeys((nn.MultiheadAttention, nn.LSTM, nn.GRU), _FUSED),
+    **dict.fromkeys((nn.MultiheadAttention, nn.LSTM, nn.GRU, nn.RNN), _FUSED),
     **dict.fromkeys((nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d), _RUNNING),
 }
 _NAMES_SHOWN = 24  # layers named per kind in a message; more are counted
