@@ -30,10 +30,10 @@ expected batch 64, ghost mode.
 out into a temporary worktree, imported through ``PYTHONPATH``; the script itself is this one) and prints the
 ratios side by side: the speed-ups of this release measured in one run.
 
-``--models stock_bert stock_gpt2 …`` (``STOCK_MODELS``) measures the models as a user writes them (Hugging Face
-BERT, GPT-2, Llama and T5 from small configs, a ViT, a ResNet with BatchNorm under ``fix_modules=True``, an LSTM, a
-torchtext-style EmbeddingBag, a module with a torchmetrics metric; ``tests/callbacks/_stock_models.py``) with their own
-loaders (batch 8): auto's pick, its switch step and its cost (``benchmarks/results/dpsgd_overhead_stock.txt``).
+``--models hf_bert hf_gpt2 hf_llama hf_t5 vit resnet_bn lstm textbag metric`` (``STOCK_MODELS``) measures the
+models as a user writes them (Hugging Face BERT, GPT-2, Llama and T5 from small configs, a ViT, a ResNet with
+BatchNorm under ``fix_modules=True``, an LSTM, a torchtext-style EmbeddingBag, a module with a torchmetrics metric;
+``tests/callbacks/_stock_models.py``) with their own loaders (batch 8): auto's pick, its switch step and its cost (``benchmarks/results/dpsgd_overhead_stock.txt``).
 
 ``--auto-cost N`` measures ``auto`` (the default) against ``hooks`` where it trains in hooks mode, N alternating fresh
 processes per model (one run per mode is too noisy for a few per cent: ±30 % between runs of the same mode here).
@@ -55,10 +55,12 @@ from collections import defaultdict
 from pathlib import Path
 
 MODELS = ("mlp", "cnn", "transformer", "gpt2", "gpt2_lora")
-#: models as a user writes them (issue 57 item 8; ``tests/callbacks/_stock_models.py``), batch 8 of their own loader
-STOCK_MODELS = tuple(
-    f"stock_{name}" for name in ("bert", "gpt2", "llama", "t5", "vit", "resnet", "lstm", "textbag", "metric")
-)
+#: models as a user writes them (issue 57 item 8; ``tests/callbacks/_stock_models.py``), batch 8 of their own loader:
+#: the name here -> the name there
+STOCK_MODELS = {
+    "hf_bert": "bert", "hf_gpt2": "gpt2", "hf_llama": "llama", "hf_t5": "t5", "vit": "vit", "resnet_bn": "resnet",
+    "lstm": "lstm", "textbag": "textbag", "metric": "metric",
+}  # fmt: skip
 MODES = ("none", "hooks", "ghost", "functional", "auto")
 PARTS = ("forward", "backward", "clip", "noise", "scale", "optimizer", "checks", "ledger")
 
@@ -108,11 +110,11 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
 
     n = 32 * 16  # sample rate 1/16
     module, loader, extra = None, None, {}
-    if model_name.startswith("stock_"):  # the module, its own loader (batch 8) and DPSGD's arguments, as the tests use
+    if model_name in STOCK_MODELS:  # the module, its own loader (batch 8) and DPSGD's arguments, as the tests use
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         from tests.callbacks._stock_models import STOCK
 
-        make, loader_of, extra, _ = STOCK[model_name[len("stock_") :]]
+        make, loader_of, extra, _ = STOCK[STOCK_MODELS[model_name]]
         module, loader = make(), loader_of(n)
         net = module
     elif model_name == "mlp":
@@ -272,6 +274,10 @@ def measure(models, steps: int, warmup: int, clock: str, roots=(None,)) -> list:
     return tables
 
 
+def _count(params: int) -> str:
+    return f"{params / 1e6:.2f} M" if params >= 1e5 else f"{params / 1e3:.1f} k"
+
+
 def _ratio(rows: list, row: dict) -> float:
     plain = next(r for r in rows if r["model"] == row["model"] and r["mode"] == "none")
     return row["step"] / plain["step"] if "refused" not in row else float("nan")
@@ -385,7 +391,7 @@ def main() -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="measured steps (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps (default: %(default)s)")
-    parser.add_argument("--models", nargs="*", choices=MODELS + STOCK_MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="*", choices=MODELS + tuple(STOCK_MODELS), default=list(MODELS))
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
     parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
@@ -440,7 +446,7 @@ def main() -> str:
     lines += functional_summary(after)
     lines += auto_summary(after)
     lines.append(
-        "parameters: " + ", ".join(f"{r['model']} {r['params'] / 1e6:.2f} M" for r in after if r["mode"] == "none")
+        "parameters: " + ", ".join(f"{r['model']} {_count(r['params'])}" for r in after if r["mode"] == "none")
     )
     if args.auto_cost:
         cheap = [m for m in args.models if m != "mlp"]  # (the MLP's 1.5 s hooks step: the others say it faster)

@@ -288,7 +288,10 @@ def privacy_ledger(checkpoint: Any, *, delta: float = 1e-5) -> Any:
     else:  # DPSGD state version 1: the accountant's history only
         saved = {"version": 1, "accountant": state.get("accountant"), "history": state.get("history")}
     try:
-        ledger = PrivacyLedger(accountant=saved["accountant"], delta=delta, relation=saved.get("relation", "replace"))
+        ledger = PrivacyLedger(
+            accountant=saved["accountant"], delta=delta, relation=saved.get("relation", "replace"),
+            group_size=int(saved.get("group_size", 1)),  # (a person's k rows under example-level sampling)
+        )  # fmt: skip
         ledger.load_state_dict(dict(saved))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
         raise ValueError(f"the checkpoint's DPSGD state does not give a privacy ledger: {err}") from None

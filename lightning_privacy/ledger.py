@@ -109,8 +109,9 @@ class _RunPLD:
     resume — and a read costs a few convolutions of the run's size.
     """
 
-    def __init__(self, relation: str) -> None:
+    def __init__(self, relation: str, group_size: int = 1) -> None:
         self.relation = relation
+        self.group_size = group_size  # k > 1: a group of k rows each sampled on its own (ComposedPLD's group_size)
         self._closed: Any = None  # ComposedPLD of every run before the last, one chunk per run
         self._seen: List[Segment] = []  # the runs of the last history read (privacy state never goes back)
         self._value: Optional[Tuple[Tuple[int, Segment], Any]] = None  # (key, ComposedPLD of every run)
@@ -118,7 +119,7 @@ class _RunPLD:
     def _empty(self) -> Any:
         from lightning_privacy.analysis.composition import ComposedPLD
 
-        return ComposedPLD(relation=self.relation)
+        return ComposedPLD(relation=self.relation, group_size=self.group_size)
 
     def _runs_of(self, history: Sequence[Segment]) -> List[Segment]:
         runs = _runs(history)
@@ -191,9 +192,10 @@ class PLDAccountant(IAccountant):
         4.183
     """
 
-    def __init__(self) -> None:
+    def __init__(self, group_size: int = 1) -> None:
         super().__init__()
-        self._runs = _RunPLD("add_remove")
+        self.group_size = group_size  # k > 1: ε of adding or removing k rows each sampled on its own
+        self._runs = _RunPLD("add_remove", group_size)
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> None:
         if self.history and self.history[-1][:2] == (noise_multiplier, sample_rate):
@@ -230,11 +232,11 @@ class PLDAccountant(IAccountant):
         the composition stopped depending on the reads — gives the ε an uninterrupted run gives now.
         """
         _check_chunks(chunks, self.history, "epsilon_chunks")
-        self._runs = _RunPLD("add_remove")
+        self._runs = _RunPLD("add_remove", self.group_size)
 
 
-def _make_accountant(mechanism: str) -> IAccountant:
-    return PLDAccountant() if mechanism == "pld" else create_accountant(mechanism=mechanism)
+def _make_accountant(mechanism: str, group_size: int = 1) -> IAccountant:
+    return PLDAccountant(group_size) if mechanism == "pld" else create_accountant(mechanism=mechanism)
 
 
 def _epsilon_of(mechanism: str, history: Sequence[Segment], delta: float) -> float:
@@ -293,6 +295,10 @@ class PrivacyLedger:
             ``make_private`` run; its history is read, never rewritten).
         delta: δ of the run's ε.
         relation: neighbouring relation of the Bayes-security values, ``"replace"`` or ``"add_remove"``.
+        group_size: k ≥ 1; k > 1: every value is for adding or removing a group of k rows each Poisson-sampled on its
+            own (a person's at most k rows under example-level sampling, ``DPSGD(privacy_unit="user",
+            user_sampling=False)``): :class:`~lightning_privacy.analysis.composition.ComposedPLD`'s ``group_size``,
+            the ``"pld"`` accountant and ``relation="add_remove"`` only.
 
     Example:
         >>> ledger = PrivacyLedger(delta=1e-5)
@@ -312,12 +318,21 @@ class PrivacyLedger:
         accountant: Union[str, IAccountant] = DEFAULT_ACCOUNTANT,
         delta: float = 1e-5,
         relation: str = "replace",
+        group_size: int = 1,
     ) -> None:
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"Expected argument `group_size` to be an int >= 1, but got {group_size!r}.")
+        if group_size > 1 and (accountant != "pld" or relation != "add_remove"):
+            raise ValueError(
+                f"A ledger of groups (group_size={group_size}) needs accountant='pld' and relation='add_remove' (the "
+                f"group PLD), got accountant={accountant!r}, relation={relation!r}."
+            )
+        self.group_size = group_size
         if isinstance(accountant, IAccountant):
             self.accountant = accountant
             self.mechanism = accountant.mechanism()
         elif accountant in ACCOUNTANTS:
-            self.accountant = _make_accountant(accountant)
+            self.accountant = _make_accountant(accountant, group_size)
             self.mechanism = accountant
         else:
             raise ValueError(
@@ -328,7 +343,7 @@ class PrivacyLedger:
         self.delta = float(delta)
         self.relation = bs._check_relation(relation)
         self._rdp_cache: Dict[Tuple[float, float], np.ndarray] = {}  # (σ, p) -> RDP curve of one step
-        self._beta = _RunPLD(self.relation)  # the PLD of β* (and of the relation's TPR bounds)
+        self._beta = _RunPLD(self.relation, group_size)  # the PLD of β* (and of the relation's TPR bounds)
         self._other: Dict[str, _RunPLD] = {}  # relation -> the PLD of the same history for the other relation
         self._allowed: Dict[Any, Tuple[int, int]] = {}  # memoised step budgets (see steps_within)
 
@@ -414,9 +429,12 @@ class PrivacyLedger:
         return self._pld.bayes_security()
 
     def bayes_security_closed_form(self) -> float:
-        """The paper's closed form (Cherubin et al. 2024, Cor. 7) — an approximation that may overstate."""
+        """The paper's closed form (Cherubin et al. 2024, Cor. 7) — an approximation that may overstate; NaN for a
+        ledger of groups (``group_size`` > 1), for which the paper has none."""
         if not self.history:
             return 1.0
+        if self.group_size > 1:
+            return float("nan")
         return bs.mia_bayes_security(**self.segments(), relation=self.relation)
 
     def tpr_bounds(
@@ -472,6 +490,8 @@ class PrivacyLedger:
             return self._beta
         if relation == "add_remove" and isinstance(self.accountant, PLDAccountant):
             return self.accountant._runs  # the PLD ε comes from: one composition for both
+        if self.group_size > 1:
+            raise ValueError(f"This ledger accounts groups of {self.group_size} rows, for relation='add_remove' only.")
         if relation not in self._other:
             self._other[relation] = _RunPLD(relation)
         return self._other[relation]
@@ -569,6 +589,7 @@ class PrivacyLedger:
         accountant: str = DEFAULT_ACCOUNTANT,
         relation: str = "replace",
         steps_per_read: Optional[int] = None,
+        group_size: int = 1,
     ) -> float:
         """The smallest σ (rounded up to 1e-4) whose run of ``steps`` steps meets the target.
 
@@ -596,7 +617,7 @@ class PrivacyLedger:
                 )
 
             def ok(sigma: float) -> bool:
-                run = _RunPLD(relation).pld([(sigma, sample_rate, steps)])  # what the run's ledger will read
+                run = _RunPLD(relation, group_size).pld([(sigma, sample_rate, steps)])  # what the run's ledger reads
                 return run.bayes_security() >= target_bayes_security
 
             with warnings.catch_warnings():  # the closed form is only the search's starting point here
@@ -611,7 +632,7 @@ class PrivacyLedger:
             if accountant == "pld":
 
                 def ok(sigma: float) -> bool:
-                    run = _RunPLD("add_remove").pld([(sigma, sample_rate, steps)])  # what the run's ledger will read
+                    run = _RunPLD("add_remove", group_size).pld([(sigma, sample_rate, steps)])  # the run's ledger reads
                     return run.epsilon_uncapped(delta) <= target_epsilon
             else:
 
@@ -653,6 +674,7 @@ class PrivacyLedger:
             "accountant": self.mechanism,
             "relation": self.relation,
             "history": [[s, p, t] for s, p, t in self.history],
+            **({"group_size": self.group_size} if self.group_size > 1 else {}),
             "chunks": [list(c) for c in self._pld.chunks],
             **(
                 {"epsilon_chunks": [list(c) for c in self.accountant.composed_pld().chunks]}
@@ -680,10 +702,15 @@ class PrivacyLedger:
             )
         if state.get("relation", self.relation) != self.relation:
             raise RuntimeError(f"checkpoint used relation {state['relation']!r}, this ledger {self.relation!r}")
+        if int(state.get("group_size", 1)) != self.group_size:
+            raise RuntimeError(
+                f"checkpoint accounted groups of {state.get('group_size', 1)} row(s), this ledger groups of "
+                f"{self.group_size}: the privacy unit of a run cannot change on resume"
+            )
         self.accountant.history = [(float(s), float(p), int(t)) for s, p, t in state["history"]]
         if state.get("chunks") is not None:
             _check_chunks(state["chunks"], self.history, "chunks")
-        self._beta = _RunPLD(self.relation)
+        self._beta = _RunPLD(self.relation, self.group_size)
         if isinstance(self.accountant, PLDAccountant):
             self.accountant.load_chunks(state.get("epsilon_chunks") or [])
         self._allowed = {}

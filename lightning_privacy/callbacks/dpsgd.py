@@ -18,8 +18,7 @@ from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.run import DPSGDRun
 from lightning_privacy.dpsgd.sampling import is_empty_batch
 from lightning_privacy.dpsgd.self_checks import SelfChecks
-from lightning_privacy.dpsgd.settings import privacy_settings, set_arguments
-from lightning_privacy.ledger import PrivacyLedger
+from lightning_privacy.dpsgd.settings import new_ledger, privacy_settings, set_arguments
 
 DEFAULT_DELTA = 1e-5  # (here, not imported: the API page shows a default defined in the module by its value)
 
@@ -84,17 +83,12 @@ class DPSGD(Callback, DPSGDRun):
             ``DPDataLoader``). Never computed from the private training set: Opacus' ``int(len(dataset) · q)`` gives
             63 for 6,399 rows and 64 for 6,400 at batch 64, so the noise's scale in the weights would tell the two
             neighbours apart. Under DDP/FSDP2 each rank divides by ``expected_batch_size / world_size``.
-        secure_mode: draw the Poisson masks from the OS CSPRNG (``os.urandom``) and the noise as Opacus' secure mode
-            does (four Gaussian draws per coordinate against floating-point attacks) from a generator reseeded with
-            fresh OS entropy every step (slower).
-        sampling_seed: ``None`` (default): the Poisson masks come from a 128-bit seed drawn from the OS's entropy at
-            every fit, independent of the loader's generator and of ``seed_everything``, never saved. An int makes
-            them reproducible (under one process, DDP and after a resume) and known to whoever knows the seed, who
-            then loses nothing to subsampling: tests and debugging only (:mod:`lightning_privacy.dpsgd.sampling`).
+        secure_mode: masks from the OS CSPRNG (``os.urandom``), noise as Opacus' secure mode draws it (four Gaussians
+            per coordinate against floating-point attacks), reseeded from OS entropy every step (slower).
+        sampling_seed: ``None`` (default): the Poisson masks' 128-bit seed is drawn from the OS's entropy at every fit,
+            never saved. An int makes the batches known to whoever knows it: tests and debugging only (`dpsgd.sampling`).
         noise_seed: ``None`` (default): the noise comes from a private generator seeded from the OS's entropy at every
-            fit (each rank its own; nothing drawn from torch's global stream), never saved (a resumed run gets fresh
-            noise). An int makes the noise of step t a function of (seed, rank, t), known to whoever knows the seed,
-            who can then subtract it from the released model: tests and debugging only (:mod:`lightning_privacy.dpsgd.noise`).
+            fit, never saved. An int makes it known to whoever knows the seed: tests and debugging only (`dpsgd.noise`).
         log_clipping: log per epoch ``dp/clip_fraction`` (share of per-sample gradients whose norm exceeded C),
             ``dp/grad_norm_median`` and a histogram ``dp/grad_norms`` of per-sample norms, to tune C and see that
             clipping is active. They are computed from the private data and NOT covered by the DP guarantee.
@@ -107,6 +101,11 @@ class DPSGD(Callback, DPSGDRun):
             gradients (4, drawn uniformly) are compared with their gradients computed alone by ``torch.func``, in
             every mode (:mod:`lightning_privacy.dpsgd.sampled_exactness`); a disagreement stops the fit before that
             step's noised update. 0 turns it off.
+        privacy_unit: ``"example"`` (a row) or ``"user"`` (a person: every ε, β* and bound is then one person's;
+            :mod:`lightning_privacy.dpsgd.users`). ``user_ids``: each row's person (a sequence in the dataset's row
+            order, or a row field's name); ``max_examples_per_user``: k, a person's rows beyond it left out (a secret
+            choice); ``user_sampling``: sample people, each clipped as a whole (``user_reduction``: the sum or mean
+            of their rows' gradients), or rows (accounted for groups of k: ``ComposedPLD(group_size=k)``).
         neighbour_rate: the share of the later steps on which the DP premise itself is tested (besides the first two
             steps): the step's clipped sum over its batch and over the batch without one example, both re-collated by
             the train loader's ``collate_fn``, differ by at most C (:mod:`lightning_privacy.dpsgd.neighbours`).
@@ -138,8 +137,6 @@ class DPSGD(Callback, DPSGDRun):
         1.1
         >>> DPSGD(target_bayes_security=0.9, epochs=20).noise_multiplier is None  # planned at fit start
         True
-        >>> DPSGD(noise_multiplier=1.1, grad_sample_mode="ghost").grad_sample_mode  # training_step: losses of shape [B]
-        'ghost'
         >>> # trainer = Trainer(callbacks=[DPSGD(noise_multiplier=1.1)]); trainer.fit(model, datamodule)
     """
 
@@ -175,6 +172,11 @@ class DPSGD(Callback, DPSGDRun):
         functional_chunk_size: Optional[int] = None,
         exactness_rate: float = 0.01,
         neighbour_rate: float = 0.005,
+        privacy_unit: str = "example",
+        user_ids: Optional[Any] = None,
+        max_examples_per_user: Optional[int] = None,
+        user_sampling: bool = True,
+        user_reduction: str = "sum",
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)
@@ -185,7 +187,7 @@ class DPSGD(Callback, DPSGDRun):
         self._checks: Optional[SelfChecks] = None  # set in on_fit_start by dpsgd.install, removed at teardown)
         self._module: Optional[weakref.ref] = None  # the module of the last fit
         self._fit_start = (0, 0)  # (accountant steps, global step) when this fit started
-        self.ledger = PrivacyLedger(accountant=self.accountant_mechanism, delta=self.delta)
+        self.ledger = new_ledger(self)
         self.sample_rate: Optional[float] = self.sample_rate_argument  # (else known at fit start)
         self.sample_rate_origin: Optional[str] = None
         self.expected_batch_size: Optional[float] = self.expected_batch_size_argument  # (else the loader's batch size)
@@ -269,19 +271,10 @@ class DPSGD(Callback, DPSGDRun):
             install.remove_dp_hooks(self)
 
     # ----------------------------------------------------------------------------------- results
-    @property
-    def steps(self) -> int:
-        """Optimizer steps recorded (including those before a resume)."""
-        return self.ledger.steps
-
-    @property
-    def accountant(self) -> Any:
-        """The Opacus accountant of this run (inside :attr:`ledger`)."""
-        return self.ledger.accountant
-
     def epsilon(self, delta: Optional[float] = None) -> float:
-        """The run's ε at ``delta`` (default: the callback's ``delta``), add/remove, by its accountant (default: the
-        certified upper bound of the pessimistic PLD; ``ledger.epsilon_label`` says which)."""
+        """The run's ε at ``delta`` (default: the callback's ``delta``), add/remove of one privacy unit (a row, or a
+        person: :meth:`record_epsilon` is then a row's), by its accountant (default: the certified upper bound of the
+        pessimistic PLD; ``ledger.epsilon_label`` says which)."""
         return self.ledger.epsilon(delta)
 
     # ----------------------------------------------------------------------------------- state

@@ -115,7 +115,9 @@ class AutoSwitch:
         from lightning_privacy.dpsgd.functional import FunctionalClipping
 
         chunk_size = getattr(self.dp, "functional_chunk_size", None)
-        return FunctionalClipping(module, max_grad_norm=self.dp.max_grad_norm, chunk_size=chunk_size)
+        engine = FunctionalClipping(module, max_grad_norm=self.dp.max_grad_norm, chunk_size=chunk_size)
+        engine.units = getattr(self.dp, "_units_of_batch", None)  # (user-level sampling: one clip per person)
+        return engine
 
     def switch(self, reason: str) -> Switched:
         """Leave hooks mode for good: remove Opacus' hooks, make the DP optimizer noise a clipped sum, record why."""

@@ -334,6 +334,8 @@ class FunctionalClipping:
         self.chunk_bytes = chunk_bytes
         self.fallback: Optional[str] = None
         self.loop = False  # the examples one at a time by autograd even where vmap runs (exact both ways)
+        #: user-level sampling: the step's (person of each row, rows per person, reduction), or ``None`` (per example)
+        self.units: Optional[Callable[[], Any]] = None
         #: which leaves of a batch hold one row per example (the train loader's collate on one and two examples,
         #: :func:`~lightning_privacy.dpsgd.sampling.example_leaves`); ``None``: inferred from the leaves' sizes
         self.per_example: Optional[Tuple[bool, ...]] = None
@@ -362,6 +364,9 @@ class FunctionalClipping:
         suppressed here. Every tensor of ``batch`` whose first dimension is the batch's is split by rows; other
         values are given whole to every example.
         """
+        units = self.units() if self.units is not None else None
+        if units is not None:
+            return self._per_person(batch, step, *units)
         sums = [torch.zeros_like(p) for p in self.params]
         norms: List[torch.Tensor] = []
         losses: List[torch.Tensor] = []
@@ -378,6 +383,30 @@ class FunctionalClipping:
         return ClippedSum(
             sums, torch.cat(norms) if norms else empty, torch.cat(losses) if losses else empty.clone(), how
         )
+
+    def _per_person(
+        self, batch: Any, step: Callable[[Any], Any], index: torch.Tensor, counts: torch.Tensor, reduction: str
+    ) -> ClippedSum:
+        """User-level sampling: each person's rows' gradients (each row alone, as above) summed — or averaged — into
+        one, clipped to C as a whole, summed over the people. The step's people's gradients are held at once (as
+        hooks mode holds every example's); ``norms`` are the people's."""
+        people = [p.new_zeros((len(counts), *p.shape)) for p in self.params]
+        losses: List[torch.Tensor] = []
+        how, start = "loop" if self.fallback is not None else "vmap", 0
+        for grads, loss, chunk_how in self._per_example(batch, step):
+            how = chunk_how
+            rows = index[start : start + len(loss.reshape(-1))].to(people[0].device if people else None)
+            for total, g in zip(people, grads):
+                total.index_add_(0, rows, g.to(total.dtype))
+            start += len(loss.reshape(-1))
+            losses.append(loss.detach().reshape(-1))
+        if reduction == "mean":
+            people = [g / counts.to(g.device, g.dtype).reshape(-1, *[1] * (g.dim() - 1)) for g in people]
+        norm = _norms(people)
+        factors = clip_factors(norm, self.max_grad_norm)
+        sums = [torch.einsum("i,i...->...", factors.to(g.dtype), g) for g in people]
+        empty = torch.zeros(0, dtype=torch.float64, device=norm.device)
+        return ClippedSum(sums, norm, torch.cat(losses) if losses else empty, how)
 
     def gradients_alone(self, batch: Any, step: Callable[[Any], Any]) -> Tuple[List[torch.Tensor], torch.Tensor, str]:
         """Each example's whole gradient (not clipped) and loss, each computed on its row alone: ``grads[j]`` is

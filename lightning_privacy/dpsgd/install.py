@@ -21,14 +21,20 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
 
 from lightning_privacy import _compat, names
-from lightning_privacy.dpsgd import checks, functional, neighbours, sampled_exactness, state, strategies
+from lightning_privacy.dpsgd import checks, functional, neighbours, sampled_exactness, state, strategies, users
 from lightning_privacy.dpsgd.auto import AutoSwitch
 from lightning_privacy.dpsgd.backward import PerExampleBackward
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.dpsgd.self_checks import SelfChecks
-from lightning_privacy.dpsgd.settings import check_module, dp_divisor, fix_module, plan_noise_multiplier
-from lightning_privacy.ledger import PrivacyLedger
+from lightning_privacy.dpsgd.settings import (
+    check_module,
+    dp_divisor,
+    fix_module,
+    group_size,
+    new_ledger,
+    plan_noise_multiplier,
+)
 
 __all__ = [
     "check_steps_accounted",
@@ -84,7 +90,7 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
         raise MisconfigurationException(given_twice_message(given))
     trained = dp._module() if dp._module is not None else None
     if trained is not None and trained is not pl_module and dp.ledger.steps:
-        dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.delta)
+        dp.ledger = new_ledger(dp)
         dp.grad_sample_mode_switch = None  # (auto's switch was that model's)
     dp._module = weakref.ref(pl_module)
     check_trainer(trainer)
@@ -136,6 +142,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
             target_epsilon=dp.target_epsilon,
             delta=dp.delta,
             max_epochs=trainer.max_epochs,
+            group_size=group_size(dp),
         )
     _resume_switch(dp)
     dp._param_names = {id(p): name for name, p in pl_module.named_parameters()}
@@ -201,6 +208,36 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         backward=dp._backward,
     )
     dp_optimizer.check_before_noise = dp._checks.before_noise
+    dp._units_of_batch = _units_of_batch(dp, trainer, pl_module)  # (user-level sampling: one clip per person)
+    dp_optimizer.units_of_batch = dp._units_of_batch
+    if dp._backward.engine is not None:
+        dp._backward.engine.units = dp._units_of_batch
+
+
+def _units_of_batch(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
+    """Under user-level sampling, a function giving the step's (person of each row, rows per person, reduction)
+    from the rows the Poisson sampler drew for it; ``None`` otherwise (each row clipped alone)."""
+    if getattr(dp, "privacy_unit", "example") != "user" or not dp.user_sampling:
+        return None
+    if dp.grad_sample_mode == "ghost":
+        raise MisconfigurationException(
+            "DPSGD(privacy_unit='user') with user-level sampling runs in ghost mode here (the strategy's only mode), "
+            "which computes each row's gradient norm, not a person's: use a strategy where hooks or functional mode "
+            "runs, or user_sampling=False."
+        )
+
+    def units() -> Any:
+        sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+        rows = getattr(sampler, "recent", {}).get(dp.ledger.steps)
+        if rows is None:
+            raise MisconfigurationException(
+                "DPSGD(privacy_unit='user'): this step's rows are unknown (the train loader is not DPSGD's Poisson "
+                "loader), so its people cannot be clipped one by one."
+            )
+        index, counts = users.person_index(dp.people, rows, device=pl_module.device)
+        return index, counts, dp.user_reduction
+
+    return units
 
 
 def _resume_switch(dp: Any) -> None:
@@ -238,6 +275,8 @@ def _neighbour_check(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule
         to_device=lambda batch: move_data_to_device(batch, pl_module.device),
     )  # fmt: skip
     dp.neighbours = check.record
+    if getattr(dp, "privacy_unit", "example") == "user" and dp.user_sampling:  # (the unit removed: a person)
+        check.people, check.reduction = dp.people, dp.user_reduction
 
     def current_rows() -> Any:
         sampler = getattr(trainer.train_dataloader, "batch_sampler", None)

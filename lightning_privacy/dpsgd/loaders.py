@@ -19,6 +19,7 @@ from opacus.data_loader import DPDataLoader
 from torch.utils.data import DataLoader, RandomSampler
 
 from lightning_privacy import _compat
+from lightning_privacy.dpsgd import users
 from lightning_privacy.dpsgd.sampling import (
     PoissonBatchSampler,
     PoissonDataLoader,
@@ -27,6 +28,39 @@ from lightning_privacy.dpsgd.sampling import (
 
 #: where q came from when the train loader drops its last, incomplete batch (q = 1/⌊N/batch size⌋, not 1/⌈N/batch size⌉)
 DROP_LAST_ORIGIN = "1/len(train loader), drop_last=True: 1/⌊N/batch size⌋"
+
+
+def users_of(callback: Any, dataset: Any) -> users.People:
+    """The train dataset's people (:class:`~lightning_privacy.dpsgd.users.People`): ``user_ids`` as given, or read
+    from each row's field of that name. The contribution bound's choice is keyed by the fit's sampling seed (the
+    same on every rank; under ``secure_mode`` OS entropy in one process, and a fixed key under DDP, where the ranks
+    must agree without a seed). A choice that changes between fits (a resume with a fresh seed) keeps the guarantee:
+    every step still sees at most k rows of a person."""
+    ids = callback.user_ids
+    if isinstance(ids, str):
+        ids = [_field(dataset[i], ids, i) for i in range(len(dataset))]
+    if len(ids) != len(dataset):
+        raise MisconfigurationException(
+            f"DPSGD(user_ids=...) has {len(ids)} ids for a train dataset of {len(dataset)} rows: give one person per "
+            "row, in the dataset's row order."
+        )
+    sampling = callback.sampling
+    seed = sampling.seed if sampling.seed is not None else (None if sampling.world_size == 1 else 0)
+    try:
+        return users.People(ids, max_examples_per_user=callback.max_examples_per_user, seed=seed)
+    except ValueError as error:
+        raise MisconfigurationException(f"DPSGD(user_ids=...): {error}") from None
+
+
+def _field(row: Any, name: str, index: int) -> Any:
+    if isinstance(row, dict) and name in row:
+        return row[name]
+    if hasattr(row, name):
+        return getattr(row, name)
+    raise MisconfigurationException(
+        f"DPSGD(user_ids={name!r}): row {index} of the train dataset ({type(row).__name__}) has no field {name!r}; "
+        "give the person of each row as a sequence, or the name of a key every row carries."
+    )
 
 
 def install_poisson_sampling(trainer: pl.Trainer, callback: Any) -> None:
@@ -95,8 +129,14 @@ def make_poisson_loader(trainer: pl.Trainer, callback: Any, loader: Any, *, warn
     callback.sample_rate, callback.sample_rate_origin = sample_rate, origin
     callback.loader_batch_size = None if isinstance(loader, DPDataLoader) else loader.batch_size  # (the divisor)
     callback.dataset_size = len(loader.dataset)  # the whole training set (every rank's share), saved for audits
+    units, num_units = None, len(loader.dataset)
+    if getattr(callback, "privacy_unit", "example") == "user":  # people, or the rows kept under their bound
+        people = callback.people = users_of(callback, loader.dataset)
+        uls = callback.user_sampling
+        units, num_units = (people.rows_of_people, people.num_people) if uls else (people.kept_rows, people.num_kept)
     sampler = PoissonBatchSampler(
-        num_samples=len(loader.dataset),
+        num_samples=num_units,
+        units=units,
         sample_rate=sample_rate,
         steps=steps,
         seed=callback.sampling.seed,

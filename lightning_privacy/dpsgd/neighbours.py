@@ -41,7 +41,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from torch import nn
 
 from lightning_privacy import _compat
-from lightning_privacy.dpsgd import functional
+from lightning_privacy.dpsgd import functional, users
 from lightning_privacy.dpsgd.sampled_exactness import dropout_off
 
 __all__ = ["DEFAULT_RATE", "FIRST_STEPS", "NeighbourCheck", "NeighbourRecord", "NeighbourViolation"]
@@ -115,6 +115,10 @@ class NeighbourCheck:
         self._examples = torch.Generator().manual_seed(4)  # which example besides the largest
         self._seen = 0
         self.disabled = False  # the check could not run this model (the record's reason says why)
+        #: user-level sampling (:mod:`~lightning_privacy.dpsgd.users`): the unit removed is a person — all their rows —
+        #: and each person's summed (or averaged: ``reduction``) gradient is clipped, as the step clips it
+        self.people: Any = None
+        self.reduction = "sum"
         self.by_rows = True  # a batch splits into its examples by rows; else each is collated alone (torchtext's)
 
     def due(self) -> bool:
@@ -138,40 +142,64 @@ class NeighbourCheck:
                 example, the ratio and the likely causes).
         """
         indices = [int(i) for i in indices]
-        if len(indices) < 2:
+        groups = self._units(indices)  # positions in the batch of each unit: a row, or a person's rows
+        if len(groups) < 2:
             return 0.0
         items = [self.dataset[i] for i in indices]
-        removed = self._removed(items)
+        removed = self._removed(items, groups)
+        everyone = list(range(len(items)))
         saved = {name: b.detach().clone() for name, b in self.module.named_buffers()}
         with dropout_off(self.module), _compat.backward_hooks_detached(self.module):  # (train mode: a buffer shows)
-            full = self._sum(items, step, saved)
+            full = self._sum(indices, items, everyone, step, saved)
             scale = float(torch.sqrt(sum(s.double().pow(2).sum() for s in full)))
             worst = 0.0
-            for i in removed:
-                without = self._sum(items[:i] + items[i + 1 :], step, saved)
+            for group in removed:
+                rest = [p for p in everyone if p not in set(group)]
+                without = self._sum(indices, items, rest, step, saved)
                 moved = float(torch.sqrt(sum((a.double() - b.double()).pow(2).sum() for a, b in zip(full, without))))
                 ratio = moved / self.max_grad_norm
                 worst = max(worst, ratio)
                 if moved > self.max_grad_norm * (1 + self.rtol) + SUM_TOL * scale:
-                    if self._random(items, step, saved, full):  # (the forward pass stayed random: not comparable)
+                    if self._random(indices, items, step, saved, full):  # (the forward pass stayed random)
                         self.record.not_comparable += 1
                         return 0.0
                     self._count(len(removed), worst)
+                    what = (
+                        f"one person ({len(group)} row(s) of this step's batch of {len(items)})"
+                        if self.people is not None
+                        else f"one example (row {group[0]} of this step's batch of {len(items)})"
+                    )
+                    unit = "person" if self.people is not None else "example"
                     raise NeighbourViolation(
-                        f"DPSGD: removing one example (row {i} of this step's batch of {len(items)}, the batch "
-                        f"collated again by the train loader's collate_fn) moved the step's clipped sum by "
-                        f"{ratio:.3g}·C, more than the C = {self.max_grad_norm:g} that DP-SGD's guarantee rests on (one "
-                        "example moves the step by at most C), so ε does not bound this training: the examples' "
-                        f"gradients depend on each other. Likely causes: {CAUSES}. The fit stops before this step's "
-                        "noised update."
+                        f"DPSGD: removing {what}, the batch collated again by the train loader's collate_fn, moved the "
+                        f"step's clipped sum by {ratio:.3g}·C, more than the C = {self.max_grad_norm:g} that DP-SGD's "
+                        f"guarantee rests on (one {unit} moves the step by at most C), so ε does not bound this "
+                        f"training: the examples' gradients depend on each other. Likely causes: {CAUSES}. The fit "
+                        "stops before this step's noised update."
                     )
         self._count(len(removed), worst)
         return worst
 
-    def _random(self, items: List[Any], step: Callable[[Any], Any], saved: Dict[str, torch.Tensor], full: list) -> bool:
+    def _units(self, indices: List[int]) -> List[List[int]]:
+        """The batch's units as lists of positions: each row, or (user-level sampling) each person's rows."""
+        if self.people is None:
+            return [[p] for p in range(len(indices))]
+        groups: Dict[int, List[int]] = {}
+        for position, row in enumerate(indices):
+            groups.setdefault(int(self.people.person_of[row]), []).append(position)
+        return list(groups.values())
+
+    def _random(
+        self,
+        indices: List[int],
+        items: List[Any],
+        step: Callable[[Any], Any],
+        saved: Dict[str, torch.Tensor],
+        full: list,
+    ) -> bool:
         """Whether the full batch's clipped sum comes out otherwise a second time (``F.dropout`` in the model's code,
         which ``nn.Dropout`` switched off does not reach): then no difference says anything."""
-        again = self._sum(items, step, saved)
+        again = self._sum(indices, items, list(range(len(items))), step, saved)
         return any(not torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(full, again))
 
     def _count(self, removed: int, worst: float) -> None:
@@ -179,20 +207,34 @@ class NeighbourCheck:
         self.record.removed += removed
         self.record.max_ratio = max(self.record.max_ratio or 0.0, worst)
 
-    def _removed(self, items: List[Any]) -> List[int]:
-        """The examples to remove: the largest once collated alone (a padded batch's length), and one at random."""
+    def _removed(self, items: List[Any], groups: List[List[int]]) -> List[List[int]]:
+        """The units to remove: the one holding the largest example once collated alone (a padded batch's length),
+        and one at random."""
         from torch.utils._pytree import tree_leaves
 
         sizes = [
             sum(x.numel() for x in tree_leaves(self.collate([item])) if isinstance(x, torch.Tensor)) for item in items
         ]
-        largest = max(range(len(items)), key=lambda i: sizes[i])
-        other = int(torch.randint(len(items), (), generator=self._examples))
-        return [largest] if other == largest else [largest, other]
+        largest = max(range(len(groups)), key=lambda g: max(sizes[p] for p in groups[g]))
+        other = int(torch.randint(len(groups), (), generator=self._examples))
+        return [groups[largest]] if other == largest else [groups[largest], groups[other]]
 
-    def _sum(self, items: List[Any], step: Callable[[Any], Any], saved: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
-        """The clipped sum over ``items`` collated as one batch, the module's buffers as at the step's start."""
+    def _sum(
+        self,
+        indices: List[int],
+        items: List[Any],
+        positions: List[int],
+        step: Callable[[Any], Any],
+        saved: Dict[str, torch.Tensor],
+    ) -> List[torch.Tensor]:
+        """The clipped sum over the ``items`` at ``positions`` collated as one batch (per person under user-level
+        sampling), the module's buffers as at the step's start."""
         self._restore(saved)
+        items = [items[p] for p in positions]
+        if self.people is not None:
+            rows = [indices[p] for p in positions]
+            device = self.engine.params[0].device if self.engine.params else None
+            self.engine.units = lambda: (*users.person_index(self.people, rows, device=device), self.reduction)
         try:
             batch = self.to_device(self.collate(items))
             if not self.by_rows:

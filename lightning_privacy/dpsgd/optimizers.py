@@ -26,6 +26,8 @@ from opacus.optimizers import (
 from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
 from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
+from lightning_privacy.dpsgd import users
+
 
 class _BeforeNoiseHooks:
     """Mixin for Opacus' DP optimizers: run DPSGD's check and the registered hooks on the clipped sum, then noise."""
@@ -47,7 +49,8 @@ class _BeforeNoiseHooks:
 
 
 class _ClipInParameterPrecision:
-    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype.
+    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype (and, under user-level
+    sampling, per person: :attr:`units_of_batch`).
 
     Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
     their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
@@ -55,6 +58,9 @@ class _ClipInParameterPrecision:
     """
 
     params: List[torch.Tensor]
+    #: user-level DP with user-level sampling: the step's (person of each row, rows per person, reduction), read at
+    #: every clip; each person's per-example gradients are then summed (or averaged) into one before the norm
+    units_of_batch: Optional[Callable[[], Any]] = None
 
     def clip_and_accumulate(self) -> None:
         for p in self.params:
@@ -63,6 +69,12 @@ class _ClipInParameterPrecision:
                 p.grad_sample = sample.to(p.dtype)
             elif isinstance(sample, list):
                 p.grad_sample = [g.to(p.dtype) for g in sample]
+        units = self.units_of_batch() if self.units_of_batch is not None else None
+        if units is not None:  # one "sample" per person: Opacus' clipping then clips each person's whole gradient
+            index, counts, reduction = units
+            for p in self.params:
+                if getattr(p, "grad_sample", None) is not None:
+                    p.grad_sample = users.fold(self._get_flat_grad_sample(p), index, counts, reduction)
         super().clip_and_accumulate()
 
 

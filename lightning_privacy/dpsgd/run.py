@@ -34,6 +34,39 @@ class DPSGDRun:
     ``noise_multiplier`` and ``sample_rate`` (``None`` until the fit starts).
     """
 
+    ledger: Any
+    delta: float
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps recorded (including those before a resume)."""
+        return self.ledger.steps
+
+    @property
+    def accountant(self) -> Any:
+        """The Opacus accountant of this run (inside :attr:`ledger`)."""
+        return self.ledger.accountant
+
+    def record_epsilon(self, delta: Optional[float] = None) -> float:
+        """The same run's ε at ``delta`` for one *row* (add/remove), whatever its privacy unit — beside a person's ε,
+        what the unit changes. A row run: :meth:`epsilon` itself. A person's rows sampled one by one (ELS): the
+        history's PLD for one row (group size 1: smaller than the person's). People sampled whole (ULS): removing one
+        row of a sampled person moves their clipped gradient by up to 2C, so the history's PLD at sensitivity 2 — a
+        row can be *less* protected than its person. A certified upper bound (the pessimistic PLD), 0 before a step.
+        """
+        from lightning_privacy.analysis.composition import ComposedPLD
+
+        delta = self.delta if delta is None else delta
+        unit = getattr(self, "privacy_unit", "example")
+        history = [(s, p, t) for s, p, t in self.ledger.history if t > 0]
+        if unit == "example" or not history:
+            return self.ledger.epsilon(delta) if unit == "example" else 0.0
+        sensitivity = 2.0 if self.user_sampling else 1.0  # type: ignore[attr-defined]
+        pld = ComposedPLD(relation="add_remove")
+        for sigma, rate, steps in history:  # (sensitivity 2C under noise σC: the Gaussian of sensitivity C, σ/2)
+            pld.compose(sample_rate=rate, noise_multiplier=sigma / sensitivity, steps=steps)
+        return float(pld.epsilon_uncapped(delta))
+
 
 def find_dpsgd(trainer: pl.Trainer) -> Optional[Any]:
     """Our DPSGD callback, if the trainer has one."""

@@ -156,6 +156,10 @@ class PoissonBatchSampler(Sampler[List[int]]):
         start_step: called at every ``iter()``; the number of optimizer steps taken so far (the index of the epoch's
             first mask). Default: continue after the last yielded batch.
         secure: draw every decision from ``os.urandom`` instead of the seeded generator.
+        units: ``None``: the units drawn are rows. Else a function from the drawn unit indices (sorted, this rank's:
+            index mod ``world_size`` = ``rank``) to the rows of the batch — the people of user-level sampling, each
+            bringing all their rows, or the rows kept under a contribution bound
+            (:class:`~lightning_privacy.dpsgd.users.People`); ``num_samples`` then counts units.
 
     Example::
 
@@ -177,6 +181,7 @@ class PoissonBatchSampler(Sampler[List[int]]):
         world_size: int = 1,
         start_step: Optional[Callable[[], int]] = None,
         secure: bool = False,
+        units: Optional[Callable[[np.ndarray], np.ndarray]] = None,
     ) -> None:
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"`num_samples` must be a positive int, got {num_samples!r}")
@@ -191,6 +196,7 @@ class PoissonBatchSampler(Sampler[List[int]]):
         self.num_samples, self.sample_rate, self.steps = num_samples, float(sample_rate), steps
         self.seed, self.rank, self.world_size, self.secure = seed, rank, world_size, secure
         self.start_step = start_step
+        self.units = units
         self.next_step = 0  # index of the next mask when no start_step is given
         self.last_step: Optional[int] = None  # index of the mask of the last yielded batch
         self.recent: Dict[int, List[int]] = {}  # the last batches' rows by step (the neighbour check re-collates them)
@@ -201,9 +207,11 @@ class PoissonBatchSampler(Sampler[List[int]]):
     def local_batch(self, step: int) -> List[int]:
         """This rank's rows of step ``step``'s batch (with ``secure``: a fresh draw, whatever ``step``)."""
         if self.secure:
-            return secure_rows(self.rank, self.world_size, self.num_samples, self.sample_rate)
-        rows = global_rows(self.seed, step, self.num_samples, self.sample_rate)
-        return rows[rows % self.world_size == self.rank].tolist()
+            drawn = np.asarray(secure_rows(self.rank, self.world_size, self.num_samples, self.sample_rate), np.int64)
+        else:
+            drawn = global_rows(self.seed, step, self.num_samples, self.sample_rate)
+            drawn = drawn[drawn % self.world_size == self.rank]
+        return (drawn if self.units is None else self.units(drawn)).tolist()
 
     def __iter__(self) -> Iterator[List[int]]:
         first = int(self.start_step()) if self.start_step is not None else self.next_step

@@ -16,6 +16,7 @@ from opacus.validators import ModuleValidator
 
 from lightning_privacy import names
 from lightning_privacy._validation import check_bool, check_choice, check_int, check_open_unit, check_positive
+from lightning_privacy.dpsgd import users
 from lightning_privacy.dpsgd.modules import (
     fix_modules_in_place,
     fixed_modules_record,
@@ -106,6 +107,11 @@ def set_arguments(
     functional_chunk_size: Any = None,
     exactness_rate: Any = 0.01,
     neighbour_rate: Any = 0.005,
+    privacy_unit: Any = "example",
+    user_ids: Any = None,
+    max_examples_per_user: Any = None,
+    user_sampling: Any = True,
+    user_reduction: Any = "sum",
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -148,6 +154,46 @@ def set_arguments(
         raise bad(f"`sample_rate` must be a number in (0, 1], got {sample_rate!r}")
     dp.sample_rate_argument = None if sample_rate is None else float(sample_rate)
     dp.expected_batch_size_argument = check_positive("expected_batch_size", expected_batch_size, exc=bad, optional=True)
+    set_unit(dp, privacy_unit, user_ids, max_examples_per_user, user_sampling, user_reduction)
+
+
+def set_unit(dp: Any, unit: Any, user_ids: Any, k: Any, user_sampling: Any, user_reduction: Any) -> None:
+    """The privacy unit's arguments (:mod:`lightning_privacy.dpsgd.users`), checked against each other and the mode."""
+    try:
+        users.check_user_arguments(unit, user_ids, k, user_sampling, user_reduction)
+    except ValueError as error:
+        raise MisconfigurationException(str(error)) from None
+    dp.privacy_unit, dp.user_ids, dp.max_examples_per_user = unit, user_ids, None if k is None else int(k)
+    dp.user_sampling, dp.user_reduction = bool(user_sampling), user_reduction
+    dp.people = None  # this fit's users.People (built with the train loader)
+    if unit == "user" and user_sampling and dp.grad_sample_mode == "ghost":
+        raise MisconfigurationException(
+            "DPSGD(privacy_unit='user', grad_sample_mode='ghost'): ghost clipping computes each row's gradient norm, "
+            "not the norm of a person's summed gradient (that needs the cross terms of the person's rows); use "
+            "grad_sample_mode='auto' (the default), 'hooks' or 'functional', or user_sampling=False (rows clipped "
+            "one by one, accounted for groups of max_examples_per_user)."
+        )
+    if group_size(dp) > 1 and dp.accountant_mechanism != "pld":
+        raise MisconfigurationException(
+            f"DPSGD(privacy_unit='user', user_sampling=False, accountant={dp.accountant_mechanism!r}): a person's "
+            "rows, each sampled on its own, are accounted by the PLD of groups (Charles et al.'s mixture of "
+            "Gaussians), which only accountant='pld' (the default) computes."
+        )
+
+
+def group_size(dp: Any) -> int:
+    """The rows the ledger's unit adds or removes, each Poisson-sampled on its own: k under user-level DP with
+    example-level sampling (ELS), else 1 (a row, or a person sampled as a whole)."""
+    if getattr(dp, "privacy_unit", "example") == "user" and not dp.user_sampling:
+        return int(dp.max_examples_per_user)
+    return 1
+
+
+def new_ledger(dp: Any, accountant: Optional[str] = None) -> PrivacyLedger:
+    """A fresh ledger for ``dp``'s privacy unit (a group ledger under ELS: add/remove of a person's k rows)."""
+    k = group_size(dp)
+    unit = {"relation": "add_remove", "group_size": k} if k > 1 else {}
+    return PrivacyLedger(accountant=accountant or dp.accountant_mechanism, delta=dp.delta, **unit)
 
 
 def dp_divisor(dp: Any, loader_batch_size: Optional[int], *, dataset_size: int) -> float:
@@ -231,9 +277,11 @@ def plan_noise_multiplier(
     target_epsilon: Optional[float],
     delta: float,
     max_epochs: Optional[int] = None,
+    group_size: int = 1,
 ) -> float:
     """σ for the target after ``epochs`` epochs, from the ledger's one calibration routine (logged; a Trainer's
-    ``max_epochs`` above ``epochs`` warns)."""
+    ``max_epochs`` above ``epochs`` warns). ``group_size`` k > 1: for a person's k rows each sampled on its own."""
+    unit = {"relation": "add_remove", "group_size": group_size} if group_size > 1 else {}
     steps = epochs * steps_per_epoch
     if target_bayes_security is not None:
         target, what = dict(target_bayes_security=float(target_bayes_security)), "β*_MIA ≥"
@@ -241,7 +289,12 @@ def plan_noise_multiplier(
         target, what = dict(target_epsilon=target_epsilon, delta=delta), f"ε(δ={delta:g}) ≤"
     try:
         sigma = PrivacyLedger.calibrate(
-            sample_rate=sample_rate, steps=steps, accountant=accountant, steps_per_read=steps_per_epoch, **target
+            sample_rate=sample_rate,
+            steps=steps,
+            accountant=accountant,
+            steps_per_read=steps_per_epoch,
+            **target,
+            **unit,
         )
     except ValueError as error:  # before any step: the target cannot be met
         raise MisconfigurationException(
@@ -258,7 +311,7 @@ def plan_noise_multiplier(
             "exceed the privacy target unless PrivacyBudgetStopping stops it."
         )
     elif max_epochs is not None and 0 < max_epochs < epochs:
-        reached = _reached(sigma, sample_rate, max_epochs * steps_per_epoch, accountant, delta, target)
+        reached = _reached(sigma, sample_rate, max_epochs * steps_per_epoch, accountant, delta, target, unit)
         rank_zero_warn(
             f"Trainer(max_epochs={max_epochs}) ends the fit before the planned DPSGD(epochs={epochs}): "
             f"noise_multiplier={sigma:.4f}, planned for {what} {next(iter(target.values()))} after {epochs} epochs, "
@@ -266,7 +319,7 @@ def plan_noise_multiplier(
             f"DPSGD({asked}, epochs={max_epochs}) to plan for the fit you run."
         )
     if sigma > SANE_NOISE_MULTIPLIER:
-        at_sane = _reached(SANE_NOISE_MULTIPLIER, sample_rate, steps, accountant, delta, target)
+        at_sane = _reached(SANE_NOISE_MULTIPLIER, sample_rate, steps, accountant, delta, target, unit)
         rank_zero_warn(
             f"DPSGD({asked}, epochs={epochs}) plans noise_multiplier={sigma:.6g}, above {SANE_NOISE_MULTIPLIER:g}: "
             f"each step's noise is {sigma:.4g}× the clipping norm, which drowns the clipped gradients of any "
@@ -281,9 +334,11 @@ def plan_noise_multiplier(
 SANE_NOISE_MULTIPLIER = 50.0
 
 
-def _reached(sigma: float, sample_rate: float, steps: int, accountant: str, delta: float, target: dict) -> str:
+def _reached(
+    sigma: float, sample_rate: float, steps: int, accountant: str, delta: float, target: dict, unit: dict
+) -> str:
     """The planned quantity (ε at δ, or β*_MIA) of ``steps`` steps at (σ, q), as words for a warning."""
-    ledger = PrivacyLedger(accountant=accountant, delta=delta)
+    ledger = PrivacyLedger(accountant=accountant, delta=delta, **unit)
     ledger.step(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps)
     if "target_bayes_security" in target:
         return f"β*_MIA = {ledger.bayes_security():.4f}"

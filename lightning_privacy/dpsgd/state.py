@@ -12,7 +12,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_privacy.checkpoints import dpsgd_state_digest
 from lightning_privacy.dpsgd.auto import Switched
-from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, PrivacyLedger, accountant_label
+from lightning_privacy.dpsgd.settings import new_ledger
+from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, accountant_label
 
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
 
@@ -30,6 +31,18 @@ def state_key_fields(dp: Any) -> Dict[str, Any]:
     if dp.target_epsilon is not None:  # added later: keys of older checkpoints stay the same
         keys["target_epsilon"] = dp.target_epsilon
     return keys
+
+
+def unit_record(dp: Any) -> Dict[str, Any]:
+    """The privacy unit of ``dp`` (``None``: the row, as every checkpoint before user-level DP) as plain values."""
+    if dp is None or getattr(dp, "privacy_unit", "example") == "example":
+        return {"unit": "example"}
+    return {
+        "unit": "user",
+        "max_examples_per_user": dp.max_examples_per_user,
+        "user_sampling": dp.user_sampling,
+        "user_reduction": dp.user_reduction,
+    }
 
 
 def dpsgd_state(dp: Any) -> Dict[str, Any]:
@@ -64,6 +77,8 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         "secure_mode": dp.secure_mode,
         "strategy": dp.strategy_name,
         "world_size": dp.world_size,
+        # the privacy unit (lightning_privacy.dpsgd.users): a resume must protect the same unit with the same bound
+        "privacy_unit": unit_record(dp),
     }
     state["digest"] = dpsgd_state_digest(state)  # the statement recomputes it: an edit after saving shows
     return state
@@ -91,7 +106,14 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
             "silence this."
         )
         dp.accountant_mechanism = state_dict["accountant"]
-        dp.ledger = PrivacyLedger(accountant=dp.accountant_mechanism, delta=dp.ledger.delta)
+        dp.ledger = new_ledger(dp)
+    saved_unit, own_unit = state_dict.get("privacy_unit") or unit_record(None), unit_record(dp)
+    if saved_unit != own_unit:
+        raise RuntimeError(
+            f"checkpoint trained with privacy unit {saved_unit}, this DPSGD has {own_unit}: a run's unit, bound and "
+            "sampling cannot change on resume (its ledger accounts one of them); resume with the checkpoint's "
+            "DPSGD(privacy_unit=..., max_examples_per_user=..., user_sampling=...)."
+        )
     if state_dict["max_grad_norm"] != dp.max_grad_norm:
         raise RuntimeError(
             f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {dp.max_grad_norm}"
