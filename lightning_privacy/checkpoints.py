@@ -291,6 +291,7 @@ def privacy_ledger(checkpoint: Any, *, delta: float = 1e-5) -> Any:
         ledger = PrivacyLedger(
             accountant=saved["accountant"], delta=delta, relation=saved.get("relation", "replace"),
             group_size=int(saved.get("group_size", 1)),  # (a person's k rows under example-level sampling)
+            unit=saved.get("unit", "example"),
         )  # fmt: skip
         ledger.load_state_dict(dict(saved))
     except (KeyError, TypeError, ValueError, RuntimeError) as err:

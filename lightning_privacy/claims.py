@@ -126,7 +126,8 @@ class Claim:
         Args:
             ledger: the ledger (e.g. ``DPSGD.ledger`` or :func:`lightning_privacy.checkpoints.privacy_ledger`).
             delta: the claim's δ (default: the ledger's).
-            group_size: k ≥ 1; k > 1: the history's guarantee for a group of k records (see :meth:`dp_sgd`).
+            group_size: k ≥ 1; k > 1: the history's guarantee for a group of k records (see :meth:`dp_sgd`) — of k
+                people for a person-level ledger (under example-level sampling, k times the ledger's rows per person).
 
         Raises:
             ValueError: a ledger without steps, a bad δ or group size.
@@ -137,7 +138,10 @@ class Claim:
             raise ValueError(f"`group_size` must be an int >= 1, got {group_size!r}")
         delta = ledger.delta if delta is None else _delta(delta, zero=False)
         history = ledger.history
-        if group_size == 1:
+        unit = getattr(ledger, "unit", "example")
+        own = getattr(ledger, "group_size", 1)  # a person's k rows, each sampled on its own (ELS): k per claimed unit
+        group_size = int(group_size) * own
+        if group_size == own:
             pld = ledger.privacy_loss_distribution(RELATION).copy()
         else:
             from lightning_privacy.analysis.composition import ComposedPLD
@@ -147,6 +151,8 @@ class Claim:
         parameters: Dict[str, Any] = {"history": [list(seg) for seg in history], "steps": ledger.steps}
         if group_size > 1:
             parameters["group_size"] = int(group_size)
+        if unit == "person":  # (a person-level ledger: the claim protects one person, never a row)
+            parameters["unit"] = "person"
         if len(history) == 1:
             sigma, rate, steps = history[0]
             parameters.update(noise_multiplier=sigma, sample_rate=rate, steps=steps)
@@ -219,7 +225,8 @@ class Claim:
         else:
             what = f"{len(p['history'])} segments, {p['steps']} steps"
         group = f", groups of {p['group_size']}" if p.get("group_size", 1) > 1 else ""
-        return f"DP-SGD {what}{group} (δ = {self.delta:g})"
+        person = ", one person" if p.get("unit") == "person" else ""
+        return f"DP-SGD {what}{group}{person} (δ = {self.delta:g})"
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain values: kind, relation, δ, ε, label and the parameters."""

@@ -299,6 +299,8 @@ class PrivacyLedger:
             own (a person's at most k rows under example-level sampling, ``DPSGD(privacy_unit="user",
             user_sampling=False)``): :class:`~lightning_privacy.analysis.composition.ComposedPLD`'s ``group_size``,
             the ``"pld"`` accountant and ``relation="add_remove"`` only.
+        unit: whose privacy the values are: ``"example"`` (a row) or ``"person"`` (``DPSGD(privacy_unit="user")``);
+            saved, and a resumed ledger of another unit is refused.
 
     Example:
         >>> ledger = PrivacyLedger(delta=1e-5)
@@ -319,10 +321,15 @@ class PrivacyLedger:
         delta: float = 1e-5,
         relation: str = "replace",
         group_size: int = 1,
+        unit: str = "example",
     ) -> None:
         if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
             raise ValueError(f"Expected argument `group_size` to be an int >= 1, but got {group_size!r}.")
-        if group_size > 1 and (accountant != "pld" or relation != "add_remove"):
+        if unit not in ("example", "person"):
+            raise ValueError(f"Expected argument `unit` to be 'example' or 'person', but got {unit!r}.")
+        self.unit = unit
+        mechanism = accountant if isinstance(accountant, str) else accountant.mechanism()
+        if group_size > 1 and (mechanism != "pld" or relation != "add_remove"):
             raise ValueError(
                 f"A ledger of groups (group_size={group_size}) needs accountant='pld' and relation='add_remove' (the "
                 f"group PLD), got accountant={accountant!r}, relation={relation!r}."
@@ -675,6 +682,7 @@ class PrivacyLedger:
             "relation": self.relation,
             "history": [[s, p, t] for s, p, t in self.history],
             **({"group_size": self.group_size} if self.group_size > 1 else {}),
+            **({"unit": self.unit} if self.unit != "example" else {}),
             "chunks": [list(c) for c in self._pld.chunks],
             **(
                 {"epsilon_chunks": [list(c) for c in self.accountant.composed_pld().chunks]}
@@ -702,6 +710,11 @@ class PrivacyLedger:
             )
         if state.get("relation", self.relation) != self.relation:
             raise RuntimeError(f"checkpoint used relation {state['relation']!r}, this ledger {self.relation!r}")
+        if state.get("unit", "example") != self.unit:
+            raise RuntimeError(
+                f"checkpoint accounted the privacy of one {state.get('unit', 'example')}, this ledger one {self.unit}: "
+                "the privacy unit of a run cannot change on resume"
+            )
         if int(state.get("group_size", 1)) != self.group_size:
             raise RuntimeError(
                 f"checkpoint accounted groups of {state.get('group_size', 1)} row(s), this ledger groups of "

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "dpsgd_modes.txt"
 GUIDE = ROOT / "docs" / "guides" / "dpsgd.md"
@@ -91,3 +93,45 @@ def test_auto_trains_in_the_mode_the_guide_says_and_its_cost_is_stated_as_measur
     assert f"{ratios[0]:.3f}–{ratios[-1]:.3f}× hooks' step" in text
     assert f"at most {worst_share:.2f} % of the step" in text
     assert ("(goal ≤ 3 %: met)" in text) == (worst_share <= 3.0)
+
+
+STOCK = ROOT / "benchmarks" / "results" / "dpsgd_overhead_stock.txt"
+
+
+def test_the_stock_models_costs_are_published_with_auto_s_pick_and_switch_step():
+    """``dpsgd_overhead.py --models`` of the stock models (issue 57 item 8): a row per mode or its refusal for each,
+    auto trains every one (never refused) in the mode ``clipping_exactness.md``'s stock rows show, and its step ÷ that
+    mode's step is the breakdown's own ratio."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dpsgd_overhead", ROOT / "benchmarks" / "dpsgd_overhead.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = STOCK.read_text(encoding="utf-8")
+    steps, refused = {}, {}
+    for line in text.split("\n\n")[0].splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] in bench.STOCK_MODELS and parts[1] in MODES:
+            (refused if parts[2] == "refused:" else steps)[(parts[0], parts[1])] = (
+                line if parts[2] == "refused:" else float(parts[2])
+            )
+    for model in bench.STOCK_MODELS:
+        for mode in MODES:
+            assert (model, mode) in steps or (model, mode) in refused, (model, mode)
+        assert (model, "auto") in steps and (model, "none") in steps
+    block = text.split("its step ÷ that mode's step given explicitly:")[1]
+    picks = dict(re.findall(r"^(\w+)\s+(hooks|functional)\s+[0-9.]+ × ", block, flags=re.M))
+    assert set(picks) == set(bench.STOCK_MODELS)
+    assert (
+        picks["hf_bert"] == "functional" and "hf_bert     functional    " in block and "(switched at step 0)" in block
+    )
+    exactness = (ROOT / "benchmarks" / "results" / "clipping_exactness.md").read_text(encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("clipping_exactness", ROOT / "benchmarks" / "clipping_exactness.py")
+    labels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(labels)
+    for model, stock in bench.STOCK_MODELS.items():  # the same pick in both benchmarks
+        label = labels.WHAT[f"stock_{stock}"]
+        assert f"| {label} | auto → {picks[model]}" in exactness, (model, picks[model])
+    for model, mode in picks.items():
+        ratio = float(re.search(rf"^{model}\s+{mode}\s+([0-9.]+) ×", block, flags=re.M).group(1))
+        assert ratio == pytest.approx(steps[(model, "auto")] / steps[(model, mode)], rel=0.1, abs=0.02), model

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 from lightning_privacy import names
+from lightning_privacy.dpsgd import users
 from lightning_privacy.reporting import ReportSection, down, up
 
 __all__ = ["ai_section", "bayes_section", "dpsgd_section", "stopping_section"]
@@ -66,8 +67,9 @@ def dpsgd_section(cb: Any, trainer: Any) -> ReportSection:
         (
             f"ε at δ = {cb.delta:g}",
             up(cb.epsilon()),
-            f"the run is (ε, δ)-DP, add or remove one example: {cb.ledger.epsilon_label}",
+            f"the run is (ε, δ)-DP, add or remove one {getattr(cb.ledger, 'unit', 'example')}: {cb.ledger.epsilon_label}",
         ),
+        *users.report_rows(cb),
         *_seed_rows(cb.privacy_settings() if hasattr(cb, "privacy_settings") else {}),
     ]
     section = ReportSection("DP-SGD", rows)

@@ -90,6 +90,13 @@ def run_ledger(
 
     dpsgd = find_dpsgd(trainer)
     found = find_accountant(trainer, accountant)
+    groups = dpsgd.ledger.group_size if dpsgd is not None and dpsgd.accountant is found else 1
+    if groups > 1 and relation != "add_remove":
+        raise MisconfigurationException(
+            f"relation={relation!r} cannot be read from this run: it protects people whose {groups} rows are each "
+            "sampled on their own (DPSGD(privacy_unit='user', user_sampling=False)), accounted for adding or removing "
+            "a person's rows; pass relation='add_remove'."
+        )
     if (
         dpsgd is not None
         and dpsgd.accountant is found
@@ -98,7 +105,8 @@ def run_ledger(
     ):
         return dpsgd.ledger
     delta = delta or (dpsgd.delta if dpsgd is not None else 1e-5)
-    return PrivacyLedger(accountant=found, delta=delta, relation=relation)
+    unit = getattr(dpsgd.ledger, "unit", "example") if dpsgd is not None and dpsgd.accountant is found else "example"
+    return PrivacyLedger(accountant=found, delta=delta, relation=relation, group_size=groups, unit=unit)
 
 
 def find_accountant(trainer: pl.Trainer, accountant: Optional[IAccountant] = None) -> IAccountant:

@@ -192,7 +192,9 @@ def group_size(dp: Any) -> int:
 def new_ledger(dp: Any, accountant: Optional[str] = None) -> PrivacyLedger:
     """A fresh ledger for ``dp``'s privacy unit (a group ledger under ELS: add/remove of a person's k rows)."""
     k = group_size(dp)
-    unit = {"relation": "add_remove", "group_size": k} if k > 1 else {}
+    unit: Dict[str, Any] = {"relation": "add_remove", "group_size": k} if k > 1 else {}
+    if getattr(dp, "privacy_unit", "example") == "user":
+        unit["unit"] = "person"
     return PrivacyLedger(accountant=accountant or dp.accountant_mechanism, delta=dp.delta, **unit)
 
 
@@ -257,7 +259,12 @@ def privacy_settings(dp: Any) -> Dict[str, Any]:
         names.DP_NOISE_SEED: seed_kind(dp.noise_seed, dp.secure_mode),
         names.DP_EXPECTED_BATCH_SIZE: dp.expected_batch_size,
         names.DP_SAMPLE_RATE_SOURCE: sample_rate_source(dp),
+        names.DP_PRIVACY_UNIT: "person" if getattr(dp, "privacy_unit", "example") == "user" else "example",
     }
+    if settings[names.DP_PRIVACY_UNIT] == "person":
+        if dp.max_examples_per_user is not None:
+            settings[names.DP_MAX_EXAMPLES_PER_USER] = dp.max_examples_per_user
+        settings[names.DP_USER_SAMPLING] = "people" if dp.user_sampling else "rows"
     if dp.target_bayes_security is not None:
         settings[names.DP_TARGET_BAYES_SECURITY] = float(dp.target_bayes_security)
     if dp.target_epsilon is not None:

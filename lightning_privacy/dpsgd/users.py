@@ -181,3 +181,34 @@ def check_user_arguments(privacy_unit: Any, user_ids: Any, k: Any, user_sampling
         raise ValueError(
             f"DPSGD(user_reduction={user_reduction!r}): 'sum' or 'mean' of a person's rows' gradients before clipping."
         )
+
+
+def report_rows(dp: Any) -> List[Tuple[str, str, str]]:
+    """The privacy report's rows of a person-level run (none for a row-level one): the unit and its bound, the
+    people and the rows left out, and the same run's ε for one row beside the person's."""
+    if getattr(dp, "privacy_unit", "example") != "user":
+        return []
+    k = dp.max_examples_per_user
+    how = (
+        f"people sampled whole, each person's {dp.user_reduction} of gradients clipped to C"
+        if dp.user_sampling
+        else f"rows sampled one by one, each clipped to C, accounted for groups of {k} rows"
+    )
+    rows = [("privacy unit", f"person, {'at most ' + str(k) if k else 'all their'} rows", how)]
+    people = getattr(dp, "people", None)
+    if people is not None:
+        rows.append((
+            "people",
+            f"{people.num_people} ({people.rows_left_out} rows of {people.people_capped} people left out)",
+            f"the rows beyond k = {k} per person, by a secret choice fixed before training, never sampled"
+            if k else "no contribution bound",
+        ))  # fmt: skip
+    if dp.steps:
+        rows.append((
+            f"ε of one row at δ = {dp.delta:g}",
+            f"{dp.record_epsilon():.4g}",
+            "the same run's guarantee for adding or removing one row (not a person): "
+            + ("a row of a sampled person moves their clipped gradient by up to 2C" if dp.user_sampling
+               else "one row's Poisson-sampled Gaussian"),
+        ))  # fmt: skip
+    return rows

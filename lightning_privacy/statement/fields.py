@@ -163,6 +163,7 @@ class DPFields:
     secure_mode: Optional[bool] = None
     grad_sample_mode: Optional[str] = None
     grad_sample_mode_switch: Optional[Dict[str, Any]] = None  # auto's switch to functional mode: step, reason
+    privacy_unit: Optional[Dict[str, Any]] = None  # {"unit": "example"} or a person's: k, sampling, reduction
     loss_reduction: Optional[str] = None
     strategy: Optional[str] = None
     world_size: Optional[int] = None
@@ -213,6 +214,7 @@ def dpsgd_fields(state: Mapping[str, Any]) -> DPFields:
         secure_mode=flag("secure_mode", state.get("secure_mode")),
         grad_sample_mode=text("grad_sample_mode", state.get("grad_sample_mode")),
         grad_sample_mode_switch=_switch(state.get("grad_sample_mode_switch")),
+        privacy_unit=_unit(state.get("privacy_unit")),
         loss_reduction=text("loss_reduction", state.get("loss_reduction")),
         strategy=text("strategy", state.get("strategy")),
         world_size=whole("world_size", state.get("world_size"), minimum=1),
@@ -229,6 +231,18 @@ def _switch(value: Any) -> Optional[Dict[str, Any]]:
         raise _bad("grad_sample_mode_switch", value, "a dict with 'step', 'reason' and 'from'")
     whole("grad_sample_mode_switch.step", value.get("step"), optional=False)
     return dict(plain("grad_sample_mode_switch", value))
+
+
+def _unit(value: Any) -> Optional[Dict[str, Any]]:
+    """The privacy unit record (``None``: not recorded, a row): ``{"unit": "example"}`` or ``{"unit": "user", ...}``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("unit") not in ("example", "user"):
+        raise _bad("privacy_unit", value, "a dict with 'unit' 'example' or 'user'")
+    if value["unit"] == "user":
+        whole("privacy_unit.max_examples_per_user", value.get("max_examples_per_user"), minimum=1)
+        flag("privacy_unit.user_sampling", value.get("user_sampling"))
+    return dict(plain("privacy_unit", value))
 
 
 def state_key_arguments(key: str) -> Dict[str, Any]:

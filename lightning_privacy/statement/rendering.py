@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 from lightning_privacy import names
 from lightning_privacy.ledger import accountant_label
@@ -91,6 +91,7 @@ def mechanism_rows(data: dict) -> List[Row]:
             "not recorded" if m["dataset_size"] is None else str(m["dataset_size"]),
             "rows the Poisson sampling drew from",
         ),
+        ("privacy unit", *_unit_row(m.get("privacy_unit") or {"unit": "example"})),
         ("δ", f"{m['delta']:g}", "δ of the (ε, δ) guarantee"),
         ("accountant", m["accountant"], "the accountant that gives ε (pld: the package's pessimistic PLD)"),
         ("batch sampling", _SEEDS[m["sampling_seed"]], "the Poisson masks' randomness"),
@@ -266,6 +267,19 @@ def escape(line: str) -> str:
     """``line`` with ``*`` escaped outside code spans: ``β*_MIA … β*`` in one paragraph would otherwise be emphasis."""
     parts = line.split("`")
     return "`".join(part if i % 2 else part.replace("*", "\\*") for i, part in enumerate(parts))
+
+
+def _unit_row(unit: Dict[str, Any]) -> Tuple[str, str]:
+    """The statement's privacy-unit row: whose privacy every number is, and how a person's rows were used."""
+    if unit.get("unit") != "user":
+        return "example (one row)", "every ε, β* and bound is for adding or removing one row"
+    k = unit.get("max_examples_per_user")
+    bound = f"at most {k} rows" if k is not None else "all their rows (no bound)"
+    if unit.get("user_sampling"):
+        how = f"people sampled whole, each person's {unit.get('user_reduction', 'sum')} of gradients clipped to C"
+    else:
+        how = f"rows sampled one by one, each clipped to C, accounted for groups of {k} rows"
+    return f"person, {bound}", f"every ε, β* and bound is for adding or removing one person; {how}"
 
 
 def _mode_note(switch: Any) -> str:
