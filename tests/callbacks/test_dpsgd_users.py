@@ -9,6 +9,7 @@ rows each sampled on its own); the sampler's batches read back row by row.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
@@ -292,3 +293,12 @@ def test_a_resume_with_another_unit_or_bound_is_refused():
     again = DPSGD(noise_multiplier=1.0, privacy_unit="user", user_ids=ids, max_examples_per_user=4)
     again.load_state_dict(state)
     assert again.steps == 2 and again.epsilon() == dpsgd.epsilon()
+
+
+def test_the_guide_s_planned_noise_for_a_person_of_four_rows_is_the_ledger_s():
+    from lightning_privacy.ledger import PrivacyLedger
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "guides" / "user_level.md").read_text().split())
+    row = PrivacyLedger.calibrate(sample_rate=0.25, steps=8, target_epsilon=3.0)
+    person = PrivacyLedger.calibrate(sample_rate=0.25, steps=8, target_epsilon=3.0, relation="add_remove", group_size=4)
+    assert f"σ = {person:.2f} for a person of k = 4 rows against {row:.2f} for a row" in text
