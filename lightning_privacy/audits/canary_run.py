@@ -134,8 +134,11 @@ def check_arguments(
     score: Any,
     num_classes: Any,
     claim_tests: Any = "both",
+    rows_per_canary: Any = None,
 ) -> None:
     """Raise ``ValueError`` naming the first bad argument of a canary audit (and what is allowed)."""
+    if rows_per_canary is not None and (not _is_int(rows_per_canary) or rows_per_canary < 1):
+        raise _bad("rows_per_canary", "None or a positive int", rows_per_canary)
     if kind not in KINDS:
         raise _bad("kind", f"one of {KINDS}", kind)
     if num_canaries is not None and (not _is_int(num_canaries) or num_canaries < 1):
@@ -225,7 +228,7 @@ def audit_run(
 
         claim = Claim.from_ledger(dpsgd.ledger, delta=delta)
     return audit_canaries(
-        canaries.scores,
+        canaries.person_scores(),
         canaries.included,
         delta=delta,
         alpha=alpha,
@@ -239,6 +242,24 @@ def audit_run(
     )
 
 
+def canary_people(canaries: CanarySet, rows_per_canary: Optional[int], dpsgd: Any, score: str) -> None:
+    """Make ``canaries`` canary people before they are drawn: ``rows_per_canary`` rows each (``None``: the
+    ``max_examples_per_user`` of a person-level DPSGD, else 1), joining a step together under user-level sampling
+    (each person's clipped gradient, C·Σ e / √rows) or each on its own under example-level sampling (C·e each)."""
+    user = getattr(dpsgd, "privacy_unit", "example") == "user"
+    rows = rows_per_canary or (dpsgd.max_examples_per_user if user and dpsgd.max_examples_per_user else 1)
+    if rows > 1 and (canaries.kind != "gradient" or score == "likelihood_ratio"):
+        raise ValueError(
+            f"CanaryAudit(rows_per_canary={rows}): canary people are gradient canaries scored by the sum of their "
+            f"rows' scores; use kind='gradient' with score='released_minus_batch' (got kind={canaries.kind!r}, "
+            f"score={score!r})."
+        )
+    if canaries.canaries is None and rows != canaries.rows:
+        canaries.rows = int(rows)
+        canaries.start_over()
+    canaries.whole = bool(user and dpsgd.user_sampling and canaries.rows > 1)
+
+
 class CanarySet:
     """The canaries of a run: drawn from ``seed`` over a space of coordinates (gradient) or rows (input).
 
@@ -246,8 +267,14 @@ class CanarySet:
     trainable coordinates, one per coordinate (:meth:`draw` returns the sentence saying so).
     """
 
-    def __init__(self, kind: str, num_canaries: Optional[int], seed: int, examples: Optional[str] = None) -> None:
+    def __init__(
+        self, kind: str, num_canaries: Optional[int], seed: int, examples: Optional[str] = None, rows: int = 1
+    ) -> None:
         self.kind, self.seed, self.examples = kind, int(seed), examples  # examples: the given canaries' fingerprint
+        #: canary people (user-level DP): each canary is ``rows`` Dirac coordinates included or left out together and
+        #: scored together (the sum of their scores: :meth:`person_scores`); 1: one coordinate, a row
+        self.rows = int(rows)
+        self.whole = False  # the rows of a canary join a step together (user-level sampling), else each on its own
         self.adaptive = num_canaries is None
         self.requested = DEFAULT_NUM_CANARIES if num_canaries is None else int(num_canaries)
         self._block: Optional[tuple] = None  # (block, uniforms) of the per-step sampling
@@ -260,7 +287,7 @@ class CanarySet:
         self.canaries: Optional[List[int]] = None  # coordinates or row indices
         self.labels: Optional[List[int]] = None  # the wrong labels (input)
         self.included: Optional[np.ndarray] = None
-        self.scores = np.zeros(self.num_canaries)  # running Σ_t of each step's score (gradient)
+        self.scores = np.zeros(self.num_canaries * self.rows)  # running Σ_t of each coordinate's score (gradient)
         self.steps = 0  # optimizer steps with canaries (seeds each step's sampling)
 
     def draw(self, space: int, what: str) -> Optional[str]:
@@ -274,6 +301,12 @@ class CanarySet:
             RuntimeError: a resumed set drawn for another ``space``.
         """
         note = None
+        if self.rows > 1 and space < self.num_canaries * self.rows and self.canaries is None:
+            raise ValueError(
+                f"CanaryAudit(rows_per_canary={self.rows}): {self.num_canaries} canary people of {self.rows} rows need "
+                f"{self.num_canaries * self.rows} {what}, but the run has {space}: pass num_canaries ≤ "
+                f"{space // self.rows}."
+            )
         if space < self.num_canaries and self.canaries is None:
             if not (self.adaptive and self.kind == "gradient"):
                 raise ValueError(self._too_many(space, what))
@@ -291,9 +324,14 @@ class CanarySet:
             return note
         rng = np.random.default_rng([self.seed, _DRAW])
         self.space = int(space)
-        self.canaries = [int(i) for i in rng.choice(space, size=self.num_canaries, replace=False)]
+        size = self.num_canaries * self.rows  # canary j's coordinates: j·rows … (j + 1)·rows − 1 of the list
+        self.canaries = [int(i) for i in rng.choice(space, size=size, replace=False)]
         self.included = rng.random(self.num_canaries) < 0.5
         return note
+
+    def person_scores(self) -> np.ndarray:
+        """Each canary's score: the sum of its rows' coordinates' scores (a row's own score when ``rows`` is 1)."""
+        return self.scores.reshape(self.num_canaries, self.rows).sum(axis=1)
 
     def _too_many(self, space: int, what: str) -> str:
         given = "the default " if self.adaptive else ""
@@ -315,10 +353,15 @@ class CanarySet:
         ``_BLOCK`` steps), so any step's draw is reproducible on every rank and after a resume.
         """
         block, row = divmod(int(step), _BLOCK)
-        if self._block is None or self._block[0] != block:
+        width = self.num_canaries if self.rows == 1 or self.whole else self.num_canaries * self.rows
+        if self._block is None or self._block[0] != block or self._block[1].shape[1] != width:
             bits = np.random.Philox(key=self.seed, counter=[0, block, _SAMPLE, 0])  # word 0 counts within a block
-            self._block = (block, np.random.Generator(bits).random((_BLOCK, self.num_canaries)))
-        return self.included & (self._block[1][row] < sample_rate)
+            self._block = (block, np.random.Generator(bits).random((_BLOCK, width)))
+        joins = self._block[1][row] < sample_rate
+        if self.rows == 1:
+            return self.included & joins
+        included = np.repeat(self.included, self.rows)  # per coordinate: a person's rows are in or out together
+        return included & (np.repeat(joins, self.rows) if self.whole else joins)
 
     def state_dict(self) -> Dict[str, Any]:
         """The drawn set and the running scores, as plain Python."""
@@ -326,6 +369,7 @@ class CanarySet:
             "version": STATE_VERSION,
             "kind": self.kind,
             "num_canaries": self.num_canaries,
+            "rows": self.rows,
             "seed": self.seed,
             "space": self.space,
             "canaries": None if self.canaries is None else list(self.canaries),
@@ -346,8 +390,9 @@ class CanarySet:
             raise RuntimeError(f"CanaryAudit state version {state['version']!r} is not {STATE_VERSION}")
         if self.adaptive and _is_int(state["num_canaries"]) and 1 <= state["num_canaries"] <= self.requested:
             self.num_canaries = int(state["num_canaries"])  # the default, adapted to that run's coordinates
-        ours = {"kind": self.kind, "num_canaries": self.num_canaries, "seed": self.seed, **settings}
-        for key in ("kind", "num_canaries", "seed", *settings):
+        state = {"rows": 1, **state}  # (a state from before canary people: one row per canary)
+        ours = {"kind": self.kind, "num_canaries": self.num_canaries, "rows": self.rows, "seed": self.seed, **settings}
+        for key in ("kind", "num_canaries", "rows", "seed", *settings):
             if state[key] != ours[key]:
                 raise RuntimeError(f"checkpoint audited with {key}={state[key]!r}, this CanaryAudit has {ours[key]!r}")
         if state.get("examples") != self.examples:
@@ -355,7 +400,7 @@ class CanarySet:
             raise RuntimeError(
                 f"checkpoint audited {given(state.get('examples'))}, this CanaryAudit has {given(self.examples)}"
             )
-        if len(state["scores"]) != self.num_canaries:
+        if len(state["scores"]) != self.num_canaries * self.rows:
             raise RuntimeError(f"CanaryAudit state has {len(state['scores'])} scores for {self.num_canaries} canaries")
         self.space = state["space"]
         self.canaries = None if state["canaries"] is None else [int(i) for i in state["canaries"]]
@@ -410,7 +455,7 @@ class GradientCanaries:
 
     def gather(self, tensors: List[torch.Tensor]) -> np.ndarray:
         """Per-parameter tensors at the canary coordinates, as one float64 array in canary order."""
-        out = np.zeros(self.canaries.num_canaries)
+        out = np.zeros(len(self.canaries.canaries))
         for t, (_, ids, local, local_t) in zip(tensors, self.params):
             flat = t.detach().reshape(-1)
             if flat.device.type == "cpu" and flat.dtype in _NUMPY_DTYPES:  # numpy indexing: ~10x less per-call cost
@@ -445,6 +490,8 @@ class GradientCanaries:
 
     def _add(self, optimizer: Any, sampled: np.ndarray) -> None:
         clip = float(self.dpsgd.max_grad_norm)
+        if self.canaries.rows > 1 and self.canaries.whole:  # a canary person's clipped gradient: C over its rows
+            clip /= float(np.sqrt(self.canaries.rows))
         if self.sharded:
             self._add_to_shards(optimizer, sampled, clip / self.world)
             return

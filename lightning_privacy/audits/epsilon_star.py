@@ -447,6 +447,7 @@ def audit_epsilon_star(
     warn: bool = True,
     ledger: Any = None,
     signal_fn: Optional[Callable[[Any, Any], Any]] = None,
+    user_ids: Optional[Tuple[Sequence[Any], Sequence[Any]]] = None,
 ) -> EpsilonStarResult:
     """Epsilon* of ``model``: its membership losses on ``members`` (training data) and ``nonmembers``.
 
@@ -468,6 +469,9 @@ def audit_epsilon_star(
         signal_fn: ``signal_fn(model, batch) -> losses`` (one per example, low = member-like) instead of
             ``forward_fn``, e.g. :data:`~lightning_privacy.functional.sequence_loss.causal_lm_signal` for a causal
             language model's sequences (each one's mean next-token loss).
+        user_ids: ``(member ids, non-member ids)``, the person of each row of the two loaders: Epsilon* of *people*
+            (user-level DP), each person's loss the mean of their rows' (a person's rows all members or all not;
+            :func:`~lightning_privacy.audits.membership.per_person_scores`).
 
     Returns:
         An :class:`EpsilonStarResult`: ``.metrics()``, ``.summary()``, ``.figure()``, ``.to_dict()``.
@@ -499,6 +503,14 @@ def audit_epsilon_star(
     nonmember_losses = membership_losses_from_loader(
         model, sequential_loader(nonmembers), forward_fn=forward_fn, device=device, signal_fn=signal_fn
     )
+    member_losses, nonmember_losses = member_losses.double().numpy(), nonmember_losses.double().numpy()
+    if user_ids is not None:  # one loss per person: the mean of their rows' (members first)
+        from lightning_privacy.audits.membership import per_person_scores
+
+        is_member = np.r_[np.ones(member_losses.size, bool), np.zeros(nonmember_losses.size, bool)]
+        sizes = (member_losses.size, nonmember_losses.size)
+        losses, is_member = per_person_scores(np.r_[member_losses, nonmember_losses], is_member, user_ids, sizes)
+        member_losses, nonmember_losses = losses[is_member], losses[~is_member]
     return audit_epsilon_star_from_losses(
-        member_losses.double(), nonmember_losses.double(), delta=delta, mia_alpha=mia_alpha, warn=warn, ledger=ledger
+        member_losses, nonmember_losses, delta=delta, mia_alpha=mia_alpha, warn=warn, ledger=ledger
     )

@@ -33,6 +33,7 @@ from lightning_privacy.audits._common import AuditResult, ClaimChecked, jsonable
 
 __all__ = [
     "ATTACKS",
+    "per_person_scores",
     "REPORTED_FPRS",
     "MembershipAuditResult",
     "audit_membership",
@@ -378,6 +379,7 @@ def audit_membership(
     warn: bool = True,
     signal_fn: Optional[Callable[[Any, Any], Any]] = None,
     base_model: Any = None,
+    user_ids: Optional[Tuple[Sequence[Any], Sequence[Any]]] = None,
 ) -> MembershipAuditResult:
     """Attack ``model``'s membership with RMIA, LiRA, the LOSS baseline or EZ-MIA and summarise the attack.
 
@@ -426,6 +428,14 @@ def audit_membership(
         base_model: EZ-MIA's reference, the model fine-tuning started from (e.g. the pretrained checkpoint, called like
             ``model``): needed for full fine-tuning; a PEFT model's base is itself with its adapters disabled
             (``peft_model.disable_adapter()``), no copy. Refused with another attack.
+        user_ids: ``(member ids, non-member ids)``, the person of each audited row of the two loaders: the audit is
+            then over *people* (user-level DP, ``DPSGD(privacy_unit="user")``): a person's score is the mean of their
+            rows' scores, every ROC point, ε bound and verdict counts people, and the claim to test is the person's
+            (the run's ledger). A person's rows must all be members or all non-members. For a fine-tuned language
+            model, ``attack="loss"`` with ``signal_fn=BaseLossDifferenceSignal(base_model)`` is the user inference
+            attack of Kandpal et al. (2023): the mean over a person's sequences of their loss under the base minus
+            under the fine-tune (per token; the paper sums a sequence's log-likelihoods) — the rows may be other
+            samples of the same people than those trained on, as in the paper.
 
     Returns:
         A :class:`MembershipAuditResult`.
@@ -487,6 +497,12 @@ def audit_membership(
             attack, model, target, references, read, (member_loader, nonmember_loader), population_loader,
             gamma=gamma, offline_a=offline_a, signal=signal, notes=notes,
         )  # fmt: skip
+    if user_ids is not None:  # the unit is a person: their rows' mean score, one member label per person
+        scores, is_member = per_person_scores(scores, is_member, user_ids, (member_target.size, nonmember_target.size))
+        notes.append(
+            f"scored per person ({int(is_member.sum())} member and {int((~is_member).sum())} non-member people): the "
+            "mean of each person's rows' scores; every point, bound and verdict counts people"
+        )
     points = attacks.tpr_at_fpr(scores, is_member, REPORTED_FPRS, alpha=alpha)
     epsilon = epsilon_lower_bound(scores, is_member, delta=delta, alpha=alpha, selection="holdout", seed=0).as_dict()
     found: List[str] = []
@@ -521,6 +537,38 @@ def audit_membership(
         claim=claim,
         claim_verdict=verdict,
     )
+
+
+def per_person_scores(
+    scores: np.ndarray, is_member: np.ndarray, user_ids: Tuple[Sequence[Any], Sequence[Any]], sizes: Tuple[int, int]
+) -> Tuple[np.ndarray, np.ndarray]:
+    """Row scores (members first) → one score per person, the mean of their rows' (members first), and each
+    person's membership. Raises ``ValueError`` for ids of the wrong length or a person among members and non-members.
+
+    Example::
+
+        >>> per_person_scores(np.array([1.0, 3.0, 0.0, 2.0]), np.array([1, 1, 0, 0], bool), (["a", "a"], ["b", "c"]), (2, 2))
+        (array([2., 0., 2.]), array([ True, False, False]))
+    """
+    if not isinstance(user_ids, (tuple, list)) or len(user_ids) != 2:
+        raise ValueError("`user_ids` must be (member ids, non-member ids): the person of each row of the two loaders")
+    members, nonmembers = list(user_ids[0]), list(user_ids[1])
+    for name, ids, size in (("member", members, sizes[0]), ("non-member", nonmembers, sizes[1])):
+        if len(ids) != size:
+            raise ValueError(f"`user_ids` has {len(ids)} {name} ids for {size} {name} rows: give one person per row")
+    both = set(members) & set(nonmembers)
+    if both:
+        raise ValueError(
+            f"`user_ids`: {len(both)} person(s) have rows among both members and non-members (e.g. {next(iter(both))!r}); "
+            "under user-level DP a person is trained on with all their rows or none"
+        )
+    order: Dict[Any, List[int]] = {}
+    for i, person in enumerate(members + nonmembers):
+        order.setdefault(person, []).append(i)
+    people = list(order)
+    person_scores = np.array([float(np.mean(scores[order[p]])) for p in people])
+    member_set = set(members)
+    return person_scores, np.array([p in member_set for p in people], dtype=bool)
 
 
 def ezmia_signal(signal_fn: Any, base_model: Any) -> Any:

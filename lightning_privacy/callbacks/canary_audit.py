@@ -39,18 +39,15 @@ class CanaryAudit(Callback):
     (4.8 for m = 1000, α = 0.05, δ = 1e-5), whatever the true ε: this ceiling is logged beside the bound.
 
     ``kind="gradient"`` (white box, needs :class:`~lightning_privacy.DPSGD`): canary j is the Dirac gradient C·e_j on
-    one of m random coordinates of the trainable parameters, added to the clipped sum before the noise at the steps
-    it is sampled (rate p); ``score`` reads it back from the released noisy sums. ``kind="input"`` (black box; with or
-    without DP-SGD): canary j is a training row with a wrong label (or ``examples[j]``), appended to the training set
-    when included, scored by the final model's loss. How each is drawn, inserted and scored (DDP, FSDP2), and why each score audits
-    what the accountant claims: :mod:`lightning_privacy.audits.canary_run`.
+    one of m random coordinates, added to the clipped sum before the noise at the steps it is sampled (rate p).
+    ``kind="input"`` (black box): canary j is a training row with a wrong label (or ``examples[j]``), appended when
+    included, scored by the final model's loss. Details (DDP, FSDP2, scores): :mod:`lightning_privacy.audits.canary_run`.
 
     **A claim, checked.** ``claim`` is the guarantee the canaries test (the in/out game: add/remove): a
     :class:`~lightning_privacy.claims.Claim`, a ``PrivacyLedger``, ``(noise_multiplier, sample_rate, steps[, delta])``
     or ``(epsilon, delta)``; by default, with :class:`~lightning_privacy.DPSGD`, its ledger at fit end (the run's own
-    claim). ``result.verdict`` is ``"contradicted"`` when the canaries refute it at confidence 1 − ``alpha`` (the
-    binomial ε lower bound at the claim's δ beyond its ε, or the f-DP one-run test of the claim's own trade-off
-    curve; :func:`~lightning_privacy.analysis.claims.check_canaries`), else ``"consistent"``; logged as
+    claim). ``result.verdict`` is ``"contradicted"`` when the canaries refute it at confidence 1 − ``alpha``
+    (:func:`~lightning_privacy.analysis.claims.check_canaries`), else ``"consistent"``; logged as
     ``audit/canary_claim_contradicted`` (1 or 0).
 
     Logged at fit end through ``trainer.loggers`` at ``trainer.global_step`` (rank 0): ``audit/canary_epsilon_lower``,
@@ -62,12 +59,10 @@ class CanaryAudit(Callback):
 
     Args:
         kind: ``"gradient"`` or ``"input"``.
-        num_canaries: m ≥ 1 (gradient: at most the number of trainable coordinates; input: of rows). ``None``
-            (default): 1000, and for gradient canaries on a model with fewer trainable coordinates (LoRA adapters,
-            a head fine-tuned on a frozen backbone) one canary on every coordinate (said at fit start).
+        num_canaries: m ≥ 1 (at most the trainable coordinates, or rows). ``None``: 1000, or one canary on every
+            coordinate of a model with fewer (LoRA adapters, a head on a frozen backbone; said at fit start).
         seed: non-negative int; the canaries, inclusion, per-step sampling and tie-breaking derive from it.
-        alpha: significance of the bound, in (0, 1).
-        delta: δ of the (ε, δ) claim tested, in (0, 1); default DPSGD's δ, else 1e-5.
+        alpha, delta: significance of the bound, in (0, 1); δ of the claim tested, in (0, 1) (DPSGD's, else 1e-5).
         correction: ``"bonferroni"`` or ``"split"`` (see ``canary_audit_from_scores``).
         score: gradient canaries' score, ``"released_minus_batch"``, ``"likelihood_ratio"`` or ``"released"`` (see
             :mod:`~lightning_privacy.audits.canary_run`).
@@ -79,19 +74,19 @@ class CanaryAudit(Callback):
             test of the claim's curve: the stronger test of a DP-SGD claim; ``Claim.check_canaries``).
         examples: input canaries to use instead of wrong-label rows: a map-style dataset of m ``(x, y)`` examples
             (e.g. :func:`~lightning_privacy.audits.canary_design.optimize_input_canaries`); m = its length.
+        rows_per_canary: canary people (user-level DP): each gradient canary is k rows in or out together, scored by
+            their sum; ``None``: a person-level DPSGD's ``max_examples_per_user`` (``run.canary_people``), else 1.
 
     Attributes:
         results: the fit-end values by key: the logged ones plus the uncorrected best
             ``audit/canary_epsilon_optimistic(_gdp)`` (not a valid bound: kept for comparison with papers).
-        result: the last :class:`~lightning_privacy.audits.canary.CanaryResult` (``result.verdict``,
-            ``result.evidence``, ``result.claim``).
+        result: the last :class:`~lightning_privacy.audits.canary.CanaryResult` (``verdict``, ``evidence``, ``claim``).
         details: the :class:`~lightning_privacy.analysis.canary.CanaryAuditResult` by method.
         accountant_epsilon: DPSGD's ε at the audit's δ (``None`` without DPSGD).
 
     Raises:
-        MisconfigurationException: a bad argument (at construction); ``"gradient"`` without DPSGD, more
-            canaries than coordinates or rows (naming ``num_canaries=`` and the largest allowed), or a train loader
-            that cannot take canary rows (at fit).
+        MisconfigurationException: a bad argument; at fit, ``"gradient"`` without DPSGD, more canaries than
+            coordinates or rows (naming ``num_canaries=`` and the largest allowed), a loader that cannot take canaries.
 
     Example::
 
@@ -122,12 +117,15 @@ class CanaryAudit(Callback):
         claim: Any = None,
         claim_tests: str = "both",
         examples: Any = None,
+        rows_per_canary: Optional[int] = None,
     ) -> None:
         with audit.misconfiguration():
-            run.check_arguments(kind, num_canaries, seed, alpha, delta, correction, score, num_classes, claim_tests)
+            run.check_arguments(kind, num_canaries, seed, alpha, delta, correction, score, num_classes, claim_tests,
+                                rows_per_canary)  # fmt: skip
             claim, given = run.parse_claim(claim), run.check_examples(examples, kind, num_canaries)
             fingerprint = None if given is None else run.fingerprint(examples)
         self.claim, self.claim_tests, self.examples = claim, claim_tests, examples
+        self.rows_per_canary = rows_per_canary
         self.canaries = run.CanarySet(kind, given or num_canaries, seed, fingerprint)  # canaries, scores: state_dict
         self.kind, self.seed = kind, int(seed)
         self.alpha, self.delta, self.correction = float(alpha), None if delta is None else float(delta), correction
@@ -184,6 +182,8 @@ class CanaryAudit(Callback):
             self._start_over()  # reused for another model: its own canaries and scores (a checkpoint loads after)
         self._module = pl_module
         self._dpsgd = next((cb for cb in trainer.callbacks if isinstance(cb, DPSGD)), None)
+        with audit.misconfiguration():  # canary people under a person-level DPSGD (or rows_per_canary)
+            run.canary_people(self.canaries, self.rows_per_canary, self._dpsgd, self.score)
         if self.kind == "input":
             _compat.install_train_loader_transform(trainer, self._with_canaries, key="canaries", order=0)
             return

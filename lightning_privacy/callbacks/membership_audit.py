@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -65,6 +65,7 @@ class MembershipAudit(audit.ScheduledAudit):
             when DPSGD trains the model, else no verdict.
         log_figure: write the ROC figure to the figure loggers (:mod:`lightning_privacy.loggers`).
         base_model: EZ-MIA's reference for a full fine-tune (a PEFT model's base is itself, adapters disabled).
+        user_ids: ``(member ids, non-member ids)``: score people, not rows (``audit_membership``'s ``user_ids``).
 
     Attributes:
         result: the last :class:`~lightning_privacy.audits.membership.MembershipAuditResult` (``None`` before).
@@ -103,6 +104,7 @@ class MembershipAudit(audit.ScheduledAudit):
         log_figure: bool = True,
         claim: Any = None,
         base_model: Any = None,
+        user_ids: Optional[Tuple[Sequence[Any], Sequence[Any]]] = None,
     ) -> None:
         if attack not in ATTACKS:
             raise MisconfigurationException(f"`attack` must be one of {ATTACKS}, got {attack!r}")
@@ -148,6 +150,7 @@ class MembershipAudit(audit.ScheduledAudit):
         self.every_n_epochs = audit.check_every_n_epochs(every_n_epochs)
         self.seed, self.gamma, self.offline_a = seed, gamma, offline_a
         self.alpha, self.delta, self.forward_fn, self.signal_fn = alpha, delta, forward_fn, signal_fn
+        self.user_ids = user_ids  # (member ids, non-member ids): the audit counts people
         self.log_figure = log_figure
         self.hparams_metric_keys = (names.membership_key(attack, "auc"),)
         self.result: Optional[MembershipAuditResult] = None
@@ -247,6 +250,7 @@ class MembershipAudit(audit.ScheduledAudit):
                 offline_a=self.offline_a,
                 forward_fn=self.forward_fn,
                 signal_fn=self.signal_fn,
+                user_ids=self.user_ids,
                 warn=False,
             )
         except ValueError as err:
