@@ -302,3 +302,27 @@ def test_the_guide_s_planned_noise_for_a_person_of_four_rows_is_the_ledger_s():
     row = PrivacyLedger.calibrate(sample_rate=0.25, steps=8, target_epsilon=3.0)
     person = PrivacyLedger.calibrate(sample_rate=0.25, steps=8, target_epsilon=3.0, relation="add_remove", group_size=4)
     assert f"σ = {person:.2f} for a person of k = 4 rows against {row:.2f} for a row" in text
+
+
+def test_the_monitor_and_the_stopper_read_the_person_s_ledger():
+    from lightning_privacy import BayesSecurityMonitor, PrivacyBudgetStopping
+
+    data, ids = _rows(), _ids()
+    extra = dict(privacy_unit="user", user_ids=ids, max_examples_per_user=4, user_sampling=False, sample_rate=0.25)
+    with pytest.raises(MisconfigurationException, match=r"relation='replace'.*pass relation='add_remove'"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _trainer([DPSGD(noise_multiplier=2.0, **extra), BayesSecurityMonitor()], 4).fit(
+                MLP().double(), DataLoader(data, batch_size=16)
+            )
+    dpsgd = DPSGD(noise_multiplier=2.0, **extra)
+    monitor = BayesSecurityMonitor(relation="add_remove")
+    stopper = PrivacyBudgetStopping(max_epsilon=4.0, relation="add_remove")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([dpsgd, monitor, stopper], 40).fit(MLP().double(), DataLoader(data, batch_size=16))
+    assert monitor.ledger is dpsgd.ledger and monitor.ledger.group_size == 4
+    assert dpsgd.epsilon() <= 4.0 and dpsgd.steps < 40  # the person's budget stopped the fit
+    row = DPSGD(noise_multiplier=2.0, sample_rate=0.25)  # the same steps for a row: far less ε
+    row.ledger.step(noise_multiplier=2.0, sample_rate=0.25, steps=dpsgd.steps)
+    assert row.epsilon() < dpsgd.epsilon() / 2
