@@ -232,6 +232,7 @@ def test_json_round_trip(fitted):
         "secure_mode",
         "grad_sample_mode",
         "grad_sample_mode_switch",
+        "privacy_unit",
         "loss_reduction",
         "strategy",
         "world_size",

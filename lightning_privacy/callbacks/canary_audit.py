@@ -62,13 +62,13 @@ class CanaryAudit(Callback):
         num_canaries: m ≥ 1 (at most the trainable coordinates, or rows). ``None``: 1000, or one canary on every
             coordinate of a model with fewer (LoRA adapters, a head on a frozen backbone; said at fit start).
         seed: non-negative int; the canaries, inclusion, per-step sampling and tie-breaking derive from it.
-        alpha, delta: significance of the bound, in (0, 1); δ of the claim tested, in (0, 1) (DPSGD's, else 1e-5).
+        alpha: significance of the bound, in (0, 1).
+        delta: δ of the claim tested, in (0, 1) (DPSGD's, else 1e-5).
         correction: ``"bonferroni"`` or ``"split"`` (see ``canary_audit_from_scores``).
         score: gradient canaries' score, ``"released_minus_batch"``, ``"likelihood_ratio"`` or ``"released"`` (see
             :mod:`~lightning_privacy.audits.canary_run`).
         num_classes: K for the wrong labels (input); default the model's number of logits (2 for one).
-        forward_fn: ``forward_fn(pl_module, batch) -> (logits, target)`` to score input canaries; default
-            ``pl_module(batch[0]), batch[1]``.
+        forward_fn: ``forward_fn(pl_module, batch) -> (logits, target)`` for input canaries (``model(x), y``).
         claim: the guarantee to test (see above); ``None``: DPSGD's ledger at fit end, if DPSGD trains the model.
         claim_tests: ``"both"`` (α split between the binomial and the f-DP test) or ``"fdp"`` (all of α on the f-DP
             test of the claim's curve: the stronger test of a DP-SGD claim; ``Claim.check_canaries``).

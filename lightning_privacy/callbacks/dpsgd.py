@@ -101,11 +101,11 @@ class DPSGD(Callback, DPSGDRun):
             gradients (4, drawn uniformly) are compared with their gradients computed alone by ``torch.func``, in
             every mode (:mod:`lightning_privacy.dpsgd.sampled_exactness`); a disagreement stops the fit before that
             step's noised update. 0 turns it off.
-        privacy_unit: ``"example"`` (a row) or ``"user"`` (a person: every ε, β* and bound is then one person's;
-            :mod:`lightning_privacy.dpsgd.users`). ``user_ids``: each row's person (a sequence in the dataset's row
-            order, or a row field's name); ``max_examples_per_user``: k, a person's rows beyond it left out (a secret
-            choice); ``user_sampling``: sample people, each clipped as a whole (``user_reduction``: the sum or mean
-            of their rows' gradients), or rows (accounted for groups of k: ``ComposedPLD(group_size=k)``).
+        privacy_unit: ``"example"`` (a row) or ``"user"`` (a person: every ε, β* and bound is then one person's).
+        user_ids: each row's person, a sequence in the dataset's row order or a row field's name (`dpsgd.users`).
+        max_examples_per_user: k: a person's rows beyond k are left out (a secret choice fixed before training).
+        user_sampling: sample people, each clipped whole (ULS), or rows (ELS: accounted for groups of k rows).
+        user_reduction: ``"sum"`` or ``"mean"`` of a person's rows' gradients, clipped as one vector (ULS).
         neighbour_rate: the share of the later steps on which the DP premise itself is tested (besides the first two
             steps): the step's clipped sum over its batch and over the batch without one example, both re-collated by
             the train loader's ``collate_fn``, differ by at most C (:mod:`lightning_privacy.dpsgd.neighbours`).

@@ -262,6 +262,7 @@ def _dp_sgd(
             f"fpr_{fpr:g}": float(b) for fpr, b in zip(f.FPRS, ledger.tpr_bounds(list(f.FPRS), relation=relation))
         }
         for relation in f.RELATIONS
+        if getattr(ledger, "group_size", 1) == 1 or relation == "add_remove"  # (a person's k rows: add/remove only)
     }
     beta = float(ledger.bayes_security())
     guarantee = {

@@ -47,6 +47,24 @@ def _differs(a: Optional[float], b: Optional[float]) -> bool:
     return a is not None and b is not None and float(a) != float(b)
 
 
+def _unit_problems(fields: DPFields, state: Mapping[str, Any]) -> List[str]:
+    """The privacy unit the state records against the unit and group size its ledger accounts: a person-level
+    statement over a ledger of rows (or the reverse) would state a guarantee nobody computed."""
+    unit = fields.privacy_unit or {"unit": "example"}
+    ledger = state.get("ledger") if isinstance(state.get("ledger"), Mapping) else {}
+    person = unit.get("unit") == "user"
+    groups = int(unit.get("max_examples_per_user") or 1) if person and not unit.get("user_sampling") else 1
+    accounted = (ledger.get("unit", "example") == "person", int(ledger.get("group_size", 1)))
+    if accounted == (person, groups):
+        return []
+    return [
+        f"the DPSGD state protects one {'person' if person else 'row'}"
+        f"{f' of {groups} rows sampled one by one' if groups > 1 else ''}, but its ledger accounts one "
+        f"{'person' if accounted[0] else 'row'}{f' of {accounted[1]} rows' if accounted[1] > 1 else ''}: the ε it "
+        "states is not the unit's"
+    ]
+
+
 def check_consistency(
     fields: DPFields,
     state: Mapping[str, Any],
@@ -94,6 +112,7 @@ def check_consistency(
         problems.append(
             f"`accountant` is {fields.accountant!r} in the DPSGD state but {fields.ledger_accountant!r} in its ledger"
         )
+    problems += _unit_problems(fields, state)
     steps = fields.steps
     if global_step is not None and steps < global_step:
         problems.append(

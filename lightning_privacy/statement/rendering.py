@@ -143,6 +143,8 @@ def guarantee_rows(data: dict) -> List[Row]:
         ("membership advantage", up(g["advantage"]), "1 − β*: bound on any attacker's TPR − FPR"),
     ]
     for relation_key in (g["bayes_security_relation"], *[r for r in RELATIONS if r != g["bayes_security_relation"]]):
+        if relation_key not in g["tpr_bounds"]:  # (a ledger of groups: add/remove only)
+            continue
         for fpr in FPRS:
             rows.append(
                 (
@@ -151,10 +153,11 @@ def guarantee_rows(data: dict) -> List[Row]:
                     f"largest share of members any attack finds while flagging {fpr:.1%} of non-members",
                 )
             )
+    closed = g["bayes_security_closed_form"]
     rows.append(
         (
             "β*_MIA closed form",
-            f"{g['bayes_security_closed_form']:.4f}",
+            "—" if closed is None or math.isnan(closed) else f"{closed:.4f}",
             "approximate (Cor. 7), for comparison; can overstate security",
         )
     )

@@ -326,3 +326,38 @@ def test_the_monitor_and_the_stopper_read_the_person_s_ledger():
     row = DPSGD(noise_multiplier=2.0, sample_rate=0.25)  # the same steps for a row: far less ε
     row.ledger.step(noise_multiplier=2.0, sample_rate=0.25, steps=dpsgd.steps)
     assert row.epsilon() < dpsgd.epsilon() / 2
+
+
+def test_the_statement_states_the_person_and_refuses_a_ledger_of_another_unit(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_privacy.checkpoints import dpsgd_state_digest
+    from lightning_privacy.statement import privacy_statement
+
+    data, ids = _rows(), _ids()
+    dpsgd = DPSGD(noise_multiplier=2.0, privacy_unit="user", user_ids=ids, max_examples_per_user=4,
+                  user_sampling=False, sample_rate=0.25, sampling_seed=0)  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=6, callbacks=[dpsgd, ModelCheckpoint(dirpath=tmp_path, filename="final")], logger=False,
+        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(MLP().double(), DataLoader(data, batch_size=16))
+    statement = privacy_statement(tmp_path / "final.ckpt")
+    assert statement.consistency["status"] == "consistent"
+    assert statement.epsilon == pytest.approx(dpsgd.epsilon(), rel=1e-9)
+    text = statement.to_markdown()
+    assert (
+        "| privacy unit | person, at most 4 rows | every ε, β\\* and bound is for adding or removing one person" in text
+    )
+    checkpoint = torch.load(tmp_path / "final.ckpt", map_location="cpu", weights_only=True)
+    state = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("DPSGD"))
+    state["ledger"].pop("group_size")  # a ledger of rows under a statement of people (digest recomputed: no accident)
+    state["digest"] = dpsgd_state_digest(state)
+    torch.save(checkpoint, tmp_path / "edited.ckpt")
+    edited = privacy_statement(tmp_path / "edited.ckpt")
+    assert edited.consistency["status"] == "inconsistent"
+    assert any(
+        "protects one person of 4 rows" in p and "accounts one person" in p for p in edited.consistency["problems"]
+    )
