@@ -154,27 +154,33 @@ def measure(data, *, epsilon: float, uls: bool, epochs: int, seed: int) -> Dict[
 
 
 # ------------------------------------------------------------------------------------------------ language model
-LM_PEOPLE, LM_LARGEST, LM_RATE, LM_MIX, LM_FRESH = 400, 50, 0.05, 0.5, 4
+LM_PEOPLE, LM_LARGEST, LM_RATE, LM_FAVOURITES, LM_MIX, LM_FRESH, LM_PRETRAIN = 400, 50, 0.05, 100, 0.8, 4, 3000
+LM_LR = 2e-3  # Adam (the language-model benchmark's DP learning rate)
 
 
 class PeopleSequences(torch.utils.data.Dataset):
-    """Each person's sequences from their own perturbation of one Markov chain: at every token, with probability
-    ``LM_MIX`` the next token follows the person's own successor table, else the shared one (both seeded), so a person's
-    sequences share transitions no other person's have. Mappings with ``input_ids`` and ``attention_mask`` (lengths
-    16–32), as the language-model benchmark's."""
+    """Each person's sequences from their own perturbation of one Markov chain: every person has ``LM_FAVOURITES``
+    tokens of their own, after which the next token is, with probability ``mix``, the person's own successor of that
+    token, else the chain's (one of 8, uniform); so a person's sequences share transitions no other person's have.
+    ``mix=0``: the chain alone (the base's pretraining data). Mappings with ``input_ids`` and ``attention_mask``
+    (lengths 16–32), as the language-model benchmark's."""
 
-    def __init__(self, counts: np.ndarray, *, seed: int, vocab: int = 1000, length: int = 32) -> None:
-        g = torch.Generator().manual_seed(0)  # the chain: shared by every person and split
+    def __init__(self, counts: np.ndarray, *, seed: int, mix: float = LM_MIX, vocab: int = 1000, length: int = 32):
+        g = torch.Generator().manual_seed(0)  # the chain and the people: shared by every split
         shared = torch.randint(1, vocab, (vocab, 8), generator=g)
-        own = torch.randint(1, vocab, (len(counts), vocab), generator=g)  # each person's own successor of each token
+        own = torch.randint(1, vocab, (LM_PEOPLE, vocab), generator=g)  # each person's own successor of each token
+        favourite = torch.zeros(LM_PEOPLE, vocab, dtype=torch.bool)
+        for person in range(LM_PEOPLE):
+            favourite[person, torch.randperm(vocab - 1, generator=g)[:LM_FAVOURITES] + 1] = True
         rows = torch.as_tensor(np.repeat(np.arange(len(counts)), counts))
         g = torch.Generator().manual_seed(seed)  # the sequences
         ids = torch.empty(len(rows), length, dtype=torch.long)
         ids[:, 0] = torch.randint(1, vocab, (len(rows),), generator=g)
         for t in range(1, length):
-            common = shared[ids[:, t - 1], torch.randint(0, 8, (len(rows),), generator=g)]
-            mine = own[rows, ids[:, t - 1]]
-            ids[:, t] = torch.where(torch.rand(len(rows), generator=g) < LM_MIX, mine, common)
+            last = ids[:, t - 1]
+            common = shared[last, torch.randint(0, 8, (len(rows),), generator=g)]
+            mine = favourite[rows, last] & (torch.rand(len(rows), generator=g) < mix)
+            ids[:, t] = torch.where(mine, own[rows, last], common)
         lengths = torch.randint(16, length + 1, (len(rows),), generator=g)
         self.attention_mask = (torch.arange(length)[None, :] < lengths[:, None]).long()
         self.input_ids = ids * self.attention_mask
@@ -188,30 +194,47 @@ class PeopleSequences(torch.utils.data.Dataset):
 
 
 def lm_people(seed: int = 0):
-    """The people's sequence counts (1–50, log-uniform), which people train, their training sequences and, for user
-    inference, fresh sequences of every person (Kandpal et al.'s setting: not the trained ones)."""
+    """The people's sequence counts (1–50, log-uniform), which people train, their training sequences, fresh sequences
+    of every person (for user inference, Kandpal et al.'s setting, and the utility), and the base: the tiny GPT-2
+    pretrained without DP on the chain alone (``save_pretrained`` to a temporary folder)."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import dp_lora_language_model as lm
+
     rng = np.random.default_rng(seed)
     counts = np.minimum(LM_LARGEST, np.floor(np.exp(rng.uniform(0, np.log(LM_LARGEST + 1), LM_PEOPLE)))).astype(int)
     members = rng.random(LM_PEOPLE) < 0.5
-    return counts, members, PeopleSequences(counts, seed=1), PeopleSequences(np.full(LM_PEOPLE, LM_FRESH), seed=2)
+    sequences = PeopleSequences(counts, seed=1)
+    fresh = PeopleSequences(np.full(LM_PEOPLE, LM_FRESH), seed=2)
+    folder = tempfile.mkdtemp(prefix="user_level_base_")
+    torch.manual_seed(0)
+    base = lm.CausalLM(lora_rank=0, lr=2e-3)
+    chain = PeopleSequences(np.full(LM_PEOPLE, LM_PRETRAIN // LM_PEOPLE), seed=3, mix=0.0)
+    loader = DataLoader(chain, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pl.Trainer(max_epochs=3, **QUIET.kwargs).fit(base, loader)
+    base.model.save_pretrained(folder)
+    return counts, members, sequences, fresh, folder
 
 
 def lm_measure(data, *, epsilon: float, uls: bool, epochs: int, seed: int) -> Dict[str, float]:
-    """One LoRA fine-tune of the tiny GPT-2 per recipe (and one with canary people): held-out people's loss, user
-    inference on fresh sequences, the canary people's bound."""
+    """One LoRA fine-tune of the pretrained tiny GPT-2 per recipe (and one with canary people): the trained people's
+    loss on fresh sequences of theirs, user inference on those sequences, the canary people's bound."""
     sys.path.insert(0, str(ROOT / "examples"))
     import dp_lora_language_model as lm
 
     from lightning_privacy.functional.base_reference import BaseLossDifferenceSignal
 
-    counts, members, sequences, fresh = data
+    counts, members, sequences, fresh, folder = data
     train = np.flatnonzero(members[sequences.person])
     ids = sequences.person[train].tolist()
     kept = int(np.minimum(counts[members], K).sum())
     out: Dict[str, float] = {}
     for canaries in (False, True):
         torch.manual_seed(seed)
-        model = lm.CausalLM(lora_rank=8, lr=1e-2)
+        model = lm.CausalLM(model_name=folder, lora_rank=8, lr=LM_LR)
         dpsgd = DPSGD(
             target_epsilon=epsilon, epochs=epochs, delta=DELTA, privacy_unit="user", user_ids=ids,
             max_examples_per_user=K, user_sampling=uls, sample_rate=LM_RATE,
@@ -230,16 +253,15 @@ def lm_measure(data, *, epsilon: float, uls: bool, epochs: int, seed: int) -> Di
             out["canary"] = float(audit.result.epsilon_lower)
             out["person_contradicted"] = float(audit.result.verdict == "contradicted")
             continue
-        held = np.flatnonzero(~members[sequences.person])
-        out["loss"] = lm.mean_loss(model, DataLoader(torch.utils.data.Subset(sequences, held), batch_size=256))
         fresh_members = np.flatnonzero(members[fresh.person])
         fresh_others = np.flatnonzero(~members[fresh.person])
+        member_loader = DataLoader(torch.utils.data.Subset(fresh, fresh_members), batch_size=256)
+        out["loss"] = lm.mean_loss(model, member_loader)
         ui = audit_membership(
-            model, DataLoader(torch.utils.data.Subset(fresh, fresh_members), batch_size=256),
-            DataLoader(torch.utils.data.Subset(fresh, fresh_others), batch_size=256), attack="loss",
-            signal_fn=BaseLossDifferenceSignal(), user_ids=(fresh.person[fresh_members].tolist(),
-                                                             fresh.person[fresh_others].tolist()),
-            warn=False, delta=DELTA,
+            model, member_loader, DataLoader(torch.utils.data.Subset(fresh, fresh_others), batch_size=256),
+            attack="loss", signal_fn=BaseLossDifferenceSignal(),
+            user_ids=(fresh.person[fresh_members].tolist(), fresh.person[fresh_others].tolist()), warn=False,
+            delta=DELTA,
         )  # fmt: skip
         out.update(
             sigma=float(dpsgd.noise_multiplier), auc=float(ui.auc), tpr=float(ui.tpr[1].tpr),
@@ -337,13 +359,15 @@ def lm_table(args: Any) -> List[str]:
         "",
         f"{LM_PEOPLE} people, each with 1–{LM_LARGEST} sequences (log-uniform; {int(counts.sum()):,} in all, "
         f"{int((counts > K).sum())} people above k) from a chain whose next token follows the person's own successor "
-        f"with probability {LM_MIX}; {int(members.sum())} people train. The tiny GPT-2 of the language-model benchmark, "
-        f"LoRA r = 8, q = {LM_RATE}, {args.lm_epochs} epochs. Utility: the held-out people's mean token loss (lower is "
-        f"better). User inference (Kandpal et al. 2023): on {LM_FRESH} fresh sequences of every person, their loss under "
-        "the base (adapters disabled) minus under the fine-tune, averaged per person (`BaseLossDifferenceSignal`, "
-        "`user_ids`).",
+        f"with probability {LM_MIX} after each of the person's {LM_FAVOURITES} own tokens; {int(members.sum())} people "
+        f"train. The tiny GPT-2 of the language-model benchmark pretrained without DP on {LM_PRETRAIN:,} sequences of "
+        f"the chain alone (the base), then LoRA r = 8 with DP-SGD, q = {LM_RATE}, {args.lm_epochs} epochs. Utility: the "
+        f"trained people's mean token loss on {LM_FRESH} fresh sequences each (lower is better; what the fine-tune "
+        "learned of them). User inference (Kandpal et al. 2023): on those fresh sequences of every person, their loss "
+        "under the base (adapters disabled) minus under the fine-tune, averaged per person "
+        "(`BaseLossDifferenceSignal`, `user_ids`).",
         "",
-        HEADER.format(utility="held-out loss"),
+        HEADER.format(utility="trained people's loss"),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for epsilon in EPSILONS:
