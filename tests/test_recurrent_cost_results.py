@@ -44,3 +44,13 @@ def test_functional_mode_runs_each_model_the_way_the_file_says(name):
         warnings.simplefilter("ignore")
         ms, runs = bench.step_ms(name, "functional", bench.WARMUP + 1)
     assert ms is not None and runs == _rows()[name]["functional runs"]
+
+
+def test_the_guide_states_the_loop_s_cost_as_measured():
+    rows = _rows().values()
+    loop = [float(r["loop ÷ plain"].rstrip("×")) for r in rows]
+    vmap = [float(r["functional ÷ plain"].rstrip("×")) for r in rows if r["functional runs"] == "vmap"]
+    guide = Path(__file__).resolve().parents[1] / "docs" / "guides" / "dpsgd.md"
+    text = " ".join(guide.read_text(encoding="utf-8").split())
+    stated = f"{round(min(loop))}–{round(max(loop))}× the plain step here, against {round(min(vmap))}–{round(max(vmap))}× for vmap"
+    assert stated in text, stated
