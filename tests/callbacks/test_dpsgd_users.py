@@ -30,6 +30,7 @@ from tests.callbacks.test_dpsgd_functional import TiedLM
 
 dp_pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
 C = 0.5
+F64 = torch.float64
 N = 64
 
 
@@ -361,3 +362,46 @@ def test_the_statement_states_the_person_and_refuses_a_ledger_of_another_unit(tm
     assert any(
         "protects one person of 4 rows" in p and "accounts one person" in p for p in edited.consistency["problems"]
     )
+
+
+class _Validated(MLP):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self.net(x), y), sync_dist=True)
+
+
+def _ddp_worker(mode):
+    torch.set_num_threads(1)
+    pl.seed_everything(0)  # every rank: the same initial weights
+    data, ids = _rows(), _ids()
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode=mode, sampling_seed=3, privacy_unit="user",
+                  user_ids=ids, max_examples_per_user=4, sample_rate=0.3)  # fmt: skip
+    seen = FirstSteps(dpsgd)
+    model = _Validated().double()
+    trainer = pl.Trainer(
+        max_steps=2, callbacks=[dpsgd, seen], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", strategy="ddp", devices=2, use_distributed_sampler=False,
+        limit_val_batches=1,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(model, DataLoader(data, batch_size=16), DataLoader(data, batch_size=16))
+    return [
+        {"state": {k: v.tolist() for k, v in state.items()}, "rows": rows, "sums": [s.tolist() for s in sums]}
+        for state, rows, sums in seen.records
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["hooks", "functional"])
+def test_under_ddp_the_ranks_split_people_and_their_sums_are_the_loop_over_the_step_s_people(tmp_path, mode):
+    from tests._launch import run_ddp
+
+    data, ids = _rows(), _ids()
+    rank0, rank1 = run_ddp("tests.callbacks.test_dpsgd_users:_ddp_worker", tmp_path / "ddp", mode=mode)
+    for a, b in zip(rank0, rank1):
+        assert not {ids[r] for r in a["rows"]} & {ids[r] for r in b["rows"]}  # a person on one rank only
+        state = {k: torch.tensor(v, dtype=torch.float64) for k, v in a["state"].items()}
+        expected, _ = loop_over_people(MLP, state, a["rows"] + b["rows"], data, ids, "sum", _mlp_loss)
+        total = [torch.tensor(x, dtype=F64) + torch.tensor(y, dtype=F64) for x, y in zip(a["sums"], b["sums"])]
+        assert max(float((s - e).abs().max()) for s, e in zip(total, expected)) < 1e-10
