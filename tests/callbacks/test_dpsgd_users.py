@@ -149,6 +149,33 @@ def test_each_person_is_clipped_as_a_whole_exactly_on_a_tied_language_model(mode
         assert max(float((s - e).abs().max()) for s, e in zip(sums, expected)) < 1e-10 * scale
 
 
+def test_each_person_is_clipped_as_a_whole_exactly_on_a_stock_hugging_face_gpt2():
+    """The stock tied-head GPT-2 (``tests/callbacks/_stock_models.py``: Hugging Face's own ``.loss``) under the
+    default auto mode, which trains it in functional mode."""
+    pytest.importorskip("transformers")
+    from tests.callbacks._stock_models import GPT2, _tokens
+
+    data, ids = _tokens(N), _ids(3, people=10)
+    torch.manual_seed(0)
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, sampling_seed=1, privacy_unit="user", user_ids=ids,
+                  max_examples_per_user=3, sample_rate=0.3)  # fmt: skip
+    seen = FirstSteps(dpsgd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([dpsgd, seen], 2).fit(GPT2().double(), DataLoader(data, batch_size=16))
+    assert dpsgd.grad_sample_mode == "functional"
+
+    def loss(twin, row):
+        tokens, label = row
+        return twin.training_step((tokens[None], label[None]), 0)
+
+    for state, rows, sums in seen.records:
+        expected, people = loop_over_people(GPT2, state, rows, data, ids, "sum", loss)
+        assert any(len(own) > 1 for own in people.values())
+        scale = max(float(e.abs().max()) for e in expected)
+        assert max(float((s - e).abs().max()) for s, e in zip(sums, expected)) < 1e-9 * scale
+
+
 def test_user_level_sampling_takes_all_or_none_of_a_person_s_kept_rows_and_ranks_split_people():
     ids = _ids(4, people=9)
     people = People(ids, max_examples_per_user=3, seed=11)
