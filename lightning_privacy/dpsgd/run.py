@@ -54,18 +54,12 @@ class DPSGDRun:
         row of a sampled person moves their clipped gradient by up to 2C, so the history's PLD at sensitivity 2 — a
         row can be *less* protected than its person. A certified upper bound (the pessimistic PLD), 0 before a step.
         """
-        from lightning_privacy.analysis.composition import ComposedPLD
+        from lightning_privacy.dpsgd.users import row_epsilon
 
         delta = self.delta if delta is None else delta
-        unit = getattr(self, "privacy_unit", "example")
-        history = [(s, p, t) for s, p, t in self.ledger.history if t > 0]
-        if unit == "example" or not history:
-            return self.ledger.epsilon(delta) if unit == "example" else 0.0
-        sensitivity = 2.0 if self.user_sampling else 1.0  # type: ignore[attr-defined]
-        pld = ComposedPLD(relation="add_remove")
-        for sigma, rate, steps in history:  # (sensitivity 2C under noise σC: the Gaussian of sensitivity C, σ/2)
-            pld.compose(sample_rate=rate, noise_multiplier=sigma / sensitivity, steps=steps)
-        return float(pld.epsilon_uncapped(delta))
+        if getattr(self, "privacy_unit", "example") == "example":
+            return self.ledger.epsilon(delta)
+        return row_epsilon(self.ledger.history, user_sampling=self.user_sampling, delta=delta)  # type: ignore[attr-defined]
 
 
 def find_dpsgd(trainer: pl.Trainer) -> Optional[Any]:

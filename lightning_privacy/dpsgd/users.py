@@ -212,3 +212,25 @@ def report_rows(dp: Any) -> List[Tuple[str, str, str]]:
                else "one row's Poisson-sampled Gaussian"),
         ))  # fmt: skip
     return rows
+
+
+def row_epsilon(history: Sequence[Tuple[float, float, int]], *, user_sampling: bool, delta: float) -> float:
+    """A person-level run's ε for one *row* (add/remove) from its ledger's ``history`` of (σ, q, steps): under
+    example-level sampling a row's own Poisson-subsampled Gaussian (one of the person's k rows); under user-level
+    sampling the Gaussian of sensitivity 2C (a row of a sampled person moves their clipped gradient by up to 2C: σ/2
+    at sensitivity C). A certified upper bound (the pessimistic PLD); 0 before a step.
+
+    Example::
+
+        >>> round(row_epsilon([(2.0, 0.1, 300)], user_sampling=False, delta=1e-5), 3)  # a row-level run's ε
+        4.183
+    """
+    from lightning_privacy.analysis.composition import ComposedPLD
+
+    steps = [(s, q, t) for s, q, t in history if t > 0]
+    if not steps:
+        return 0.0
+    pld = ComposedPLD(relation="add_remove")
+    for sigma, rate, count in steps:
+        pld.compose(sample_rate=rate, noise_multiplier=sigma / (2.0 if user_sampling else 1.0), steps=count)
+    return float(pld.epsilon_uncapped(delta))

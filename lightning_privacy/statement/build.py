@@ -275,4 +275,10 @@ def _dp_sgd(
         "tpr_bounds": bounds,
         "bayes_security_closed_form": float(ledger.bayes_security_closed_form()),
     }
+    unit = fields.privacy_unit or {}
+    if unit.get("unit") == "user":  # a person's ε, and beside it the same run's ε for one row
+        from lightning_privacy.dpsgd.users import row_epsilon
+
+        record = row_epsilon(ledger.history, user_sampling=bool(unit.get("user_sampling")), delta=float(delta))
+        guarantee["row_epsilon"] = _finite(record)
     return mechanism, guarantee, notes, consistency, ledger

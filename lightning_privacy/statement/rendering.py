@@ -134,6 +134,18 @@ def guarantee_rows(data: dict) -> List[Row]:
             "no finite ε" if eps is None else up(eps),
             f"(ε, δ)-DP, {RELATION_LABELS['add_remove']}: {accountant_label(m['accountant'])}",
         ),
+        *(
+            [
+                (
+                    f"ε of one row at δ = {g['delta']:g}",
+                    up(g["row_epsilon"]),
+                    "the same run's guarantee for adding or "
+                    "removing one row, not a person (under user-level sampling a row moves its person's gradient by up to 2C)",
+                )
+            ]
+            if g.get("row_epsilon") is not None
+            else []
+        ),  # fmt: skip
         (
             "β*_MIA",
             down(beta),

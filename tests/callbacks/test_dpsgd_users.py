@@ -379,6 +379,8 @@ def test_the_statement_states_the_person_and_refuses_a_ledger_of_another_unit(tm
     assert (
         "| privacy unit | person, at most 4 rows | every ε, β\\* and bound is for adding or removing one person" in text
     )
+    assert statement.to_dict()["guarantee"]["row_epsilon"] == pytest.approx(dpsgd.record_epsilon(), rel=1e-9)
+    assert "| ε of one row at δ = 1e-05 |" in text and dpsgd.record_epsilon() < dpsgd.epsilon()
     checkpoint = torch.load(tmp_path / "final.ckpt", map_location="cpu", weights_only=True)
     state = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("DPSGD"))
     state["ledger"].pop("group_size")  # a ledger of rows under a statement of people (digest recomputed: no accident)
