@@ -434,3 +434,33 @@ def test_under_ddp_the_ranks_split_people_and_their_sums_are_the_loop_over_the_s
         expected, _ = loop_over_people(MLP, state, a["rows"] + b["rows"], data, ids, "sum", _mlp_loss)
         total = [torch.tensor(x, dtype=F64) + torch.tensor(y, dtype=F64) for x, y in zip(a["sums"], b["sums"])]
         assert max(float((s - e).abs().max()) for s, e in zip(total, expected)) < 1e-10
+
+
+def test_user_level_sampling_where_only_ghost_clipping_runs_fsdp2_is_refused_in_a_sentence():
+    from lightning_privacy.dpsgd import install
+
+    dpsgd = DPSGD(noise_multiplier=1.0, privacy_unit="user", user_ids=["a"], max_examples_per_user=2)
+    dpsgd.grad_sample_mode = "ghost"  # (what FSDP2's strategy resolves every mode to)
+    with pytest.raises(
+        MisconfigurationException, match=r"ghost mode here \(the strategy's only mode\).*user_sampling=False"
+    ):
+        install._units_of_batch(dpsgd, None, None)
+    els = DPSGD(noise_multiplier=1.0, privacy_unit="user", user_ids=["a"], max_examples_per_user=2, user_sampling=False)
+    els.grad_sample_mode = "ghost"
+    assert install._units_of_batch(els, None, None) is None  # rows clipped one by one: ghost clips them
+
+
+def test_example_level_sampling_runs_in_ghost_mode_each_kept_row_clipped():
+    data, ids = _rows(), _ids()
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=C, grad_sample_mode="ghost", sampling_seed=3, privacy_unit="user",
+                  user_ids=ids, max_examples_per_user=2, user_sampling=False, sample_rate=0.3)  # fmt: skip
+    seen = FirstSteps(dpsgd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([dpsgd, seen], 3).fit(MLP().double(), DataLoader(data, batch_size=16))
+    kept = set(dpsgd.people.kept_rows(np.arange(dpsgd.people.num_kept)).tolist())
+    for state, rows, sums in seen.records:
+        assert set(rows) <= kept
+        row_ids = [f"row{r}" for r in range(N)]  # each row its own "person": per-example clipping
+        expected, _ = loop_over_people(MLP, state, rows, data, row_ids, "sum", _mlp_loss)
+        assert max(float((s - e).abs().max()) for s, e in zip(sums, expected)) < 1e-10
