@@ -70,7 +70,7 @@ def households(seed: int = 0):
     count = int(np.searchsorted(np.cumsum(sizes), len(y))) + 1  # households until every row has one
     person = np.repeat(np.arange(count), sizes[:count])[: len(y)]
     x, y = x[order], y[order]
-    members = rng.random(len(sizes)) < 0.5
+    members = (rng.random(len(sizes)) < 0.5)[:count]  # (one draw per household: the first `count` are used)
     return x, y, person, members
 
 
