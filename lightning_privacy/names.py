@@ -22,6 +22,7 @@ DP_SAMPLING_SEED = "dp/sampling_seed"  # the Poisson masks' seed: secret / fixed
 DP_NOISE_SEED = "dp/noise_seed"  # the noise's seed: secret / fixed / secure (never the seed itself)
 DP_EXPECTED_BATCH_SIZE = "dp/expected_batch_size"  # the public constant the noised clipped sum is divided by
 DP_SAMPLE_RATE_SOURCE = "dp/sample_rate_source"  # "1/len(train loader)" or "argument" (what q makes public)
+DP_CLIPPING = "dp/clipping"  # "fixed" (clip to C) or "automatic" (each gradient × 1/(‖g‖ + γ))
 DP_PRIVACY_UNIT = "dp/privacy_unit"  # "example" (a row) or "person" (DPSGD(privacy_unit="user")): whose ε it is
 DP_MAX_EXAMPLES_PER_USER = "dp/max_examples_per_user"  # k, the most rows of one person a step can see (person only)
 DP_USER_SAMPLING = "dp/user_sampling"  # "people" (ULS) or "rows" (ELS, accounted for groups of k) (person only)
@@ -192,6 +193,7 @@ KEY_DOCS = {
         SETTING,
     ),
     DP_SAMPLE_RATE_SOURCE: ("where p came from: the argument, or 1/len(train loader)", "name", SETTING),
+    DP_CLIPPING: ("the clipping rule: fixed (clip to C) or automatic (1/(‖g‖ + γ), sensitivity 1)", "name", SETTING),
     DP_PRIVACY_UNIT: ("whose privacy every ε, β* and bound is: one example (row) or one person", "name", SETTING),
     DP_MAX_EXAMPLES_PER_USER: ("k: a person's rows beyond it are left out (person-level runs)", "rows", SETTING),
     DP_USER_SAMPLING: ("what a step samples: people (each clipped whole) or rows (person-level runs)", "name", SETTING),

@@ -233,6 +233,7 @@ def test_json_round_trip(fitted):
         "grad_sample_mode",
         "grad_sample_mode_switch",
         "privacy_unit",
+        "clipping",
         "loss_reduction",
         "strategy",
         "world_size",

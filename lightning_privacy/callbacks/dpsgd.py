@@ -50,7 +50,7 @@ class DPSGD(Callback, DPSGDRun):
 
     Args:
         noise_multiplier: σ, the noise standard deviation relative to ``max_grad_norm``.
-        max_grad_norm: C, the per-sample clipping norm.
+        max_grad_norm: C, the per-sample clipping norm (``None``: 1.0; not with ``clipping="automatic"``).
         target_bayes_security: plan σ for this β*_MIA after ``epochs`` epochs (instead of σ).
         target_epsilon: plan σ for this ε at ``delta`` after ``epochs`` epochs (instead of σ), by ``accountant``.
         epochs: training length the plan is for (required with ``target_bayes_security`` or ``target_epsilon``).
@@ -106,6 +106,9 @@ class DPSGD(Callback, DPSGDRun):
         max_examples_per_user: k: a person's rows beyond k are left out (a secret choice fixed before training).
         user_sampling: sample people, each clipped whole (ULS), or rows (ELS: accounted for groups of k rows).
         user_reduction: ``"sum"`` or ``"mean"`` of a person's rows' gradients, clipped as one vector (ULS).
+        clipping: ``"fixed"`` (clip to C) or ``"automatic"`` (Bu et al.'s AUTO-S: each gradient × 1/(‖g‖ + γ),
+            sensitivity 1, accounted as C = 1; `dpsgd.clipping`).
+        stability: γ of automatic clipping.
         neighbour_rate: the share of the later steps on which the DP premise itself is tested (besides the first two
             steps): the step's clipped sum over its batch and over the batch without one example, both re-collated by
             the train loader's ``collate_fn``, differ by at most C (:mod:`lightning_privacy.dpsgd.neighbours`).
@@ -152,7 +155,7 @@ class DPSGD(Callback, DPSGDRun):
         self,
         *,
         noise_multiplier: Optional[float] = None,
-        max_grad_norm: float = 1.0,
+        max_grad_norm: Optional[float] = None,
         target_bayes_security: Optional[float] = None,
         target_epsilon: Optional[float] = None,
         epochs: Optional[int] = None,
@@ -177,6 +180,8 @@ class DPSGD(Callback, DPSGDRun):
         max_examples_per_user: Optional[int] = None,
         user_sampling: bool = True,
         user_reduction: str = "sum",
+        clipping: str = "fixed",
+        stability: float = 0.01,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)

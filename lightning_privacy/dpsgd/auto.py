@@ -117,6 +117,7 @@ class AutoSwitch:
         chunk_size = getattr(self.dp, "functional_chunk_size", None)
         engine = FunctionalClipping(module, max_grad_norm=self.dp.max_grad_norm, chunk_size=chunk_size)
         engine.units = getattr(self.dp, "_units_of_batch", None)  # (user-level sampling: one clip per person)
+        engine.rule = getattr(self.dp, "clipping", None)  # (the clipping rule: fixed or automatic)
         return engine
 
     def switch(self, reason: str) -> Switched:

@@ -95,10 +95,13 @@ def odd_batch_message(sizes: Dict[str, int], what: str = "gradients") -> str:
     )
 
 
-def check_clipping(params: Sequence[torch.Tensor], param_names: Dict[int, str], *, max_grad_norm: float) -> None:
-    """``p.summed_grad`` is the sum of the per-sample gradients clipped to ``max_grad_norm`` (before any noise)."""
+def check_clipping(
+    params: Sequence[torch.Tensor], param_names: Dict[int, str], *, max_grad_norm: float, rule: Any = None
+) -> None:
+    """``p.summed_grad`` is the sum of the per-sample gradients clipped to ``max_grad_norm`` (before any noise), or
+    scaled by another clipping ``rule``'s factors (:mod:`~lightning_privacy.dpsgd.clipping`)."""
     norms = per_sample_norms(params)
-    factors = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    factors = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0) if rule is None else rule.factors(norms, max_grad_norm)
     for param in params:
         name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
         summed = param.summed_grad.to(torch.float64)

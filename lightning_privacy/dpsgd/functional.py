@@ -62,7 +62,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from lightning_privacy import _compat
-from lightning_privacy.dpsgd import recurrent
+from lightning_privacy.dpsgd import clipping, recurrent
 
 __all__ = [
     "Examples",
@@ -89,15 +89,16 @@ FUNCTIONAL_REFERENCE = (
 _MODE = "DPSGD(grad_sample_mode='functional')"
 
 
-def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
-    """Opacus' per-example clipping factors ``min(1, C / (‖gᵢ‖ + 1e-6))``.
+def clip_factors(norms: torch.Tensor, max_grad_norm: float, rule: Any = None) -> torch.Tensor:
+    """The per-example factors of the clipping ``rule`` (:mod:`~lightning_privacy.dpsgd.clipping`; ``None``: Opacus'
+    ``min(1, C / (‖gᵢ‖ + 1e-6))``).
 
     Example::
 
         >>> clip_factors(torch.tensor([0.5, 4.0]), 1.0).tolist()
         [1.0, 0.25]
     """
-    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+    return (rule or clipping.ClippingRule()).factors(norms, max_grad_norm)
 
 
 def example_loss(out: Any) -> torch.Tensor:
@@ -336,6 +337,7 @@ class FunctionalClipping:
         self.loop = False  # the examples one at a time by autograd even where vmap runs (exact both ways)
         #: user-level sampling: the step's (person of each row, rows per person, reduction), or ``None`` (per example)
         self.units: Optional[Callable[[], Any]] = None
+        self.rule: Optional[clipping.ClippingRule] = None  # the clipping rule (None: fixed at max_grad_norm)
         #: which leaves of a batch hold one row per example (the train loader's collate on one and two examples,
         #: :func:`~lightning_privacy.dpsgd.sampling.example_leaves`); ``None``: inferred from the leaves' sizes
         self.per_example: Optional[Tuple[bool, ...]] = None
@@ -374,7 +376,7 @@ class FunctionalClipping:
         for grads, loss, chunk_how in self._per_example(batch, step):
             how = chunk_how
             norm = _norms(grads)
-            factors = clip_factors(norm, self.max_grad_norm)
+            factors = clip_factors(norm, self.max_grad_norm, self.rule)
             for total, g in zip(sums, grads):
                 total.add_(torch.einsum("i,i...->...", factors.to(g.dtype), g))
             norms.append(norm)
@@ -403,7 +405,7 @@ class FunctionalClipping:
         if reduction == "mean":
             people = [g / counts.to(g.device, g.dtype).reshape(-1, *[1] * (g.dim() - 1)) for g in people]
         norm = _norms(people)
-        factors = clip_factors(norm, self.max_grad_norm)
+        factors = clip_factors(norm, self.max_grad_norm, self.rule)
         sums = [torch.einsum("i,i...->...", factors.to(g.dtype), g) for g in people]
         empty = torch.zeros(0, dtype=torch.float64, device=norm.device)
         return ClippedSum(sums, norm, torch.cat(losses) if losses else empty, how)

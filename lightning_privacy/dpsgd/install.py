@@ -210,8 +210,18 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp_optimizer.check_before_noise = dp._checks.before_noise
     dp._units_of_batch = _units_of_batch(dp, trainer, pl_module)  # (user-level sampling: one clip per person)
     dp_optimizer.units_of_batch = dp._units_of_batch
+    rule = getattr(dp, "clipping", None)
+    if rule is not None and rule.automatic and dp.grad_sample_mode == "ghost":
+        raise MisconfigurationException(
+            "DPSGD(clipping='automatic') runs in ghost mode here (the strategy's only mode), whose second backward pass "
+            "applies Opacus' min(1, C/‖g‖) factors; use a strategy where hooks or functional mode runs, or "
+            "clipping='fixed'."
+        )
+    dp_optimizer.clipping_rule = rule
     if dp._backward.engine is not None:
-        dp._backward.engine.units = dp._units_of_batch
+        dp._backward.engine.units, dp._backward.engine.rule = dp._units_of_batch, rule
+    if getattr(dp._backward, "neighbours", None) is not None:  # (the premise checked for the rule trained with)
+        dp._backward.neighbours.engine.rule = rule
 
 
 def _units_of_batch(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:

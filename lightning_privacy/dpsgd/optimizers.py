@@ -61,6 +61,8 @@ class _ClipInParameterPrecision:
     #: user-level DP with user-level sampling: the step's (person of each row, rows per person, reduction), read at
     #: every clip; each person's per-example gradients are then summed (or averaged) into one before the norm
     units_of_batch: Optional[Callable[[], Any]] = None
+    #: the clipping rule (:mod:`lightning_privacy.dpsgd.clipping`); ``None`` or fixed: Opacus' own clipping
+    clipping_rule: Any = None
 
     def clip_and_accumulate(self) -> None:
         for p in self.params:
@@ -75,7 +77,24 @@ class _ClipInParameterPrecision:
             for p in self.params:
                 if getattr(p, "grad_sample", None) is not None:
                     p.grad_sample = users.fold(self._get_flat_grad_sample(p), index, counts, reduction)
-        super().clip_and_accumulate()
+        rule = self.clipping_rule
+        if rule is None or not rule.automatic:
+            super().clip_and_accumulate()
+            return
+        # another rule's factors (dpsgd.clipping), applied as Opacus applies its own: Σᵢ factorᵢ·gᵢ into summed_grad
+        samples = [self._get_flat_grad_sample(p).to(p.dtype) for p in self.params]
+        rows = len(samples[0]) if samples else 0
+        norms = (
+            torch.stack([g.reshape(rows, -1).norm(2, dim=-1) for g in samples], dim=1).norm(2, dim=1)
+            if rows
+            else torch.zeros(0, device=samples[0].device if samples else None)
+        )
+        factors = rule.factors(norms, self.max_grad_norm)
+        for p, sample in zip(self.params, samples):
+            _check_processed_flag(p.grad_sample)
+            grad = torch.einsum("i,i...", factors.to(sample.device, sample.dtype), sample)
+            p.summed_grad = grad if p.summed_grad is None else p.summed_grad + grad
+            _mark_as_processed(p.grad_sample)
 
 
 class _SecretNoise:

@@ -108,7 +108,8 @@ class SelfChecks:
 
     def _clipping(self, optimizer: Any) -> None:
         if self.grad_sample_mode == "hooks":
-            checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=self.max_grad_norm)
+            rule = getattr(optimizer, "clipping_rule", None)
+            checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=self.max_grad_norm, rule=rule)
             return
         # ghost mode: no per-sample gradients (the norms were checked in the backward); the sum's bound
         batch = self.backward.last_norms.numel() if self.backward.last_norms is not None else 0

@@ -17,6 +17,7 @@ from opacus.validators import ModuleValidator
 from lightning_privacy import names
 from lightning_privacy._validation import check_bool, check_choice, check_int, check_open_unit, check_positive
 from lightning_privacy.dpsgd import users
+from lightning_privacy.dpsgd.clipping import AUTOMATIC, RULES, ClippingRule
 from lightning_privacy.dpsgd.modules import (
     fix_modules_in_place,
     fixed_modules_record,
@@ -112,6 +113,8 @@ def set_arguments(
     max_examples_per_user: Any = None,
     user_sampling: Any = True,
     user_reduction: Any = "sum",
+    clipping: Any = "fixed",
+    stability: Any = 0.01,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -120,7 +123,8 @@ def set_arguments(
     accountant = DEFAULT_ACCOUNTANT if accountant is None else accountant
     check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
     bad = MisconfigurationException
-    dp.max_grad_norm = positive("max_grad_norm", max_grad_norm)
+    dp.clipping = clipping_rule(clipping, stability, max_grad_norm, grad_sample_mode)
+    dp.max_grad_norm = positive("max_grad_norm", 1.0 if max_grad_norm is None else max_grad_norm)
     dp.grad_sample_mode = grad_sample_mode  # (each fit resolves "auto": dpsgd.strategies.resolve_grad_sample_mode)
     dp.grad_sample_mode_argument = grad_sample_mode
     dp.grad_sample_mode_switch = None  # auto's switch to functional mode (dpsgd.auto.Switched), saved
@@ -155,6 +159,32 @@ def set_arguments(
     dp.sample_rate_argument = None if sample_rate is None else float(sample_rate)
     dp.expected_batch_size_argument = check_positive("expected_batch_size", expected_batch_size, exc=bad, optional=True)
     set_unit(dp, privacy_unit, user_ids, max_examples_per_user, user_sampling, user_reduction)
+
+
+def clipping_rule(rule: Any, stability: Any, max_grad_norm: Any, mode: Any) -> ClippingRule:
+    """The clipping rule from DPSGD's arguments (:mod:`lightning_privacy.dpsgd.clipping`), each bad combination in
+    one sentence naming the argument and the fix."""
+    bad = MisconfigurationException
+    if rule not in RULES:
+        raise bad(
+            f"DPSGD(clipping={rule!r}): 'fixed' (the default: clip each gradient to max_grad_norm) or 'automatic' "
+            "(scale each by 1/(‖g‖ + stability): no clipping norm to tune)."
+        )
+    if rule != AUTOMATIC:
+        return ClippingRule()
+    if max_grad_norm is not None:
+        raise bad(
+            f"DPSGD(clipping='automatic', max_grad_norm={max_grad_norm!r}): automatic clipping scales every gradient "
+            "to a norm below 1 and has no clipping norm; drop max_grad_norm (the learning rate takes its place)."
+        )
+    if isinstance(stability, bool) or not isinstance(stability, numbers.Real) or not stability > 0:
+        raise bad(f"DPSGD(stability={stability!r}): automatic clipping's γ in 1/(‖g‖ + γ) must be a number > 0.")
+    if mode == "ghost":
+        raise bad(
+            "DPSGD(clipping='automatic', grad_sample_mode='ghost'): ghost clipping's second backward pass applies "
+            "Opacus' min(1, C/‖g‖) factors; use grad_sample_mode='auto' (the default), 'hooks' or 'functional'."
+        )
+    return ClippingRule(AUTOMATIC, float(stability))
 
 
 def set_unit(dp: Any, unit: Any, user_ids: Any, k: Any, user_sampling: Any, user_reduction: Any) -> None:
@@ -260,6 +290,7 @@ def privacy_settings(dp: Any) -> Dict[str, Any]:
         names.DP_EXPECTED_BATCH_SIZE: dp.expected_batch_size,
         names.DP_SAMPLE_RATE_SOURCE: sample_rate_source(dp),
         names.DP_PRIVACY_UNIT: "person" if getattr(dp, "privacy_unit", "example") == "user" else "example",
+        names.DP_CLIPPING: getattr(getattr(dp, "clipping", None), "rule", "fixed"),
     }
     if settings[names.DP_PRIVACY_UNIT] == "person":
         if dp.max_examples_per_user is not None:

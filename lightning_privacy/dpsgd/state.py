@@ -33,6 +33,12 @@ def state_key_fields(dp: Any) -> Dict[str, Any]:
     return keys
 
 
+def clipping_record(dp: Any) -> Dict[str, Any]:
+    """``dp``'s clipping rule as plain values (``{"rule": "fixed"}`` for a DPSGD from before the rules)."""
+    rule = getattr(dp, "clipping", None)
+    return {"rule": "fixed"} if rule is None else rule.record()
+
+
 def unit_record(dp: Any) -> Dict[str, Any]:
     """The privacy unit of ``dp`` (``None``: the row, as every checkpoint before user-level DP) as plain values."""
     if dp is None or getattr(dp, "privacy_unit", "example") == "example":
@@ -79,6 +85,8 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         "world_size": dp.world_size,
         # the privacy unit (lightning_privacy.dpsgd.users): a resume must protect the same unit with the same bound
         "privacy_unit": unit_record(dp),
+        # the clipping rule (lightning_privacy.dpsgd.clipping): a resume must clip as the run did
+        "clipping": clipping_record(dp),
     }
     state["digest"] = dpsgd_state_digest(state)  # the statement recomputes it: an edit after saving shows
     return state
@@ -113,6 +121,11 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
             f"checkpoint trained with privacy unit {saved_unit}, this DPSGD has {own_unit}: a run's unit, bound and "
             "sampling cannot change on resume (its ledger accounts one of them); resume with the checkpoint's "
             "DPSGD(privacy_unit=..., max_examples_per_user=..., user_sampling=...)."
+        )
+    if (state_dict.get("clipping") or {"rule": "fixed"}) != clipping_record(dp):
+        raise RuntimeError(
+            f"checkpoint trained with clipping {state_dict.get('clipping') or {'rule': 'fixed'}}, this DPSGD has "
+            f"{clipping_record(dp)}: resume with the checkpoint's DPSGD(clipping=..., stability=...)."
         )
     if state_dict["max_grad_norm"] != dp.max_grad_norm:
         raise RuntimeError(

@@ -164,6 +164,7 @@ class DPFields:
     grad_sample_mode: Optional[str] = None
     grad_sample_mode_switch: Optional[Dict[str, Any]] = None  # auto's switch to functional mode: step, reason
     privacy_unit: Optional[Dict[str, Any]] = None  # {"unit": "example"} or a person's: k, sampling, reduction
+    clipping: Optional[Dict[str, Any]] = None  # the clipping rule: {"rule": "fixed"} or {"rule": "automatic", ...}
     loss_reduction: Optional[str] = None
     strategy: Optional[str] = None
     world_size: Optional[int] = None
@@ -215,6 +216,7 @@ def dpsgd_fields(state: Mapping[str, Any]) -> DPFields:
         grad_sample_mode=text("grad_sample_mode", state.get("grad_sample_mode")),
         grad_sample_mode_switch=_switch(state.get("grad_sample_mode_switch")),
         privacy_unit=_unit(state.get("privacy_unit")),
+        clipping=_clipping(state.get("clipping")),
         loss_reduction=text("loss_reduction", state.get("loss_reduction")),
         strategy=text("strategy", state.get("strategy")),
         world_size=whole("world_size", state.get("world_size"), minimum=1),
@@ -231,6 +233,17 @@ def _switch(value: Any) -> Optional[Dict[str, Any]]:
         raise _bad("grad_sample_mode_switch", value, "a dict with 'step', 'reason' and 'from'")
     whole("grad_sample_mode_switch.step", value.get("step"), optional=False)
     return dict(plain("grad_sample_mode_switch", value))
+
+
+def _clipping(value: Any) -> Optional[Dict[str, Any]]:
+    """The clipping rule record (``None``: not recorded, fixed)."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or value.get("rule") not in ("fixed", "automatic"):
+        raise _bad("clipping", value, "a dict with 'rule' 'fixed' or 'automatic'")
+    if value["rule"] == "automatic":
+        number("clipping.stability", value.get("stability"))
+    return dict(plain("clipping", value))
 
 
 def _unit(value: Any) -> Optional[Dict[str, Any]]:

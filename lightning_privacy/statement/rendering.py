@@ -92,6 +92,18 @@ def mechanism_rows(data: dict) -> List[Row]:
             "rows the Poisson sampling drew from",
         ),
         ("privacy unit", *_unit_row(m.get("privacy_unit") or {"unit": "example"})),
+        *(
+            [
+                (
+                    "clipping",
+                    "automatic",
+                    f"each gradient scaled by 1/(‖g‖ + {m['clipping'].get('stability', 0):g}) "
+                    "(Bu et al.'s AUTO-S): norm below 1, accounted as C = 1",
+                )
+            ]
+            if (m.get("clipping") or {}).get("rule") == "automatic"
+            else []
+        ),  # fmt: skip
         ("δ", f"{m['delta']:g}", "δ of the (ε, δ) guarantee"),
         ("accountant", m["accountant"], "the accountant that gives ε (pld: the package's pessimistic PLD)"),
         ("batch sampling", _SEEDS[m["sampling_seed"]], "the Poisson masks' randomness"),
