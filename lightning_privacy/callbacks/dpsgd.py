@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import Callback
 from opacus.optimizers import DPOptimizer
 from typing_extensions import override
 
+from lightning_privacy import names
 from lightning_privacy.callbacks._audit_utils import log_histogram
 from lightning_privacy.callbacks._hparams import write_privacy_hparams
 from lightning_privacy.dpsgd import checks, install, state, strategies
@@ -39,14 +40,10 @@ class DPSGD(Callback, DPSGDRun):
     losses. ``{"loss": losses.mean(), "per_example_loss": losses}`` trains one module unchanged with and without
     DPSGD (a plain ``Trainer`` trains on ``"loss"``, DPSGD on ``"per_example_loss"``).
 
-    The run's privacy state is one :class:`~lightning_privacy.ledger.PrivacyLedger`, whose ε (add/remove, at
-    ``delta``) comes by default from the same pessimistic privacy-loss distribution as β*, the TPR bounds and
-    :class:`~lightning_privacy.claims.Claim`: a certified upper bound. It is saved in ``state_dict``: a resumed run continues it, another ``fit`` of the same module composes with it,
-    a fit of another module starts a new one. On its first steps DPSGD checks that privacy is applied (per-sample
-    gradients, clipping to C, noise σ·C, every step accounted) and raises naming the parameter otherwise. Strategies:
-    one device, DDP with ``use_distributed_sampler=False``, FSDP2 with ghost clipping; others are refused in
-    ``setup``. The documentation's DP-SGD guide explains each part (hooks vs ghost clipping, ``fix_modules``, the
-    self-checks, the strategies, the HPARAMS session of :meth:`privacy_settings`).
+    The run's privacy state is one :class:`~lightning_privacy.ledger.PrivacyLedger` (a certified ε, β*, TPR bounds),
+    saved in ``state_dict``: a resume continues it, another ``fit`` of the same module composes with it. DPSGD checks
+    on its first steps that privacy is applied and raises naming the parameter otherwise. Strategies: one device, DDP
+    with ``use_distributed_sampler=False``, FSDP2 with ghost clipping. The DP-SGD guide explains each part.
 
     Args:
         noise_multiplier: σ, the noise standard deviation relative to ``max_grad_norm``.
@@ -106,9 +103,12 @@ class DPSGD(Callback, DPSGDRun):
         max_examples_per_user: k: a person's rows beyond k are left out (a secret choice fixed before training).
         user_sampling: sample people, each clipped whole (ULS), or rows (ELS: accounted for groups of k rows).
         user_reduction: ``"sum"`` or ``"mean"`` of a person's rows' gradients, clipped as one vector (ULS).
-        clipping: ``"fixed"`` (clip to C) or ``"automatic"`` (Bu et al.'s AUTO-S: each gradient × 1/(‖g‖ + γ),
-            sensitivity 1, accounted as C = 1; `dpsgd.clipping`).
+        clipping: ``"fixed"`` (clip to C), ``"quantile"`` (Andrew et al.: C adapted to a target quantile of the norms
+            from a noised count, accounted together) or ``"automatic"`` (Bu et al.: × 1/(‖g‖ + γ)); `dpsgd.clipping`.
         stability: γ of automatic clipping.
+        target_quantile: the share of examples quantile clipping's C should cover.
+        clipping_learning_rate: η of C's geometric update, C·exp(−η(b̃ − γ)).
+        count_noise_multiplier: σ_b of the noised count (``None``: the expected batch size / 20).
         neighbour_rate: the share of the later steps on which the DP premise itself is tested (besides the first two
             steps): the step's clipped sum over its batch and over the batch without one example, both re-collated by
             the train loader's ``collate_fn``, differ by at most C (:mod:`lightning_privacy.dpsgd.neighbours`).
@@ -117,14 +117,11 @@ class DPSGD(Callback, DPSGDRun):
         noise_multiplier: σ in use (planned or given); ``None`` before planning.
         sample_rate: the Poisson sample rate (the argument, or known from ``on_fit_start``).
         expected_batch_size: the divisor of the noised clipped sum in use (the argument, or the loader's
-            ``batch_size`` from ``on_fit_start``); saved in the checkpoint and shown in the statement.
+            ``batch_size``); saved and stated.
         dataset_size: rows of the training set the Poisson sampling draws from (known with ``sample_rate``).
-        fixed_modules: the modules ``fix_modules=True`` replaced, as ``{"name", "old", "new"}`` strings; saved with
-            ``dataset_size`` in the checkpoint, where :func:`lightning_privacy.checkpoints.load_checkpoint` and the
-            audit commands read them to load the weights into the user's class and to check the member set.
-        accountant: the Opacus accountant of this run.
-        grad_sample_mode: the mode of the last fit (``"auto"`` resolved in ``setup``); ``grad_sample_mode_reason``
-            says why (logged, in the report).
+        fixed_modules: the modules ``fix_modules=True`` replaced (``{"name", "old", "new"}``), saved for
+            :func:`lightning_privacy.checkpoints.load_checkpoint` and the audit commands.
+        grad_sample_mode: the mode of the last fit (``"auto"`` resolved); ``grad_sample_mode_reason`` says why.
         exactness: what the last fit's exactness check compared (:class:`~lightning_privacy.dpsgd.exactness.ExactnessRecord`), logged.
 
     Raises:
@@ -182,6 +179,9 @@ class DPSGD(Callback, DPSGDRun):
         user_reduction: str = "sum",
         clipping: str = "fixed",
         stability: float = 0.01,
+        target_quantile: float = 0.5,
+        clipping_learning_rate: float = 0.2,
+        count_noise_multiplier: Optional[float] = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}  # this signature's
         set_arguments(self, **arguments)  # checked and stored (dpsgd.settings, which names every one of them)
@@ -244,6 +244,8 @@ class DPSGD(Callback, DPSGDRun):
             checks.check_no_batch_statistics(self._batch_statistics)
         if self._backward is not None:
             self._backward.start_batch(empty=self.grad_sample_mode == "ghost" and is_empty_batch(batch))
+        if getattr(self, "quantile", None) is not None:  # the adaptive clipping norm this step clips to
+            pl_module.log(names.DP_MAX_GRAD_NORM, self.quantile.clip, on_step=True, on_epoch=False)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:

@@ -115,7 +115,8 @@ class AutoSwitch:
         from lightning_privacy.dpsgd.functional import FunctionalClipping
 
         chunk_size = getattr(self.dp, "functional_chunk_size", None)
-        engine = FunctionalClipping(module, max_grad_norm=self.dp.max_grad_norm, chunk_size=chunk_size)
+        clip = getattr(getattr(self.dp, "quantile", None), "clip", None) or self.dp.max_grad_norm  # (C_t: adaptive)
+        engine = FunctionalClipping(module, max_grad_norm=clip, chunk_size=chunk_size)
         engine.units = getattr(self.dp, "_units_of_batch", None)  # (user-level sampling: one clip per person)
         engine.rule = getattr(self.dp, "clipping", None)  # (the clipping rule: fixed or automatic)
         return engine

@@ -12,10 +12,12 @@ optimizer in the strategy's DP optimizer class (:mod:`lightning_privacy.dpsgd.st
 from __future__ import annotations
 
 import functools
+import secrets
 import weakref
 from typing import Any, Callable, List
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.optimizers import DPOptimizer
@@ -24,6 +26,7 @@ from lightning_privacy import _compat, names
 from lightning_privacy.dpsgd import checks, functional, neighbours, sampled_exactness, state, strategies, users
 from lightning_privacy.dpsgd.auto import AutoSwitch
 from lightning_privacy.dpsgd.backward import PerExampleBackward
+from lightning_privacy.dpsgd.clipping import QuantileClipping
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.dpsgd.self_checks import SelfChecks
@@ -198,11 +201,12 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp_optimizer.attach_step_hook(functools.partial(record_step, dp))
     dp_optimizer.before_noise_hooks = dp._before_noise_hooks
     trainer.strategy.optimizers = [dp_optimizer]
+    _quantile_clipping(dp, trainer, dp_optimizer)  # (clipping="quantile": the adaptive C and the split noise)
     dp._checks = SelfChecks(
         trainer,
         dp_optimizer,
-        max_grad_norm=dp.max_grad_norm,
-        noise_multiplier=float(dp.noise_multiplier),
+        max_grad_norm=float(dp_optimizer.max_grad_norm),
+        noise_multiplier=float(dp_optimizer.noise_multiplier),
         loss_reduction=dp.loss_reduction,
         param_names=dp._param_names,
         backward=dp._backward,
@@ -211,10 +215,10 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp._units_of_batch = _units_of_batch(dp, trainer, pl_module)  # (user-level sampling: one clip per person)
     dp_optimizer.units_of_batch = dp._units_of_batch
     rule = getattr(dp, "clipping", None)
-    if rule is not None and rule.automatic and dp.grad_sample_mode == "ghost":
+    if rule is not None and rule.rule != "fixed" and dp.grad_sample_mode == "ghost":
         raise MisconfigurationException(
-            "DPSGD(clipping='automatic') runs in ghost mode here (the strategy's only mode), whose second backward pass "
-            "applies Opacus' min(1, C/‖g‖) factors; use a strategy where hooks or functional mode runs, or "
+            f"DPSGD(clipping={rule.rule!r}) runs in ghost mode here (the strategy's only mode), whose second backward "
+            "pass applies Opacus' min(1, C/‖g‖) factors; use a strategy where hooks or functional mode runs, or "
             "clipping='fixed'."
         )
     dp_optimizer.clipping_rule = rule
@@ -222,6 +226,55 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         dp._backward.engine.units, dp._backward.engine.rule = dp._units_of_batch, rule
     if getattr(dp._backward, "neighbours", None) is not None:  # (the premise checked for the rule trained with)
         dp._backward.neighbours.engine.rule = rule
+
+
+def _quantile_clipping(dp: Any, trainer: pl.Trainer, optimizer: Any) -> None:
+    """``clipping="quantile"``: the run's adaptive C (:class:`~lightning_privacy.dpsgd.clipping.QuantileClipping`,
+    continued from a checkpoint's C), the gradient's share z_Δ of the noise (the ledger keeps the combined z), and the
+    count's secret generator (OS entropy, or a function of ``noise_seed``)."""
+    rule = getattr(dp, "clipping", None)
+    dp.quantile = None
+    if rule is None or not rule.quantile:
+        return
+    if strategies.is_distributed(trainer):
+        raise MisconfigurationException(
+            "DPSGD(clipping='quantile') runs in one process for now: the noised count of examples under C would have "
+            "to be summed over the ranks with its noise added once; use clipping='fixed' or 'automatic' under DDP/FSDP2."
+        )
+    generator = torch.Generator()
+    generator.manual_seed(
+        secrets.randbits(63) if dp.noise_seed is None else (int(dp.noise_seed) * 1_000_003 + 7) % 2**63
+    )
+    try:
+        dp.quantile = QuantileClipping(
+            rule, clip=getattr(dp, "_resumed_clip", None) or dp.max_grad_norm,
+            expected_batch_size=dp.expected_batch_size, noise_multiplier=float(dp.noise_multiplier),
+            generator=generator,
+        )  # fmt: skip
+    except ValueError as error:
+        raise MisconfigurationException(f"DPSGD(clipping='quantile', count_noise_multiplier=...): {error}.") from None
+    optimizer.noise_multiplier = dp.quantile.gradient_noise
+    set_clip(dp, dp.quantile.clip, optimizer)
+
+
+def set_clip(dp: Any, clip: float, optimizer: Any = None) -> None:
+    """C for the next step, wherever it is read: the DP optimizer (clipping and noise σ_Δ·C), the functional engine,
+    the neighbour check."""
+    if optimizer is not None:
+        optimizer.max_grad_norm = clip
+    backward = dp._backward
+    for engine in (getattr(backward, "engine", None), getattr(getattr(backward, "neighbours", None), "engine", None)):
+        if engine is not None:
+            engine.max_grad_norm = clip
+    if getattr(backward, "neighbours", None) is not None:
+        backward.neighbours.max_grad_norm = clip
+
+
+def _update_clip(dp: Any, optimizer: Any) -> None:
+    """After a step: C_{t+1} from the step's count of examples (people) whose norm was ≤ C_t."""
+    norms = getattr(optimizer, "last_norms", None) if dp.grad_sample_mode == "hooks" else dp._backward.last_norms
+    count = 0 if norms is None else int((norms.double() <= float(optimizer.max_grad_norm)).sum())
+    set_clip(dp, dp.quantile.update(count), optimizer)
 
 
 def _units_of_batch(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:
@@ -335,7 +388,11 @@ def record_step(dp: Any, optimizer: DPOptimizer) -> None:
             dp._clipping.add(dp._backward.last_norms)
         elif dp.ledger.steps % dp.clipping_every_n_steps == 0 or not dp._clipping.norms:
             dp._clipping.update(optimizer.params)  # (steps before this one; an epoch always gets one record)
-    dp.ledger.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=dp.sample_rate)
+    quantile = getattr(dp, "quantile", None)  # (the ledger keeps the combined z of gradient and count)
+    sigma = optimizer.noise_multiplier if quantile is None else quantile.noise_multiplier
+    dp.ledger.step(noise_multiplier=sigma, sample_rate=dp.sample_rate)
+    if quantile is not None:
+        _update_clip(dp, optimizer)
 
 
 def check_steps_accounted(dp: Any, trainer: pl.Trainer) -> None:

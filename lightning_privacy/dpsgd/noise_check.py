@@ -88,9 +88,13 @@ class NoiseCheck:
         *,
         scale: float,
         step: Optional[int] = None,
+        unit: float = 1.0,
     ) -> None:
-        """Record one step's noise; ``step``: the Trainer's step, named if the weights or the sum are not finite."""
+        """Record one step's noise; ``step``: the Trainer's step, named if the weights or the sum are not finite;
+        ``unit``: the step's noise multiplied by it first (a step at another clipping norm C_t, in units of the C
+        the expected standard deviation is for)."""
         noise_sq, count, total_sq = noise_readback(params, summed_before_noise, scale=scale)
+        noise_sq, total_sq = noise_sq * unit**2, total_sq * unit**2
         for what, tensors in (("weights", params), ("sums", summed_before_noise)):
             found = _non_finite(tensors) if not math.isfinite(noise_sq + total_sq) or what == "weights" else 0
             if found:

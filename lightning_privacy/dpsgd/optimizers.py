@@ -78,7 +78,7 @@ class _ClipInParameterPrecision:
                 if getattr(p, "grad_sample", None) is not None:
                     p.grad_sample = users.fold(self._get_flat_grad_sample(p), index, counts, reduction)
         rule = self.clipping_rule
-        if rule is None or not rule.automatic:
+        if rule is None or rule.rule == "fixed":
             super().clip_and_accumulate()
             return
         # another rule's factors (dpsgd.clipping), applied as Opacus applies its own: Σᵢ factorᵢ·gᵢ into summed_grad
@@ -90,6 +90,7 @@ class _ClipInParameterPrecision:
             else torch.zeros(0, device=samples[0].device if samples else None)
         )
         factors = rule.factors(norms, self.max_grad_norm)
+        self.last_norms = norms  # (quantile clipping counts the examples under C from them after the step)
         for p, sample in zip(self.params, samples):
             _check_processed_flag(p.grad_sample)
             grad = torch.einsum("i,i...", factors.to(sample.device, sample.dtype), sample)

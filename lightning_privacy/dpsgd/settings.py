@@ -17,7 +17,7 @@ from opacus.validators import ModuleValidator
 from lightning_privacy import names
 from lightning_privacy._validation import check_bool, check_choice, check_int, check_open_unit, check_positive
 from lightning_privacy.dpsgd import users
-from lightning_privacy.dpsgd.clipping import AUTOMATIC, RULES, ClippingRule
+from lightning_privacy.dpsgd.clipping import AUTOMATIC, QUANTILE, RULES, ClippingRule
 from lightning_privacy.dpsgd.modules import (
     fix_modules_in_place,
     fixed_modules_record,
@@ -115,6 +115,9 @@ def set_arguments(
     user_reduction: Any = "sum",
     clipping: Any = "fixed",
     stability: Any = 0.01,
+    target_quantile: Any = 0.5,
+    clipping_learning_rate: Any = 0.2,
+    count_noise_multiplier: Any = None,
 ) -> None:
     """:class:`~lightning_privacy.DPSGD`'s arguments checked (a MisconfigurationException naming the argument and the
     value) and stored on ``dp`` under their names (the accountant as ``accountant_mechanism``)."""
@@ -124,6 +127,9 @@ def set_arguments(
     check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
     bad = MisconfigurationException
     dp.clipping = clipping_rule(clipping, stability, max_grad_norm, grad_sample_mode)
+    if clipping == QUANTILE:
+        dp.clipping = quantile_rule(target_quantile, clipping_learning_rate, count_noise_multiplier, grad_sample_mode)
+    dp.quantile = None  # this fit's QuantileClipping (the adaptive C), built with the DP optimizer
     dp.max_grad_norm = positive("max_grad_norm", 1.0 if max_grad_norm is None else max_grad_norm)
     dp.grad_sample_mode = grad_sample_mode  # (each fit resolves "auto": dpsgd.strategies.resolve_grad_sample_mode)
     dp.grad_sample_mode_argument = grad_sample_mode
@@ -167,9 +173,11 @@ def clipping_rule(rule: Any, stability: Any, max_grad_norm: Any, mode: Any) -> C
     bad = MisconfigurationException
     if rule not in RULES:
         raise bad(
-            f"DPSGD(clipping={rule!r}): 'fixed' (the default: clip each gradient to max_grad_norm) or 'automatic' "
-            "(scale each by 1/(‖g‖ + stability): no clipping norm to tune)."
+            f"DPSGD(clipping={rule!r}): 'fixed' (the default: clip each gradient to max_grad_norm), 'quantile' (C "
+            "adapted to a target quantile of the norms) or 'automatic' (scale each by 1/(‖g‖ + stability))."
         )
+    if rule == QUANTILE:
+        return ClippingRule(QUANTILE)  # (its parameters: quantile_rule)
     if rule != AUTOMATIC:
         return ClippingRule()
     if max_grad_norm is not None:
@@ -185,6 +193,29 @@ def clipping_rule(rule: Any, stability: Any, max_grad_norm: Any, mode: Any) -> C
             "Opacus' min(1, C/‖g‖) factors; use grad_sample_mode='auto' (the default), 'hooks' or 'functional'."
         )
     return ClippingRule(AUTOMATIC, float(stability))
+
+
+def quantile_rule(target: Any, learning_rate: Any, count_noise: Any, mode: Any) -> ClippingRule:
+    """Andrew et al.'s adaptive clipping from DPSGD's arguments, each bad one in a sentence naming it and the fix."""
+    bad = MisconfigurationException
+    if isinstance(target, bool) or not isinstance(target, numbers.Real) or not 0 < target < 1:
+        raise bad(f"DPSGD(target_quantile={target!r}): the share of examples whose norm C should cover, in (0, 1).")
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, numbers.Real) or not learning_rate > 0:
+        raise bad(f"DPSGD(clipping_learning_rate={learning_rate!r}): the geometric step of C must be a number > 0.")
+    if count_noise is not None and (
+        isinstance(count_noise, bool) or not isinstance(count_noise, numbers.Real) or not count_noise > 0
+    ):
+        raise bad(f"DPSGD(count_noise_multiplier={count_noise!r}): σ_b of the noised count must be a number > 0.")
+    if mode == "ghost":
+        raise bad(
+            "DPSGD(clipping='quantile', grad_sample_mode='ghost'): the adaptive C needs each example's norm against "
+            "C before the step's update, which the ghost optimizer does not expose here; use grad_sample_mode='auto' "
+            "(the default), 'hooks' or 'functional'."
+        )
+    return ClippingRule(
+        QUANTILE, target_quantile=float(target), learning_rate=float(learning_rate),
+        count_noise_multiplier=None if count_noise is None else float(count_noise),
+    )  # fmt: skip
 
 
 def set_unit(dp: Any, unit: Any, user_ids: Any, k: Any, user_sampling: Any, user_reduction: Any) -> None:

@@ -87,6 +87,7 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         "privacy_unit": unit_record(dp),
         # the clipping rule (lightning_privacy.dpsgd.clipping): a resume must clip as the run did
         "clipping": clipping_record(dp),
+        "clip": None if getattr(dp, "quantile", None) is None else dp.quantile.clip,  # quantile clipping's C_t
     }
     state["digest"] = dpsgd_state_digest(state)  # the statement recomputes it: an edit after saving shows
     return state
@@ -127,6 +128,7 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
             f"checkpoint trained with clipping {state_dict.get('clipping') or {'rule': 'fixed'}}, this DPSGD has "
             f"{clipping_record(dp)}: resume with the checkpoint's DPSGD(clipping=..., stability=...)."
         )
+    dp._resumed_clip = state_dict.get("clip")  # (quantile clipping continues from the saved C)
     if state_dict["max_grad_norm"] != dp.max_grad_norm:
         raise RuntimeError(
             f"checkpoint trained with max_grad_norm={state_dict['max_grad_norm']}, this DPSGD has {dp.max_grad_norm}"

@@ -239,8 +239,8 @@ def _clipping(value: Any) -> Optional[Dict[str, Any]]:
     """The clipping rule record (``None``: not recorded, fixed)."""
     if value is None:
         return None
-    if not isinstance(value, Mapping) or value.get("rule") not in ("fixed", "automatic"):
-        raise _bad("clipping", value, "a dict with 'rule' 'fixed' or 'automatic'")
+    if not isinstance(value, Mapping) or value.get("rule") not in ("fixed", "automatic", "quantile"):
+        raise _bad("clipping", value, "a dict with 'rule' 'fixed', 'quantile' or 'automatic'")
     if value["rule"] == "automatic":
         number("clipping.stability", value.get("stability"))
     return dict(plain("clipping", value))

@@ -92,18 +92,7 @@ def mechanism_rows(data: dict) -> List[Row]:
             "rows the Poisson sampling drew from",
         ),
         ("privacy unit", *_unit_row(m.get("privacy_unit") or {"unit": "example"})),
-        *(
-            [
-                (
-                    "clipping",
-                    "automatic",
-                    f"each gradient scaled by 1/(‖g‖ + {m['clipping'].get('stability', 0):g}) "
-                    "(Bu et al.'s AUTO-S): norm below 1, accounted as C = 1",
-                )
-            ]
-            if (m.get("clipping") or {}).get("rule") == "automatic"
-            else []
-        ),  # fmt: skip
+        *_clipping_rows(m.get("clipping") or {"rule": "fixed"}),
         ("δ", f"{m['delta']:g}", "δ of the (ε, δ) guarantee"),
         ("accountant", m["accountant"], "the accountant that gives ε (pld: the package's pessimistic PLD)"),
         ("batch sampling", _SEEDS[m["sampling_seed"]], "the Poisson masks' randomness"),
@@ -294,6 +283,26 @@ def escape(line: str) -> str:
     """``line`` with ``*`` escaped outside code spans: ``β*_MIA … β*`` in one paragraph would otherwise be emphasis."""
     parts = line.split("`")
     return "`".join(part if i % 2 else part.replace("*", "\\*") for i, part in enumerate(parts))
+
+
+def _clipping_rows(rule: Dict[str, Any]) -> List[Tuple[str, str, str]]:
+    """The statement's clipping row (none for fixed clipping: the C row says it)."""
+    if rule.get("rule") == "automatic":
+        note = (
+            f"each gradient scaled by 1/(‖g‖ + {rule.get('stability', 0):g}) (Bu et al.'s AUTO-S): norm below 1, "
+            "accounted as C = 1"
+        )
+        return [("clipping", "automatic", note)]
+    if rule.get("rule") == "quantile":
+        sigma_b = rule.get("count_noise_multiplier")
+        count = "the expected batch size / 20" if sigma_b is None else f"{sigma_b:g}"
+        note = (
+            f"C adapted after each step towards the {rule.get('target_quantile'):g} quantile of the norms (Andrew et "
+            f"al.; learning rate {rule.get('learning_rate'):g}) from a count noised with σ_b = {count}; σ is the "
+            "combined mechanism's (gradient and count together), C the first step's"
+        )
+        return [("clipping", "quantile", note)]
+    return []
 
 
 def _unit_row(unit: Dict[str, Any]) -> Tuple[str, str]:

@@ -109,3 +109,128 @@ def test_the_rule_is_saved_checked_on_resume_and_stated(tmp_path):
 def test_fixed_clipping_is_the_default_and_its_norm_defaults_to_one():
     dpsgd = DPSGD(noise_multiplier=1.0)
     assert dpsgd.clipping.rule == "fixed" and dpsgd.max_grad_norm == 1.0
+
+
+# ------------------------------------------------------------------------------------------ quantile clipping
+def _quantile_data(n=512, seed=0):
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    return TensorDataset(x, torch.randint(0, 2, (n,), generator=g))
+
+
+class _Recorder(pl.Callback):
+    """Each step's C, rows, starting weights and pre-noise sums; the logged C."""
+
+    def __init__(self, dpsgd):
+        self.dpsgd, self.steps, self.logged = dpsgd, [], []
+        dpsgd.register_before_noise_hook(self._hook)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        self.rows = list(trainer.train_dataloader.batch_sampler.recent[self.dpsgd.ledger.steps])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.logged.append(float(trainer.callback_metrics[names.DP_MAX_GRAD_NORM]))
+
+    def _hook(self, optimizer):
+        sums = [optimizer.summed(p).detach().clone() for p in optimizer.params]
+        self.steps.append((float(optimizer.max_grad_norm), self.rows, self.state, sums))
+
+
+def _fixed_loop(state, rows, data, clip):
+    twin = MLP().double()
+    twin.load_state_dict(state)
+    params = list(twin.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    for r in rows:
+        g = torch.autograd.grad(_mlp_loss(twin, data[r]), params)
+        norm = float(torch.sqrt(sum((x**2).sum() for x in g)))
+        total = [t + min(1.0, clip / (norm + 1e-6)) * x for t, x in zip(total, g)]
+    return total
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functional", "auto"])
+def test_quantile_clipping_tracks_its_quantile_clips_at_each_step_s_c_and_is_accounted_with_its_count(mode):
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+
+    from lightning_privacy.dpsgd.clipping import combined_noise_multiplier
+
+    data, held = _quantile_data(), _quantile_data(seed=1)
+    torch.manual_seed(0)
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=5.0, clipping="quantile", target_quantile=0.5,
+                  grad_sample_mode=mode, sampling_seed=0, noise_seed=0)  # fmt: skip
+    seen = _Recorder(dpsgd)
+    model = MLP().double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([dpsgd, seen], 200).fit(model, DataLoader(data, batch_size=32))
+    for clip, rows, state, sums in (seen.steps[0], seen.steps[100], seen.steps[199]):  # at the step's own C
+        expected = _fixed_loop(state, rows, data, clip)
+        assert max(float((s - e).abs().max()) for s, e in zip(sums, expected)) < 1e-12
+    clips = [c for c, *_ in seen.steps]
+    assert clips[0] == 5.0 and len(set(clips)) > 100 and seen.logged == pytest.approx(clips)
+    # the released C after 200 steps covers the target share of held-out examples' norms (float64, one by one)
+    params = list(model.parameters())
+    norms = [
+        float(torch.sqrt(sum((g**2).sum() for g in torch.autograd.grad(_mlp_loss(model, held[i]), params))))
+        for i in range(len(held))
+    ]
+    share = sum(n <= dpsgd.quantile.clip for n in norms) / len(norms)
+    assert abs(share - 0.5) <= 0.1, share
+    # the ledger keeps the combined Gaussian of gradient and count; dp_accounting's PLD of it gives the same ε
+    sigma_b = 32 / 20
+    assert dpsgd.quantile.count_noise == sigma_b
+    assert combined_noise_multiplier(dpsgd.quantile.gradient_noise, sigma_b) == pytest.approx(1.0, rel=1e-12)
+    reference = pld_lib.from_gaussian_mechanism(
+        standard_deviation=1.0, sampling_prob=dpsgd.sample_rate, value_discretization_interval=1e-3
+    ).self_compose(200)
+    assert dpsgd.epsilon() == pytest.approx(reference.get_epsilon_for_delta(1e-5), rel=1e-3)
+    assert dpsgd.state_dict()["clip"] == dpsgd.quantile.clip
+
+
+def test_noise_planned_for_epsilon_4_covers_the_count_too():
+    torch.manual_seed(0)
+    dpsgd = DPSGD(target_epsilon=4.0, epochs=2, clipping="quantile", count_noise_multiplier=4.0, sampling_seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([dpsgd], 32).fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
+    assert dpsgd.steps == 32 and dpsgd.epsilon() <= 4.0  # (the noise self-check passed at the gradient's z_Δ)
+    assert dpsgd.quantile.gradient_noise > dpsgd.noise_multiplier == dpsgd.ledger.history[-1][0]
+
+
+def test_a_resumed_quantile_run_continues_its_clipping_norm():
+    torch.manual_seed(0)
+    first = DPSGD(noise_multiplier=1.0, clipping="quantile", sampling_seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([first], 20).fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
+    state = first.state_dict()
+    again = DPSGD(noise_multiplier=1.0, clipping="quantile", sampling_seed=0)
+    again.load_state_dict(state)
+    seen = _Recorder(again)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([again, seen], 1).fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
+    assert seen.steps[0][0] == pytest.approx(first.quantile.clip) != 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(target_quantile=1.0), r"target_quantile=1.0.*\(0, 1\)"),
+        (dict(clipping_learning_rate=0), r"clipping_learning_rate=0.*> 0"),
+        (dict(count_noise_multiplier=-1.0), r"count_noise_multiplier=-1.0.*> 0"),
+        (dict(grad_sample_mode="ghost"), r"clipping='quantile', grad_sample_mode='ghost'"),
+    ],
+)
+def test_bad_quantile_arguments_are_refused_in_one_sentence(kwargs, match):
+    with pytest.raises(MisconfigurationException, match=match):
+        DPSGD(noise_multiplier=1.0, clipping="quantile", **kwargs)
+
+
+def test_a_count_noise_that_leaves_no_budget_for_the_gradient_is_refused_at_fit_start():
+    dpsgd = DPSGD(noise_multiplier=2.0, clipping="quantile", count_noise_multiplier=0.5)
+    with pytest.raises(MisconfigurationException, match=r"count_noise_multiplier=.*σ_b = 0.5 leaves no budget"):
+        _trainer([dpsgd], 1).fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
