@@ -150,14 +150,22 @@ def recipe_like(
 
     for cb in trainer.callbacks:
         if isinstance(cb, DPSGD) and cb.noise_multiplier is not None:  # the target's recipe: DP-SGD like it
+            rule = getattr(cb, "clipping", None)
+            clipping = {} if rule is None or rule.rule == "fixed" else {"clipping": rule.rule}
+            if rule is not None and rule.automatic:
+                clipping["stability"] = rule.stability
+            elif rule is not None and rule.quantile:
+                clipping.update(target_quantile=rule.target_quantile, clipping_learning_rate=rule.learning_rate,
+                                count_noise_multiplier=rule.count_noise_multiplier)  # fmt: skip
             kwargs["callbacks"] = [
                 DPSGD(
                     noise_multiplier=cb.noise_multiplier,
-                    max_grad_norm=cb.max_grad_norm,
+                    max_grad_norm=None if rule is not None and rule.automatic else cb.max_grad_norm,
                     delta=cb.delta,
                     loss_reduction=cb.loss_reduction,
                     grad_sample_mode=cb.grad_sample_mode,
                     fix_modules=cb.fix_modules,
+                    **clipping,
                 )
             ]
     return model_factory, kwargs

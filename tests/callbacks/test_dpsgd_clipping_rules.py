@@ -234,3 +234,13 @@ def test_a_count_noise_that_leaves_no_budget_for_the_gradient_is_refused_at_fit_
     dpsgd = DPSGD(noise_multiplier=2.0, clipping="quantile", count_noise_multiplier=0.5)
     with pytest.raises(MisconfigurationException, match=r"count_noise_multiplier=.*σ_b = 0.5 leaves no budget"):
         _trainer([dpsgd], 1).fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
+
+
+def test_reference_models_are_trained_with_the_target_s_clipping_rule():
+    from lightning_privacy.models import TabularMLP
+    from lightning_privacy.references import recipe_like
+
+    for kwargs in (dict(clipping="automatic", stability=0.05), dict(clipping="quantile", target_quantile=0.7)):
+        trainer = pl.Trainer(max_epochs=2, callbacks=[DPSGD(noise_multiplier=1.3, **kwargs)], logger=False)
+        _, recipe = recipe_like(trainer, TabularMLP(4, hidden=(8,)))
+        assert recipe["callbacks"][0].clipping == trainer.callbacks[0].clipping
