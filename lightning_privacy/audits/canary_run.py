@@ -452,6 +452,7 @@ class GradientCanaries:
                 self.params.append((p, ids, local, torch.as_tensor(local, device=p.device)))
             start += p.numel()
         self.unit: Optional[float] = None  # p.grad × unit = the released noisy sum
+        self.step_clip, self.step_sigma = float(dpsgd.max_grad_norm), float(dpsgd.noise_multiplier or 0.0)
 
     def gather(self, tensors: List[torch.Tensor]) -> np.ndarray:
         """Per-parameter tensors at the canary coordinates, as one float64 array in canary order."""
@@ -468,8 +469,9 @@ class GradientCanaries:
         """Note the batch's own sum, then add C·e_j per canary sampled this step (once in all).
 
         Returns:
-            ``(known, unit)``: the batch's clipped sums at the canaries (``None`` for the ``"released"`` score) and
-            the factor from ``p.grad`` to the released noisy sum; :meth:`after_step` takes them.
+            ``(known, unit, clip, sigma)``: the batch's clipped sums at the canaries (``None`` for the ``"released"``
+            score), the factor from ``p.grad`` to the released noisy sum, the step's C and the gradient's σ;
+            :meth:`after_step` takes them.
         """
         step = self.canaries.steps
         self.canaries.steps += 1
@@ -484,12 +486,15 @@ class GradientCanaries:
             self.unit = float(
                 optimizer.expected_batch_size * optimizer.accumulated_iterations * self.world if mean else 1
             )
+        # the step's clipping norm and the gradient's noise multiplier (quantile clipping: C_t and z_Δ; dpsgd.clipping)
+        self.step_clip = float(getattr(optimizer, "max_grad_norm", self.dpsgd.max_grad_norm))
+        self.step_sigma = float(getattr(optimizer, "noise_multiplier", self.dpsgd.noise_multiplier or 0.0))
         if self.adds:
             self._add(optimizer, self.canaries.sampled(step, self.sample_rate))
-        return known, self.unit
+        return known, self.unit, self.step_clip, self.step_sigma
 
     def _add(self, optimizer: Any, sampled: np.ndarray) -> None:
-        clip = float(self.dpsgd.max_grad_norm)
+        clip = self.step_clip  # (C_t: the step's own clipping norm)
         if self.canaries.rows > 1 and self.canaries.whole:  # a canary person's clipped gradient: C over its rows
             clip /= float(np.sqrt(self.canaries.rows))
         if self.sharded:
@@ -534,7 +539,7 @@ class GradientCanaries:
 
         ``reduce`` sums the ranks' batch sums under DDP (a collective: every rank calls it).
         """
-        known, unit = pending
+        known, unit = pending[0], pending[1]
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p, *_ in self.params]
         if self.sharded:  # every rank's shard of the released gradient (a collective: every rank is here)
             grads = [g.full_tensor() if hasattr(g, "full_tensor") else g for g in grads]
@@ -544,7 +549,7 @@ class GradientCanaries:
                 known = reduce(known)
             score -= known
         if self.score == "likelihood_ratio":  # the step's log-likelihood ratio, included vs excluded
-            clip, sigma = float(self.dpsgd.max_grad_norm), float(self.dpsgd.noise_multiplier)
+            clip, sigma = pending[2], pending[3]  # (the step's own C and the gradient's σ)
             z = (score * clip - clip**2 / 2) / (sigma * clip) ** 2
             score = np.logaddexp(np.log1p(-self.sample_rate), np.log(self.sample_rate) + z)
         self.canaries.scores += score

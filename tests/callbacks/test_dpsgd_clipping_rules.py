@@ -244,3 +244,19 @@ def test_reference_models_are_trained_with_the_target_s_clipping_rule():
         trainer = pl.Trainer(max_epochs=2, callbacks=[DPSGD(noise_multiplier=1.3, **kwargs)], logger=False)
         _, recipe = recipe_like(trainer, TabularMLP(4, hidden=(8,)))
         assert recipe["callbacks"][0].clipping == trainer.callbacks[0].clipping
+
+
+def test_gradient_canaries_join_at_each_step_s_clipping_norm_under_quantile_clipping():
+    from lightning_privacy import CanaryAudit
+
+    torch.manual_seed(0)
+    dpsgd = DPSGD(noise_multiplier=1e-4, max_grad_norm=3.0, clipping="quantile", sampling_seed=0, noise_seed=0)
+    audit = CanaryAudit(num_canaries=50, seed=1)
+    seen = _Recorder(dpsgd)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _trainer([dpsgd, audit, seen], 30).fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
+    clips = [c for c, *_ in seen.steps]
+    # released minus the batch's own sum: each sampled canary's C_t (σ tiny), summed over the steps it joined
+    expected = sum(audit.sampled(t).astype(float) * clips[t] for t in range(30))
+    assert audit.scores == pytest.approx(expected, abs=0.02) and len(set(clips)) > 10 and expected.max() > 1.0
