@@ -212,6 +212,8 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         backward=dp._backward,
     )
     dp_optimizer.check_before_noise = dp._checks.before_noise
+    if dp.quantile is not None:  # (the self-checks follow the callback's C_t, never the optimizer's own attribute)
+        dp._checks.current_clip = lambda: dp.quantile.clip
     dp._units_of_batch = _units_of_batch(dp, trainer, pl_module)  # (user-level sampling: one clip per person)
     dp_optimizer.units_of_batch = dp._units_of_batch
     rule = getattr(dp, "clipping", None)

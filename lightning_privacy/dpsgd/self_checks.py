@@ -41,6 +41,8 @@ class SelfChecks:
         backward: Any,
     ) -> None:
         self.trainer, self.max_grad_norm = trainer, max_grad_norm
+        #: the C this step must be clipped to (DPSGD's: C, or quantile clipping's C_t), read at every check
+        self.current_clip: Callable[[], float] = lambda: self.max_grad_norm
         self.loss_reduction, self.param_names, self.backward = loss_reduction, param_names, backward
         self.distributed, self.fsdp = strategies.is_distributed(trainer), strategies.is_fsdp(trainer)
         self.clipping_steps_left = SELF_CHECK_STEPS
@@ -108,14 +110,14 @@ class SelfChecks:
 
     def _clipping(self, optimizer: Any) -> None:
         if self.grad_sample_mode == "hooks":
-            rule, clip = getattr(optimizer, "clipping_rule", None), float(optimizer.max_grad_norm)  # (C_t: adaptive C)
-            checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=clip, rule=rule)
+            rule = getattr(optimizer, "clipping_rule", None)  # (C: the callback's, never the optimizer's own attribute)
+            checks.check_clipping(optimizer.params, self.param_names, max_grad_norm=self.current_clip(), rule=rule)
             return
         # ghost mode: no per-sample gradients (the norms were checked in the backward); the sum's bound
         batch = self.backward.last_norms.numel() if self.backward.last_norms is not None else 0
         checks.check_clipped_sum_bound(
             [optimizer.summed(p) for p in optimizer.params],
-            max_grad_norm=float(getattr(optimizer, "max_grad_norm", self.max_grad_norm)),
+            max_grad_norm=self.current_clip(),
             batch_size=batch,
             averaged_over=self.trainer.world_size if self.fsdp else 1,
             all_reduce=torch.distributed.all_reduce if self.fsdp else None,
@@ -131,9 +133,7 @@ class SelfChecks:
         if optimizer.summed_before_noise is not None:
             scale = optimizer.expected_batch_size * optimizer.accumulated_iterations
             scale = float(scale) if self.loss_reduction == "mean" else 1.0
-            unit = self.max_grad_norm / float(
-                optimizer.max_grad_norm
-            )  # (the noise in units of the first C: adaptive C)
+            unit = self.max_grad_norm / self.current_clip()  # (the noise in units of the first C: adaptive C)
             self.noise.add(
                 optimizer.params, optimizer.summed_before_noise, scale=scale, step=self.trainer.global_step, unit=unit
             )
