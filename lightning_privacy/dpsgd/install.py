@@ -233,20 +233,22 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
 def _quantile_clipping(dp: Any, trainer: pl.Trainer, optimizer: Any) -> None:
     """``clipping="quantile"``: the run's adaptive C (:class:`~lightning_privacy.dpsgd.clipping.QuantileClipping`,
     continued from a checkpoint's C), the gradient's share z_Δ of the noise (the ledger keeps the combined z), and the
-    count's secret generator (OS entropy, or a function of ``noise_seed``)."""
+    count's secret generator (OS entropy, or a function of ``noise_seed``). Under DDP the ranks' counts are summed
+    and every rank draws the same count noise from rank 0's seed, so the count is noised once and C stays equal."""
     rule = getattr(dp, "clipping", None)
     dp.quantile = None
     if rule is None or not rule.quantile:
         return
-    if strategies.is_distributed(trainer):
-        raise MisconfigurationException(
-            "DPSGD(clipping='quantile') runs in one process for now: the noised count of examples under C would have "
-            "to be summed over the ranks with its noise added once; use clipping='fixed' or 'automatic' under DDP/FSDP2."
+    seed = secrets.randbits(63) if dp.noise_seed is None else (int(dp.noise_seed) * 1_000_003 + 7) % 2**63
+    if strategies.is_distributed(trainer):  # every rank draws the same count noise: one draw, added once
+        seed = int(trainer.strategy.broadcast(seed, src=0))
+        dp._count_sum = lambda count: int(  # the ranks' counts, summed (a collective: every rank steps together)
+            trainer.strategy.reduce(torch.tensor(float(count), device=dp._module().device), reduce_op="sum")
         )
+    else:
+        dp._count_sum = lambda count: count
     generator = torch.Generator()
-    generator.manual_seed(
-        secrets.randbits(63) if dp.noise_seed is None else (int(dp.noise_seed) * 1_000_003 + 7) % 2**63
-    )
+    generator.manual_seed(seed)
     try:
         dp.quantile = QuantileClipping(
             rule, clip=getattr(dp, "_resumed_clip", None) or dp.max_grad_norm,
@@ -276,7 +278,7 @@ def _update_clip(dp: Any, optimizer: Any) -> None:
     """After a step: C_{t+1} from the step's count of examples (people) whose norm was ≤ C_t."""
     norms = getattr(optimizer, "last_norms", None) if dp.grad_sample_mode == "hooks" else dp._backward.last_norms
     count = 0 if norms is None else int((norms.double() <= float(optimizer.max_grad_norm)).sum())
-    set_clip(dp, dp.quantile.update(count), optimizer)
+    set_clip(dp, dp.quantile.update(dp._count_sum(count)), optimizer)
 
 
 def _units_of_batch(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Any:

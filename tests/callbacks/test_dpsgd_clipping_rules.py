@@ -260,3 +260,28 @@ def test_gradient_canaries_join_at_each_step_s_clipping_norm_under_quantile_clip
     # released minus the batch's own sum: each sampled canary's C_t (σ tiny), summed over the steps it joined
     expected = sum(audit.sampled(t).astype(float) * clips[t] for t in range(30))
     assert audit.scores == pytest.approx(expected, abs=0.02) and len(set(clips)) > 10 and expected.max() > 1.0
+
+
+def _quantile_ddp_worker():
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=5.0, clipping="quantile", sampling_seed=0)  # (secret count seed)
+    seen = _Recorder(dpsgd)
+    trainer = pl.Trainer(
+        max_steps=12, callbacks=[dpsgd, seen], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", strategy="ddp", devices=2, use_distributed_sampler=False,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(MLP().double(), DataLoader(_quantile_data(), batch_size=32))
+    return {"clips": [c for c, *_ in seen.steps], "final": dpsgd.quantile.clip, "epsilon": dpsgd.epsilon()}
+
+
+@pytest.mark.slow
+def test_under_ddp_the_ranks_count_together_and_keep_one_clipping_norm(tmp_path):
+    from tests._launch import run_ddp
+
+    rank0, rank1 = run_ddp("tests.callbacks.test_dpsgd_clipping_rules:_quantile_ddp_worker", tmp_path / "ddp")
+    assert rank0["clips"] == rank1["clips"] and rank0["final"] == rank1["final"]  # one count, one noise draw
+    assert rank0["clips"][0] == 5.0 and len(set(rank0["clips"])) == 12 and rank0["final"] < 5.0
+    assert rank0["epsilon"] == rank1["epsilon"]
