@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 # the noise check, in its own module (re-exported: it is one of the self-checks)
+from lightning_privacy.dpsgd.clipping import ClippingRule
 from lightning_privacy.dpsgd.noise_check import (  # noqa: F401
     NOISE_FALSE_ALARM,
     NOISE_MIN_COORDINATES,
@@ -101,7 +102,7 @@ def check_clipping(
     """``p.summed_grad`` is the sum of the per-sample gradients clipped to ``max_grad_norm`` (before any noise), or
     scaled by another clipping ``rule``'s factors (:mod:`~lightning_privacy.dpsgd.clipping`)."""
     norms = per_sample_norms(params)
-    factors = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0) if rule is None else rule.factors(norms, max_grad_norm)
+    factors = (rule or ClippingRule()).factors(norms, max_grad_norm)  # (the rule's own factors: fixed by default)
     for param in params:
         name = param_names.get(id(param), f"<unnamed parameter of shape {tuple(param.shape)}>")
         summed = param.summed_grad.to(torch.float64)

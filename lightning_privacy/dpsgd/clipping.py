@@ -84,15 +84,6 @@ class ClippingRule:
             }  # fmt: skip
         return {"rule": self.rule, **({"stability": self.stability} if self.automatic else {})}
 
-    def sentence(self, max_grad_norm: float) -> str:
-        """What the rule does, for the report and the statement."""
-        if self.automatic:
-            return (
-                f"automatic (Bu et al.'s AUTO-S): each gradient scaled by 1/(‖g‖ + {self.stability:g}), norm below 1; "
-                "noise σ·1"
-            )
-        return f"fixed: each gradient clipped to norm C = {max_grad_norm:g}; noise σC"
-
 
 def split_noise_multiplier(z: float, count_noise_multiplier: float) -> float:
     """The gradient's noise multiplier z_Δ that, with the count's σ_b, makes one Gaussian of multiplier ``z``:

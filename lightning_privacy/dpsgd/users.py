@@ -26,7 +26,7 @@ import hashlib
 import math
 import numbers
 import secrets
-from typing import Any, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -183,18 +183,28 @@ def check_user_arguments(privacy_unit: Any, user_ids: Any, k: Any, user_sampling
         )
 
 
+def unit_row(unit: Dict[str, Any]) -> Tuple[str, str]:
+    """A person-level run's unit as the report and the statement show it, from its record (``{"unit": "user",
+    "max_examples_per_user", "user_sampling", "user_reduction"}``): the value and how a person's rows were used."""
+    k = unit.get("max_examples_per_user")
+    value = f"person, at most {k} rows" if k else "person, all their rows (no bound)"
+    if unit.get("user_sampling"):
+        return (
+            value,
+            f"people sampled whole, each person's {unit.get('user_reduction', 'sum')} of gradients clipped to C",
+        )
+    return value, f"rows sampled one by one, each clipped to C, accounted for groups of {k} rows"
+
+
 def report_rows(dp: Any) -> List[Tuple[str, str, str]]:
     """The privacy report's rows of a person-level run (none for a row-level one): the unit and its bound, the
     people and the rows left out, and the same run's ε for one row beside the person's."""
     if getattr(dp, "privacy_unit", "example") != "user":
         return []
     k = dp.max_examples_per_user
-    how = (
-        f"people sampled whole, each person's {dp.user_reduction} of gradients clipped to C"
-        if dp.user_sampling
-        else f"rows sampled one by one, each clipped to C, accounted for groups of {k} rows"
-    )
-    rows = [("privacy unit", f"person, {'at most ' + str(k) if k else 'all their'} rows", how)]
+    record = {"unit": "user", "max_examples_per_user": k, "user_sampling": dp.user_sampling,
+              "user_reduction": dp.user_reduction}  # fmt: skip
+    rows = [("privacy unit", *unit_row(record))]
     people = getattr(dp, "people", None)
     if people is not None:
         rows.append((

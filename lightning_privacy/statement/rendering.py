@@ -309,13 +309,10 @@ def _unit_row(unit: Dict[str, Any]) -> Tuple[str, str]:
     """The statement's privacy-unit row: whose privacy every number is, and how a person's rows were used."""
     if unit.get("unit") != "user":
         return "example (one row)", "every ε, β* and bound is for adding or removing one row"
-    k = unit.get("max_examples_per_user")
-    bound = f"at most {k} rows" if k is not None else "all their rows (no bound)"
-    if unit.get("user_sampling"):
-        how = f"people sampled whole, each person's {unit.get('user_reduction', 'sum')} of gradients clipped to C"
-    else:
-        how = f"rows sampled one by one, each clipped to C, accounted for groups of {k} rows"
-    return f"person, {bound}", f"every ε, β* and bound is for adding or removing one person; {how}"
+    from lightning_privacy.dpsgd.users import unit_row  # (the report's row too; torch only for a person-level run)
+
+    value, how = unit_row(unit)
+    return value, f"every ε, β* and bound is for adding or removing one person; {how}"
 
 
 def _mode_note(switch: Any) -> str:
