@@ -19,6 +19,7 @@ from lightning_privacy.audits import EpsilonStarResult, audit_epsilon_star, audi
 from lightning_privacy.data import AdultDataModule
 from lightning_privacy.models import TabularMLP
 from lightning_privacy.report import audit_report, privacy_report
+from tests._launch import run_ddp
 from tests.callbacks.test_epsilon_star_audit import _data, _losses
 
 
@@ -181,27 +182,36 @@ def test_every_logged_tag_is_a_names_constant(tmp_path):
     assert audit_tags <= set(names.ALL_KEYS)
 
 
-@pytest.mark.slow
-def test_two_process_ddp_audit_equals_a_direct_call(tmp_path):
-    """Under DDP the gathered losses are put back in dataset order: every value (also the MIA bound, whose
-    holdout split depends on the order) equals a direct single-process call on the same model."""
+def _ddp_worker(root):
+    """One rank of a torchrun launch (tests/_launch.py): the audit under DDP; the trained weights back."""
     torch.manual_seed(0)
     train, val = _data(n_train=301, n_val=151)
     model = TabularMLP(8, hidden=(16,))
     trainer = pl.Trainer(
-        strategy="ddp_spawn",
+        strategy="ddp",
         accelerator="cpu",
         devices=2,
         max_epochs=1,
         limit_train_batches=2,
         callbacks=[EpsilonStarAudit(log_histograms=False, log_figure=False)],
-        logger=CSVLogger(tmp_path, name="csv"),
+        logger=CSVLogger(root, name="csv"),
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(model, DataLoader(train, batch_size=32), DataLoader(val, batch_size=32))
+    return model.state_dict()
+
+
+@pytest.mark.slow
+def test_two_process_ddp_audit_equals_a_direct_call(tmp_path):
+    """Under DDP the gathered losses are put back in dataset order: every value (also the MIA bound, whose
+    holdout split depends on the order) equals a direct single-process call on the same model."""
+    state = run_ddp("tests.audits.test_epsilon_star:_ddp_worker", tmp_path, root=str(tmp_path))[0]
+    train, val = _data(n_train=301, n_val=151)
+    model = TabularMLP(8, hidden=(16,))
+    model.load_state_dict(state)
     logged = {k: float(v) for r in _csv_rows(tmp_path) for k, v in r.items() if v and k.startswith("audit/")}
     direct = audit_epsilon_star(model, DataLoader(train, batch_size=32), DataLoader(val, batch_size=32))
     assert logged == pytest.approx(direct.metrics(), rel=1e-6)

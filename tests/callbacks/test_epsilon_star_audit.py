@@ -19,6 +19,7 @@ from lightning_privacy.callbacks import epsilon_star_audit as module
 from lightning_privacy.callbacks.epsilon_star_audit import EpsilonStarAudit
 from lightning_privacy.functional.membership_loss import membership_loss
 from lightning_privacy.models import TabularMLP
+from tests._launch import run_ddp
 
 
 def _data(n_train=300, n_val=200, features=8, seed=0):
@@ -167,29 +168,38 @@ def test_summary_and_figure_from_details():
     assert names.EPSILON_STAR in text and "KS p-values" in text
 
 
-@pytest.mark.slow
-def test_two_process_ddp_audit_equals_single_process_value(tmp_path):
-    # each rank scores every 2nd example; the metric gathers them; rank 0 writes the CSV row
+def _ddp_worker(root):
+    """One rank of a torchrun launch (tests/_launch.py): the audit under DDP; the trained weights back."""
     torch.manual_seed(0)
     train, val = _data(n_train=301, n_val=151)
     model = TabularMLP(8, hidden=(16,))
     trainer = pl.Trainer(
-        strategy="ddp_spawn",
+        strategy="ddp",
         accelerator="cpu",
         devices=2,
         max_epochs=1,
         limit_train_batches=2,
         callbacks=[EpsilonStarAudit(log_histograms=False, log_figure=False)],
-        logger=CSVLogger(tmp_path, name="csv"),
+        logger=CSVLogger(root, name="csv"),
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
     trainer.fit(model, DataLoader(train, batch_size=32), DataLoader(val, batch_size=32))
+    return model.state_dict()
+
+
+@pytest.mark.slow
+def test_two_process_ddp_audit_equals_single_process_value(tmp_path):
+    # each rank scores every 2nd example; the metric gathers them; rank 0 writes the CSV row
+    state = run_ddp("tests.callbacks.test_epsilon_star_audit:_ddp_worker", tmp_path, root=str(tmp_path))[0]
+    train, val = _data(n_train=301, n_val=151)
+    model = TabularMLP(8, hidden=(16,))
+    model.load_state_dict(state)
     rows = list(csv.DictReader(open(next(Path(tmp_path, "csv").rglob("metrics.csv")))))
     logged = {k: float(v) for r in rows for k, v in r.items() if v and k.startswith("audit/")}
-    members, nonmembers = _losses(model, train), _losses(model, val)  # ddp_spawn returns the trained weights
+    members, nonmembers = _losses(model, train), _losses(model, val)  # rank 0's weights (DDP keeps the ranks equal)
     delta = default_delta(301)
     assert logged[names.EPSILON_STAR] == pytest.approx(epsilon_star(members, nonmembers, delta=delta), rel=1e-6)
     assert logged[names.EPSILON_STAR_EMPIRICAL] == pytest.approx(

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_privacy import OutputPerturbation
 from lightning_privacy.analysis import privacy_profile as pp
 from lightning_privacy.models import LogisticRegressionModule, TabularMLP
+from tests._launch import run_ddp
 
 
 def _data(n=120, d=3, seed=0):
@@ -80,20 +81,18 @@ def test_warns_about_checkpoints_and_pickles(tmp_path):
     assert pickle.loads(pickle.dumps(cb)).epsilon == 1.0
 
 
-class _RecordingPerturbation(OutputPerturbation):
-    def __init__(self, folder, **kw):
-        super().__init__(**kw)
-        self.folder = folder
-
-    def on_fit_end(self, trainer, pl_module):
-        np.save(self.folder / f"rank{trainer.global_rank}.npy", pl_module.weights.numpy())
+def _ddp_worker():
+    """One rank of a torchrun launch (tests/_launch.py): unseeded output perturbation, the rank's final weights."""
+    _, _, loader = _data(n=64)
+    model = LogisticRegressionModule(3, max_iter=5)
+    trainer = _trainer(
+        [OutputPerturbation(epsilon=1.0, seed=None)], strategy="ddp", devices=2, use_distributed_sampler=False
+    )
+    trainer.fit(model, loader)
+    return model.weights.numpy()
 
 
 @pytest.mark.slow
 def test_same_noise_on_every_rank(tmp_path):
-    _, _, loader = _data(n=64)
-    cb = _RecordingPerturbation(tmp_path, epsilon=1.0, seed=None)
-    trainer = _trainer([cb], strategy="ddp_spawn", devices=2, use_distributed_sampler=False)
-    trainer.fit(LogisticRegressionModule(3, max_iter=5), loader)
-    w0, w1 = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
+    w0, w1 = run_ddp("tests.callbacks.test_output_perturbation:_ddp_worker", tmp_path)
     np.testing.assert_array_equal(w0, w1)
