@@ -113,6 +113,7 @@ class PerExampleBackward(StepGuards):
         self.exactness_examples = exactness_examples
         self._rows_generator = torch.Generator().manual_seed(0)
         self.last_norms: Optional[torch.Tensor] = None
+        self.clipping_rule: Any = None  # the rule ghost clipping's second pass applies (None: fixed at C)
         self.per_example: Optional[tuple] = None  # which batch leaves hold examples (set_example_leaves)
         # the neighbour check (dpsgd.neighbours) and this step's rows in the train loader's dataset (set by install)
         self.neighbours: Any = None

@@ -31,6 +31,7 @@ from lightning_privacy import _compat
 from lightning_privacy.dpsgd import exactness
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
 from lightning_privacy.dpsgd.checks import odd_batch_message
+from lightning_privacy.dpsgd.functional import clip_factors
 from lightning_privacy.dpsgd.modes import (
     EXAMPLE,
     PerLayerMode,
@@ -143,7 +144,8 @@ class GhostMode(PerLayerMode):
             raise MisconfigurationException(odd_batch_message(sizes, what="gradient norms"))
         for param in params:
             param.grad = None
-        coefficients = owner.hooks.get_clipping_coef()
+        # the rule's factors of the norms (fixed: Opacus' min(1, C/(‖g‖ + 1e-6)), as its get_clipping_coef)
+        coefficients = clip_factors(owner.hooks.get_norm_sample(), owner.hooks.max_grad_norm, owner.clipping_rule)
         owner.last_norms = owner.hooks.per_sample_gradient_norms.detach()
         if coefficients.shape != losses.shape:
             raise MisconfigurationException(

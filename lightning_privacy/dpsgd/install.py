@@ -217,13 +217,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     dp._units_of_batch = _units_of_batch(dp, trainer, pl_module)  # (user-level sampling: one clip per person)
     dp_optimizer.units_of_batch = dp._units_of_batch
     rule = getattr(dp, "clipping", None)
-    if rule is not None and rule.rule != "fixed" and dp.grad_sample_mode == "ghost":
-        raise MisconfigurationException(
-            f"DPSGD(clipping={rule.rule!r}) runs in ghost mode here (the strategy's only mode), whose second backward "
-            "pass applies Opacus' min(1, C/‖g‖) factors; use a strategy where hooks or functional mode runs, or "
-            "clipping='fixed'."
-        )
-    dp_optimizer.clipping_rule = rule
+    dp_optimizer.clipping_rule = dp._backward.clipping_rule = rule  # (ghost mode's second pass reads it)
     if dp._backward.engine is not None:
         dp._backward.engine.units, dp._backward.engine.rule = dp._units_of_batch, rule
     if getattr(dp._backward, "neighbours", None) is not None:  # (the premise checked for the rule trained with)
@@ -267,6 +261,8 @@ def set_clip(dp: Any, clip: float, optimizer: Any = None) -> None:
     if optimizer is not None:
         optimizer.max_grad_norm = clip
     backward = dp._backward
+    if dp.grad_sample_mode == "ghost" and backward.hooks is not None:  # (the C ghost clipping's factors read)
+        backward.hooks.max_grad_norm = clip
     for engine in (getattr(backward, "engine", None), getattr(getattr(backward, "neighbours", None), "engine", None)):
         if engine is not None:
             engine.max_grad_norm = clip

@@ -126,9 +126,9 @@ def set_arguments(
     accountant = DEFAULT_ACCOUNTANT if accountant is None else accountant
     check_choices(delta=delta, accountant=accountant, loss_reduction=loss_reduction, mode=grad_sample_mode)
     bad = MisconfigurationException
-    dp.clipping = clipping_rule(clipping, stability, max_grad_norm, grad_sample_mode)
+    dp.clipping = clipping_rule(clipping, stability, max_grad_norm)
     if clipping == QUANTILE:
-        dp.clipping = quantile_rule(target_quantile, clipping_learning_rate, count_noise_multiplier, grad_sample_mode)
+        dp.clipping = quantile_rule(target_quantile, clipping_learning_rate, count_noise_multiplier)
     dp.quantile = None  # this fit's QuantileClipping (the adaptive C), built with the DP optimizer
     dp.max_grad_norm = positive("max_grad_norm", 1.0 if max_grad_norm is None else max_grad_norm)
     dp.grad_sample_mode = grad_sample_mode  # (each fit resolves "auto": dpsgd.strategies.resolve_grad_sample_mode)
@@ -167,7 +167,7 @@ def set_arguments(
     set_unit(dp, privacy_unit, user_ids, max_examples_per_user, user_sampling, user_reduction)
 
 
-def clipping_rule(rule: Any, stability: Any, max_grad_norm: Any, mode: Any) -> ClippingRule:
+def clipping_rule(rule: Any, stability: Any, max_grad_norm: Any) -> ClippingRule:
     """The clipping rule from DPSGD's arguments (:mod:`lightning_privacy.dpsgd.clipping`), each bad combination in
     one sentence naming the argument and the fix."""
     bad = MisconfigurationException
@@ -187,15 +187,10 @@ def clipping_rule(rule: Any, stability: Any, max_grad_norm: Any, mode: Any) -> C
         )
     if isinstance(stability, bool) or not isinstance(stability, numbers.Real) or not stability > 0:
         raise bad(f"DPSGD(stability={stability!r}): automatic clipping's γ in 1/(‖g‖ + γ) must be a number > 0.")
-    if mode == "ghost":
-        raise bad(
-            "DPSGD(clipping='automatic', grad_sample_mode='ghost'): ghost clipping's second backward pass applies "
-            "Opacus' min(1, C/‖g‖) factors; use grad_sample_mode='auto' (the default), 'hooks' or 'functional'."
-        )
     return ClippingRule(AUTOMATIC, float(stability))
 
 
-def quantile_rule(target: Any, learning_rate: Any, count_noise: Any, mode: Any) -> ClippingRule:
+def quantile_rule(target: Any, learning_rate: Any, count_noise: Any) -> ClippingRule:
     """Andrew et al.'s adaptive clipping from DPSGD's arguments, each bad one in a sentence naming it and the fix."""
     bad = MisconfigurationException
     if isinstance(target, bool) or not isinstance(target, numbers.Real) or not 0 < target < 1:
@@ -206,12 +201,6 @@ def quantile_rule(target: Any, learning_rate: Any, count_noise: Any, mode: Any) 
         isinstance(count_noise, bool) or not isinstance(count_noise, numbers.Real) or not count_noise > 0
     ):
         raise bad(f"DPSGD(count_noise_multiplier={count_noise!r}): σ_b of the noised count must be a number > 0.")
-    if mode == "ghost":
-        raise bad(
-            "DPSGD(clipping='quantile', grad_sample_mode='ghost'): the adaptive C needs each example's norm against "
-            "C before the step's update, which the ghost optimizer does not expose here; use grad_sample_mode='auto' "
-            "(the default), 'hooks' or 'functional'."
-        )
     return ClippingRule(
         QUANTILE, target_quantile=float(target), learning_rate=float(learning_rate),
         count_noise_multiplier=None if count_noise is None else float(count_noise),

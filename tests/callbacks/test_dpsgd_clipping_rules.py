@@ -35,7 +35,7 @@ def automatic_loop(state, rows, data, ids=None, gamma=GAMMA):
     return total
 
 
-@pytest.mark.parametrize("mode", ["hooks", "functional", "auto"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functional", "auto"])
 def test_automatic_clipping_sums_each_gradient_over_its_norm_plus_gamma(mode):
     data = _rows()
     data.tensors = (data.tensors[0] * 5, data.tensors[1])  # (large gradients: the rule's scale matters)
@@ -76,7 +76,6 @@ def test_automatic_clipping_scales_each_person_s_summed_gradient():
         (dict(clipping="adaptive"), r"clipping='adaptive'.*'fixed'.*'automatic'"),
         (dict(clipping="automatic", max_grad_norm=1.0), r"max_grad_norm=1.0.*has no clipping norm; drop max_grad_norm"),
         (dict(clipping="automatic", stability=0.0), r"stability=0.0.*> 0"),
-        (dict(clipping="automatic", grad_sample_mode="ghost"), r"ghost.*'auto'"),
     ],
 )
 def test_bad_clipping_arguments_are_refused_in_one_sentence(kwargs, match):
@@ -151,7 +150,7 @@ def _fixed_loop(state, rows, data, clip):
     return total
 
 
-@pytest.mark.parametrize("mode", ["hooks", "functional", "auto"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functional", "auto"])
 def test_quantile_clipping_tracks_its_quantile_clips_at_each_step_s_c_and_is_accounted_with_its_count(mode):
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
@@ -222,7 +221,6 @@ def test_a_resumed_quantile_run_continues_its_clipping_norm():
         (dict(target_quantile=1.0), r"target_quantile=1.0.*\(0, 1\)"),
         (dict(clipping_learning_rate=0), r"clipping_learning_rate=0.*> 0"),
         (dict(count_noise_multiplier=-1.0), r"count_noise_multiplier=-1.0.*> 0"),
-        (dict(grad_sample_mode="ghost"), r"clipping='quantile', grad_sample_mode='ghost'"),
     ],
 )
 def test_bad_quantile_arguments_are_refused_in_one_sentence(kwargs, match):
@@ -285,3 +283,49 @@ def test_under_ddp_the_ranks_count_together_and_keep_one_clipping_norm(tmp_path)
     assert rank0["clips"] == rank1["clips"] and rank0["final"] == rank1["final"]  # one count, one noise draw
     assert rank0["clips"][0] == 5.0 and len(set(rank0["clips"])) == 12 and rank0["final"] < 5.0
     assert rank0["epsilon"] == rank1["epsilon"]
+
+
+class _Clips(pl.Callback):
+    def __init__(self, dpsgd):
+        self.dpsgd, self.clips = dpsgd, []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.clips.append(float(trainer.strategy.optimizers[0].max_grad_norm))
+
+
+def _fsdp2_worker(rule):
+    """FSDP2, where ghost clipping is the only mode: the rule's factors in its second pass, C_t in its noise."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from tests.callbacks.test_dpsgd_sampling import _ShardedMLP, seeded_loader
+
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+    extra = {"max_grad_norm": 5.0} if rule == "quantile" else {}
+    dpsgd = DPSGD(noise_multiplier=1.0, clipping=rule, sampling_seed=0, grad_sample_mode="ghost", **extra)
+    seen = _Clips(dpsgd)
+    trainer = pl.Trainer(
+        max_steps=10, callbacks=[dpsgd, seen], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=2, use_distributed_sampler=False,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(_ShardedMLP(), seeded_loader(256, 32))
+    return {"clips": seen.clips, "epsilon": dpsgd.epsilon(), "steps": dpsgd.steps, "rate": dpsgd.sample_rate}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["quantile", "automatic"])
+def test_fsdp2_runs_each_rule_in_ghost_clipping(tmp_path, rule):
+    from tests._launch import run_ddp
+
+    rank0, rank1 = run_ddp("tests.callbacks.test_dpsgd_clipping_rules:_fsdp2_worker", tmp_path / "fsdp2", rule=rule)
+    assert rank0["clips"] == rank1["clips"] and rank0["epsilon"] == rank1["epsilon"] and rank0["steps"] == 10
+    if rule == "quantile":  # one count over both ranks moves one C from 5
+        assert len(set(rank0["clips"])) == 10 and rank0["clips"][-1] < 5.0
+    else:  # sensitivity 1: accounted as a fixed C = 1
+        assert set(rank0["clips"]) == {1.0}
+        fixed = DPSGD(noise_multiplier=1.0)
+        fixed.ledger.step(noise_multiplier=1.0, sample_rate=rank0["rate"], steps=10)
+        assert rank0["epsilon"] == pytest.approx(fixed.epsilon(), rel=1e-9)
