@@ -8,7 +8,10 @@ On a CUDA machine, in about 5–8 minutes, it
    size (``GPT2Config()``: 12 layers, 768 wide, 50,257 tokens; no download), full fine-tuning and LoRA (peft, r = 8
    on ``c_attn``), under ``precision="bf16-mixed"``, sequences of 256 tokens, SGD: plain (a ``Trainer`` without
    DPSGD), ``DPSGD(grad_sample_mode="ghost")`` (ghost clipping with book-keeping) and ``DPSGD(grad_sample_mode=
-   "hooks")``. Every step goes through the product path — ``lightning.Trainer(callbacks=[DPSGD(...), timer])`` on a
+   "hooks")``; since issue 60 also ``grad_sample_mode="functional"`` on the untied GPT-2 and on GPT-2 as users have
+   it, head tied (``tied``: ghost clipping refuses it, so ``auto`` trains it in functional mode), and the same with
+   Hugging Face's gradient checkpointing (``tied-checkpointed``); each functional row notes whether vmap ran the batch
+   or the per-example loop did (and why). Every step goes through the product path — ``lightning.Trainer(callbacks=[DPSGD(...), timer])`` on a
    module whose ``training_step`` returns ``{"loss": mean, "per_example_loss": causal_lm_signal(...)}`` — and a small
    callback times it from ``on_train_batch_start`` (after a ``cuda.synchronize``) to ``on_train_batch_end`` with CUDA
    events, split at ``on_before_backward`` / ``on_after_backward`` / ``on_before_optimizer_step`` into forward,
@@ -22,9 +25,9 @@ On a CUDA machine, in about 5–8 minutes, it
    noise generation rate is the Gaussian numbers per second drawn with the generator of
    :class:`lightning_privacy.dpsgd.noise.NoiseSource` (the generator's creation timed apart), and Opacus' secure-mode draw;
 3. writes ``benchmarks/results/gpu.md``: the device, torch, CUDA and package versions, the tests' counts, the table,
-   the ratios ghost ÷ plain, hooks ÷ plain and the peak-memory ratios beside the issue's goals (ghost ÷ plain ≤ 1.2×
-   full, ≤ 1.1× LoRA; hooks ÷ plain ≤ 1.3× LoRA; ghost's extra peak memory ≤ 15 % of plain's), the noise rates and
-   the profiles.
+   the ratios ghost ÷ plain, hooks ÷ plain, functional ÷ plain and the peak-memory ratios beside the issues' goals
+   (ghost ÷ plain ≤ 1.25× full, ≤ 1.1× LoRA; hooks ÷ plain ≤ 1.3× LoRA; functional ÷ plain ≤ 1.5× tied; ghost's extra
+   peak memory ≤ 10 % of plain's), the noise rates and the profiles.
 
 GPT-2's output layer is its token embedding, a tied parameter that ghost clipping cannot clip (DPSGD refuses it):
 full fine-tuning therefore unties it (``tie_word_embeddings=False``, 163 M parameters) in all three modes; LoRA keeps
@@ -82,11 +85,20 @@ from typing import Any, Dict, List, Optional
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gpu.md"
 
-#: the issue's goals: (setting, mode) → time ratio against plain; memory: ghost's extra peak memory
-TIME_GOALS = {("full", "ghost"): 1.2, ("lora", "ghost"): 1.1, ("lora", "hooks"): 1.3}
-MEMORY_GOAL = 0.15
-SETTINGS = ("lora", "full")
-MODES = ("plain", "ghost", "hooks")
+#: the issues' goals (40, 60): (setting, mode) → time ratio against plain; memory: ghost's extra peak memory
+TIME_GOALS = {
+    ("full", "ghost"): 1.25, ("lora", "ghost"): 1.1, ("lora", "hooks"): 1.3, ("tied", "functional"): 1.5,
+    ("tied-checkpointed", "functional"): 1.5,
+}  # fmt: skip
+MEMORY_GOAL = 0.10
+#: each setting's modes, plain first and hooks last (per-example gradients of every weight: the likeliest to run out
+#: of memory). "tied" is GPT-2 as users have it (head tied to the token embedding: ghost clipping refuses it, so
+#: `auto` picks functional mode); "tied-checkpointed" the same with HF gradient checkpointing.
+MODES_OF = {
+    "lora": ("plain", "ghost", "hooks"), "full": ("plain", "ghost", "functional", "hooks"),
+    "tied": ("plain", "functional"), "tied-checkpointed": ("plain", "functional"),
+}  # fmt: skip
+SETTINGS = tuple(MODES_OF)
 PHASES = ("forward", "backward", "optimizer")
 
 
@@ -169,7 +181,8 @@ def _sync(device: str) -> None:
 
 
 def build_lm(scale: Scale, setting: str, device: str):
-    """A LightningModule around a randomly initialised GPT-2 (full: untied head; LoRA: adapters on ``c_attn``)."""
+    """A LightningModule around a randomly initialised GPT-2 (full: untied head; LoRA: adapters on ``c_attn``; tied:
+    GPT-2 as it is, head tied, trained in full; tied-checkpointed: the same with HF gradient checkpointing)."""
     import lightning.pytorch as pl
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -183,6 +196,8 @@ def build_lm(scale: Scale, setting: str, device: str):
             with torch.random.fork_rng(devices=[]), torch.device(device):
                 torch.manual_seed(0)
                 model = GPT2LMHeadModel(config)
+            if setting == "tied-checkpointed":
+                model.gradient_checkpointing_enable()
             if setting == "lora":
                 from peft import LoraConfig, get_peft_model
 
@@ -410,6 +425,23 @@ def _top_operations(profiler: Any, device: str, limit: int = 8) -> List[Dict[str
     ]
 
 
+def _functional_how():
+    import lightning.pytorch as pl
+
+    class FunctionalHow(pl.Callback):
+        """Whether functional mode's engine ran the batch through vmap or fell back to the per-example loop."""
+
+        seen, fallback = False, None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            dp = next((c for c in trainer.callbacks if hasattr(c, "_backward")), None)
+            engine = getattr(getattr(dp, "_backward", None), "engine", None)
+            if engine is not None:
+                self.seen, self.fallback = True, engine.fallback
+
+    return FunctionalHow()
+
+
 def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, profile: bool) -> Run:
     """One ``Trainer.fit`` of ``warmup + steps (+1 profiled)`` one-step epochs; the measured steps' times and memory."""
     import lightning.pytorch as pl
@@ -423,14 +455,18 @@ def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, p
     profiled = profile and mode != "plain"
     timer = step_timer(device, scale.warmup, scale.steps, profiled)
     callbacks: List[Any] = [timer]
+    how = _functional_how()
     if mode != "plain":
         callbacks.insert(0, DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode))
+        callbacks.append(how)
     trainer = pl.Trainer(
         accelerator="cuda" if device == "cuda" else "cpu", devices=1, precision="bf16-mixed",
         max_epochs=scale.warmup + scale.steps + int(profiled), callbacks=callbacks, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, DataLoader(token_rows(scale, batch), batch_size=batch))  # one batch: q = 1 under DPSGD
+    if how.seen:  # how functional mode ran: vmap over chunks of examples, or one example at a time (a fallback)
+        run.note = "vmap" if how.fallback is None else f"loop: {how.fallback}"
     run.steps_ms, run.phases_ms = timer.results()
     run.peak_memory, run.profile = timer.peak, timer.profile_rows
     return run
@@ -449,7 +485,7 @@ def measure_with_retries(scale: Scale, setting: str, mode: str, batch: int, devi
             failed = f"out of memory at batch {batch}"
         _free(device)
         if failed is None:
-            run.note = "; ".join(notes)
+            run.note = "; ".join(notes + ([run.note] if run.note else []))
             return run
         notes.append(failed)
         batch //= 2
@@ -700,7 +736,7 @@ def report(info: Dict[str, Any]) -> str:
               "| ratio | measured | goal | met |", "|---|---:|---:|---|"]  # fmt: skip
     for q in info["ratios"]:
         per = " (per row: another batch)" if q["per_row"] else ""
-        goal = "(none)" if q["time_goal"] is None else f"≤ {q['time_goal']:.1f}×"
+        goal = "(none)" if q["time_goal"] is None else f"≤ {q['time_goal']:g}×"
         lines.append(
             f"| {q['mode']} ÷ plain, {q['setting']}{per} | {q['time']:.2f}× | {goal} | {_met(q['time_met'])} |"
         )
@@ -814,7 +850,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 info["failures"].append(f"{setting} batch search {_failure(error)}")
                 continue
             print(f"{setting}: batch {batch}", flush=True)
-            for mode in MODES:  # hooks last: per-example gradients of every weight, the likeliest to run out of memory
+            for mode in MODES_OF[setting]:
                 if time.perf_counter() - started > scale.budget:
                     info["skipped"].append(f"{setting} {mode}")
                     continue

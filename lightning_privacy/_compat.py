@@ -244,6 +244,38 @@ def hugging_face_input_grad_hooks_off(module: Any) -> Iterator[None]:
             hooks[key] = hook
 
 
+@contextlib.contextmanager
+def hugging_face_sdpa_mask_vmappable() -> Iterator[None]:
+    """Hugging Face's test whether SDPA may skip the attention mask (``transformers.masking_utils.
+    _ignore_causal_mask_sdpa``, transformers 5.24) reads the padding mask's values (``mask.sum() == mask.numel()``), a
+    branch on data that vmap cannot take: a stock GPT-2 or Llama given an ``attention_mask`` then fell back to one
+    example at a time. Inside, where that read fails under vmap the test answers "do not skip": the explicit causal
+    and padding mask is built, the same attention (only SDPA's ``is_causal`` shortcut is not taken); everywhere else,
+    and outside, it answers as Hugging Face's. Where transformers is not imported, or renames the function, nothing
+    changes (the guarding test sees the loop again)."""
+    import sys
+
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "_ignore_causal_mask_sdpa", None)
+    if original is None:
+        yield
+        return
+
+    def answer(*args: Any, **kwargs: Any) -> bool:
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as error:
+            if "data-dependent control flow" not in str(error):
+                raise
+            return False
+
+    masking._ignore_causal_mask_sdpa = answer
+    try:
+        yield
+    finally:
+        masking._ignore_causal_mask_sdpa = original
+
+
 def remove_module_hooks(module: Any) -> None:
     """Drop every forward/backward hook of ``module`` (not its children): torch has handles, no public "clear all".
 

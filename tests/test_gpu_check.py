@@ -48,19 +48,23 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_report(tmp_path):
     tests = info["tests"]  # the CUDA tests skip on the CPU, and nothing broke on the way
     assert tests["skipped"] > 10 and tests["passed"] == tests["failed"] == tests["errors"] == 0 and not tests["notes"]
     assert [(r["setting"], r["mode"]) for r in info["runs"]] == [
-        (s, m) for s in ("lora", "full") for m in ("plain", "ghost", "hooks")
-    ]
+        ("lora", "plain"), ("lora", "ghost"), ("lora", "hooks"),
+        ("full", "plain"), ("full", "ghost"), ("full", "functional"), ("full", "hooks"),
+        ("tied", "plain"), ("tied", "functional"), ("tied-checkpointed", "plain"), ("tied-checkpointed", "functional"),
+    ]  # fmt: skip
     for run in info["runs"]:
         assert run["batch"] == 4 and len(run["steps_ms"]) == info["scale"]["steps"] and min(run["steps_ms"]) > 0
         assert all(len(v) == len(run["steps_ms"]) and min(v) > 0 for v in run["phases_ms"].values())
-        assert run["trainable"] > 0 and run["note"] == ""
+        assert run["trainable"] > 0  # functional mode's note: vmap ran the stock GPT-2 (SDPA, checkpointing too)
+        assert run["note"] == ("vmap" if run["mode"] == "functional" else ""), run["note"]
         assert (run["mode"] == "plain") != bool(run["profile"])  # one profiled step per DP run
     assert [(q["setting"], q["mode"]) for q in info["ratios"]] == [
-        ("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "hooks"),
+        ("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "functional"), ("full", "hooks"),
+        ("tied", "functional"), ("tied-checkpointed", "functional"),
     ]  # fmt: skip
     for q in info["ratios"]:
         assert math.isfinite(q["time"]) and q["time"] > 0 and not q["per_row"] and q["memory"] is None
-        assert (q["time_goal"] is None) == ((q["setting"], q["mode"]) == ("full", "hooks"))
+        assert (q["time_goal"] is None) == ((q["setting"], q["mode"]) in (("full", "hooks"), ("full", "functional")))
         assert f"| {q['mode']} ÷ plain, {q['setting']} | {q['time']:.2f}× |" in text
     assert [n["ms"] > 0 for n in info["noise"]] == [True] * 4
     assert "takes" in text and "of the plain step" in text  # the noise of one full step against the step
@@ -90,7 +94,7 @@ def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal(
     gpu_check = _script()
     runs = [
         _run("lora", "plain", 64, 100.0, 1000 * 2**20),
-        _run("lora", "ghost", 64, 105.0, 1100 * 2**20),  # 1.05×, +10 %: both goals met
+        _run("lora", "ghost", 64, 105.0, 1080 * 2**20),  # 1.05×, +8 %: both goals met
         _run("lora", "hooks", 64, 140.0, 1500 * 2**20),  # 1.4×: missed
         _run("full", "plain", 64, 200.0, 4000 * 2**20),
         _run("full", "ghost", 32, 118.0, 3000 * 2**20, note="out of memory at batch 64"),  # per row: 1.18×
@@ -99,7 +103,7 @@ def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal(
     ratios = gpu_check.ratios([gpu_check.Run(**r) for r in runs])
     by = {(q["setting"], q["mode"]): q for q in ratios}
     assert set(by) == {("lora", "ghost"), ("lora", "hooks"), ("full", "ghost")}  # the failed run has no ratio
-    assert by["lora", "ghost"]["time"] == pytest.approx(1.05) and by["lora", "ghost"]["memory"] == pytest.approx(1.1)
+    assert by["lora", "ghost"]["time"] == pytest.approx(1.05) and by["lora", "ghost"]["memory"] == pytest.approx(1.08)
     assert by["lora", "ghost"]["time_met"] and by["lora", "ghost"]["memory_met"]
     assert by["lora", "hooks"]["time_met"] is False and by["lora", "hooks"]["memory_met"] is None  # no memory goal
     full = by["full", "ghost"]
@@ -120,13 +124,13 @@ def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal(
     text = gpu_check.report(info)
     assert "CPU smoke" not in text and "NVIDIA H100 80GB HBM3" in text and "torch 2.11.0+cu130, CUDA 13.0" in text
     assert "19 passed, 1 failed" in text and "- failed: `tests.test_cuda::test_x`" in text and "E boom" in text
-    assert "| peak memory ghost ÷ plain, lora | 1.10× (+10 %) | ≤ 1.15× (+15%) | yes |" in text
+    assert "| peak memory ghost ÷ plain, lora | 1.08× (+8 %) | ≤ 1.10× (+10%) | yes |" in text
     assert "| hooks ÷ plain, lora | 1.40× | ≤ 1.3× | **no** |" in text
-    assert "| ghost ÷ plain, full (per row: another batch) | 1.18× | ≤ 1.2× | yes |" in text
+    assert "| ghost ÷ plain, full (per row: another batch) | 1.18× | ≤ 1.25× | yes |" in text
     assert "| peak memory ghost ÷ plain, full | n/a |" in text
     assert "Missed: hooks lora." in text
     assert "| full | hooks | 1,000 | 8 | — |" in text and "out of memory at batch 16" in text
-    assert "| 1,000 | 64 | 100.000 | 1.5625 |" in text and "| 1,100 |" in text  # MiB
+    assert "| 1,000 | 64 | 100.000 | 1.5625 |" in text and "| 1,080 |" in text  # MiB
     assert "## Failures" in text and "noise rates failed" in text
     assert "one step's noise for full fine-tuning (1,000 coordinates)" in text
 

@@ -130,6 +130,9 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
       removed after it;
     - Hugging Face's gradient checkpointing is off (torch.func cannot run its saved-tensor hooks; the chunks of
       examples bound the pass's memory), so the examples go through vmap rather than one at a time;
+    - Hugging Face's SDPA mask shortcut, which reads the attention mask's values, builds the mask instead
+      (:func:`~lightning_privacy._compat.hugging_face_sdpa_mask_vmappable`), so a stock GPT-2 or Llama given an
+      ``attention_mask`` goes through vmap;
     - ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM`` run unrolled over time (:mod:`~lightning_privacy.dpsgd.recurrent`: the
       same equations in operations vmap batches, where torch's fused kernels write into a tensor the examples share).
     """
@@ -149,6 +152,7 @@ def logging_suppressed(module: nn.Module) -> Iterator[None]:
             stack.enter_context(_instance_attributes(m, forward=recurrent.unrolled(m)))
         if checkpointed:  # (its `output.requires_grad_(True)` on the embeddings, for checkpointing: not needed here)
             stack.enter_context(_compat.hugging_face_input_grad_hooks_off(module))
+        stack.enter_context(_compat.hugging_face_sdpa_mask_vmappable())  # (the explicit mask, not a read of its values)
         try:
             yield
         finally:
