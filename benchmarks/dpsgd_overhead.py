@@ -33,7 +33,9 @@ ratios side by side: the speed-ups of this release measured in one run.
 ``--models hf_bert hf_gpt2 hf_llama hf_t5 vit resnet_bn lstm textbag metric`` (``STOCK_MODELS``) measures the
 models as a user writes them (Hugging Face BERT, GPT-2, Llama and T5 from small configs, a ViT, a ResNet with
 BatchNorm under ``fix_modules=True``, an LSTM, a torchtext-style EmbeddingBag, a module with a torchmetrics metric;
-``tests/callbacks/_stock_models.py``) with their own loaders (batch 8): auto's pick, its switch step and its cost (``benchmarks/results/dpsgd_overhead_stock.txt``).
+``tests/callbacks/_stock_models.py``) with their own loaders (batch 8): auto's pick, its switch step and its cost (``benchmarks/results/dpsgd_overhead_stock.txt``); ``--models hf_gpt2_padded
+hf_llama_padded --before REF`` the stock GPT-2 and Llama given a padding mask, functional mode through vmap now and the
+per-example loop before issue 60's fix (``benchmarks/results/dpsgd_overhead_padded.txt``).
 
 ``--auto-cost N`` measures ``auto`` (the default) against ``hooks`` where it trains in hooks mode, N alternating fresh
 processes per model (one run per mode is too noisy for a few per cent: ±30 % between runs of the same mode here).
@@ -61,7 +63,10 @@ STOCK_MODELS = {
     "hf_bert": "bert", "hf_gpt2": "gpt2", "hf_llama": "llama", "hf_t5": "t5", "vit": "vit", "resnet_bn": "resnet",
     "lstm": "lstm", "textbag": "textbag", "metric": "metric",
 }  # fmt: skip
+#: stock GPT-2 and Llama given a padding mask (SDPA attention): functional mode's vmap against its loop (issue 60)
+PADDED_MODELS = {"hf_gpt2_padded": "gpt2_padded", "hf_llama_padded": "llama_padded"}
 MODES = ("none", "hooks", "ghost", "functional", "auto")
+NAME_WIDTH = 12  # the tables' model column (wider where a model's name is longer: main sets it)
 PARTS = ("forward", "backward", "clip", "noise", "scale", "optimizer", "checks", "ledger")
 
 
@@ -110,11 +115,11 @@ def run_one(model_name: str, mode: str, steps: int, warmup: int, clock: str = "c
 
     n = 32 * 16  # sample rate 1/16
     module, loader, extra = None, None, {}
-    if model_name in STOCK_MODELS:  # the module, its own loader (batch 8) and DPSGD's arguments, as the tests use
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from tests.callbacks._stock_models import STOCK
+    if model_name in STOCK_MODELS or model_name in PADDED_MODELS:  # the module, its own loader (batch 8) and DPSGD's
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # arguments, as the tests use
+        from tests.callbacks._stock_models import PADDED, STOCK
 
-        make, loader_of, extra, _ = STOCK[STOCK_MODELS[model_name]]
+        make, loader_of, extra, _ = {**STOCK, **PADDED}[{**STOCK_MODELS, **PADDED_MODELS}[model_name]]
         module, loader = make(), loader_of(n)
         net = module
     elif model_name == "mlp":
@@ -284,15 +289,15 @@ def _ratio(rows: list, row: dict) -> float:
 
 
 def breakdown(rows: list) -> list:
-    head = f"{'model':<12}{'mode':<11}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    head = f"{'model':<{NAME_WIDTH}}{'mode':<11}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
     lines = [head]
     for row in rows:
         if "refused" in row:
-            lines.append(f"{row['model']:<12}{row['mode']:<11}refused: {row['refused']}")
+            lines.append(f"{row['model']:<{NAME_WIDTH}}{row['mode']:<11}refused: {row['refused']}")
             continue
         rest = row["step"] - sum(row[p] for p in PARTS)
         lines.append(
-            f"{row['model']:<12}{row['mode']:<11}{row['step']:>8.1f}{_ratio(rows, row):>8.2f}"
+            f"{row['model']:<{NAME_WIDTH}}{row['mode']:<11}{row['step']:>8.1f}{_ratio(rows, row):>8.2f}"
             + "".join(f"{row[p]:>10.1f}" for p in PARTS)
             + f"{rest:>8.1f}"
         )
@@ -309,7 +314,7 @@ def functional_summary(rows: list) -> list:
         if functional is None or hooks is None or plain is None or "refused" in functional or "refused" in hooks:
             continue
         lines.append(
-            f"{model:<12}{functional['step'] / hooks['step']:>8.2f} × hooks{functional['step'] / plain['step']:>8.2f} × none"
+            f"{model:<{NAME_WIDTH}}{functional['step'] / hooks['step']:>8.2f} × hooks{functional['step'] / plain['step']:>8.2f} × none"
         )
     return lines
 
@@ -327,7 +332,7 @@ def auto_summary(rows: list) -> list:
         if used is None or "refused" in used:
             continue
         switched = "" if auto.get("switched") is None else f" (switched at step {auto['switched']})"
-        lines.append(f"{model:<12}{auto['used']:<11}{auto['step'] / used['step']:>8.3f} × {auto['used']}{switched}")
+        lines.append(f"{model:<{NAME_WIDTH}}{auto['used']:<11}{auto['step'] / used['step']:>8.3f} × {auto['used']}{switched}")
     return lines
 
 
@@ -361,19 +366,19 @@ def measure_auto_cost(models, steps: int, warmup: int, clock: str, repeats: int)
             continue
         hooks, auto, mine = statistics.median(times["hooks"]), statistics.median(times["auto"]), statistics.median(own)
         lines.append(
-            f"{model:<12}hooks {hooks:>8.2f} ms   auto {auto:>8.2f} ms   {auto / hooks:>6.3f} × hooks   "
+            f"{model:<{NAME_WIDTH}}hooks {hooks:>8.2f} ms   auto {auto:>8.2f} ms   {auto / hooks:>6.3f} × hooks   "
             f"auto's own work {mine:>6.3f} ms = {mine / auto:>6.2%} of its step"
         )
     return lines
 
 
 def side_by_side(before: list, after: list, ref: str) -> list:
-    lines = [f"{'model':<12}{'mode':<11}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"]
+    lines = [f"{'model':<{NAME_WIDTH}}{'mode':<11}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"]
     for old, new in zip(before, after):
         if new["mode"] == "none" or "refused" in old or "refused" in new:
             continue
         lines.append(
-            f"{new['model']:<12}{new['mode']:<11}{_ratio(before, old):>16.2f}{_ratio(after, new):>12.2f}"
+            f"{new['model']:<{NAME_WIDTH}}{new['mode']:<11}{_ratio(before, old):>16.2f}{_ratio(after, new):>12.2f}"
             f"{old['step']:>14.1f}{new['step']:>10.1f}"
         )
     return lines
@@ -391,7 +396,9 @@ def main() -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8, help="measured steps (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured first steps (default: %(default)s)")
-    parser.add_argument("--models", nargs="*", choices=MODELS + tuple(STOCK_MODELS), default=list(MODELS))
+    parser.add_argument(
+        "--models", nargs="*", choices=MODELS + tuple(STOCK_MODELS) + tuple(PADDED_MODELS), default=list(MODELS)
+    )
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
     parser.add_argument("--before", metavar="REF", help="also measure the package at this git revision")
     parser.add_argument("--output", type=Path, default=None, help="write the table here too")
@@ -423,10 +430,16 @@ def main() -> str:
         print(json.dumps(run_one(args.one[0], args.one[1], args.steps, args.warmup, args.clock)))
         return ""
     clock = "process CPU time" if args.clock == "cpu" else "wall time"
+    global NAME_WIDTH
+    NAME_WIDTH = max(12, max(map(len, args.models), default=0) + 1)
     lines = [
         f"DP-SGD step broken into its parts: medians over {args.steps} steps after {args.warmup} warm-up steps, ms of "
         f"{clock}; CPU, 1 torch thread, expected batch "
-        + ("8 (the stock models' own loaders)" if all(m in STOCK_MODELS for m in args.models) else "32")
+        + (
+            "8 (the stock models' own loaders)"
+            if all(m in STOCK_MODELS or m in PADDED_MODELS for m in args.models)
+            else "32"
+        )
         + " (Poisson), σ = 1, C = 1"
     ]
     if args.before:

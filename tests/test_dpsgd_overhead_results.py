@@ -135,3 +135,26 @@ def test_the_stock_models_costs_are_published_with_auto_s_pick_and_switch_step()
     for model, mode in picks.items():
         ratio = float(re.search(rf"^{model}\s+{mode}\s+([0-9.]+) ×", block, flags=re.M).group(1))
         assert ratio == pytest.approx(steps[(model, "auto")] / steps[(model, mode)], rel=0.1, abs=0.02), model
+
+
+PADDED = ROOT / "benchmarks" / "results" / "dpsgd_overhead_padded.txt"
+
+
+def test_the_padded_stock_lms_run_functional_mode_through_vmap_faster_than_the_loop_before():
+    """``--models hf_gpt2_padded hf_llama_padded --before REF`` (issue 60 item 2): functional mode (and auto, which
+    trains both in it) now runs the batch through vmap, faster against the plain step than the per-example loop the
+    package at REF ran; each "now" ratio is the breakdown's own step ÷ its plain step."""
+    text = PADDED.read_text(encoding="utf-8")
+    steps = {}
+    for line in text.split("\n\n")[0].splitlines()[2:]:
+        parts = line.split()
+        if parts[2] != "refused:":
+            steps[parts[0], parts[1]] = float(parts[2])
+    block = text.split("and now (same run):\n")[1].split("\n\n")[0].splitlines()[1:]
+    rows = {(p[0], p[1]): (float(p[2]), float(p[3])) for p in (line.split() for line in block)}
+    for model in ("hf_gpt2_padded", "hf_llama_padded"):
+        for mode in ("functional", "auto"):
+            before, now = rows[model, mode]
+            assert now < before, (model, mode, before, now)
+            assert now == pytest.approx(steps[model, mode] / steps[model, "none"], rel=0.05)
+    assert "hf_gpt2_padded  functional    " in text.split("given explicitly:")[1]  # auto: the tied GPT-2 in functional

@@ -249,3 +249,34 @@ STOCK: Dict[str, Tuple[Callable[[], pl.LightningModule], Callable[[int], DataLoa
     "textbag": (TextBag, lambda n: DataLoader(_Texts(n), batch_size=8, collate_fn=collate_batch), {}, _bags),
     "metric": (WithMetric, lambda n: DataLoader(_tokens(n), batch_size=8), {}, _rows),
 }
+
+
+class _Padded:
+    """A causal LM's ``training_step`` with an ``attention_mask``: each row right-padded to its own length, T − 1 − y
+    tokens (SDPA attention, the default; Hugging Face's mask code reads the mask's values); each sequence's mean
+    next-token loss over its own tokens (Hugging Face's ``.loss`` is a token mean over the batch, which DPSGD refuses
+    as a reduced loss where the lengths differ: not the mean of the examples' losses)."""
+
+    def training_step(self, batch, batch_idx):
+        ids, y = batch
+        mask = (torch.arange(ids.shape[1], device=ids.device) < ids.shape[1] - 1 - y[:, None]).long()
+        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+        tokens = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=-100)
+        losses = tokens.sum(1) / (targets != -100).sum(1)
+        return {"loss": losses.mean(), "per_example_loss": losses}  # (a plain Trainer minimises the mean)
+
+
+class GPT2Padded(_Padded, GPT2):
+    pass
+
+
+class LlamaPadded(_Padded, Llama):
+    pass
+
+
+#: stock causal LMs given a padding mask (issue 60 item 2), apart from STOCK (whose rows the benchmarks publish)
+PADDED = {
+    "gpt2_padded": (GPT2Padded, *STOCK["gpt2"][1:]),
+    "llama_padded": (LlamaPadded, *STOCK["llama"][1:]),
+}

@@ -18,7 +18,7 @@ from torch.utils.data import TensorDataset
 
 from lightning_privacy import DPSGD
 from lightning_privacy.dpsgd import functional
-from tests.callbacks._stock_models import STOCK
+from tests.callbacks._stock_models import PADDED, STOCK
 from tests.callbacks.test_dpsgd_functional import FirstStep
 
 pytest.importorskip("transformers")
@@ -103,25 +103,17 @@ def test_hugging_face_gradient_checkpointing_goes_through_vmap():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", sorted(PADDED))
 def test_a_stock_causal_lm_with_a_padding_mask_goes_through_vmap(name):
     """A stock GPT-2 or Llama (SDPA attention, the default) given an ``attention_mask`` with padding: Hugging Face's
     test whether SDPA may skip the mask reads the mask's values, which vmap cannot; inside the per-example passes the
     explicit mask is built instead (``_compat.hugging_face_sdpa_mask_vmappable``), so the examples go through vmap,
     not one at a time, and the step is exact (issue 60 item 2)."""
-    from tests.callbacks import _stock_models
-
-    class Padded(_stock_models.STOCK[name][0]):
-        def training_step(self, batch, batch_idx):
-            ids, y = batch  # each row right-padded to its own length, T − 1 − y tokens
-            mask = (torch.arange(ids.shape[1], device=ids.device) < ids.shape[1] - 1 - y[:, None]).long()
-            return self.model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
-
-    STOCK["padded"] = (Padded, *STOCK[name][1:])
+    STOCK[name] = PADDED[name]
     try:
-        model, dpsgd, first, split, _ = _fit("padded")
+        model, dpsgd, first, split, _ = _fit(name)
     finally:
-        del STOCK["padded"]
+        del STOCK[name]
     assert dpsgd.grad_sample_mode == "functional" and dpsgd.exactness.reference.endswith("(vmap)")
     expected = reference(model, first.state, split(first.batch))
     scale = max(float(v.abs().max()) for v in expected.values())
