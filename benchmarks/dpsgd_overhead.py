@@ -289,7 +289,11 @@ def _ratio(rows: list, row: dict) -> float:
 
 
 def breakdown(rows: list) -> list:
-    head = f"{'model':<{NAME_WIDTH}}{'mode':<11}{'step':>8}{'× none':>8}" + "".join(f"{p:>10}" for p in PARTS) + f"{'rest':>8}"
+    head = (
+        f"{'model':<{NAME_WIDTH}}{'mode':<11}{'step':>8}{'× none':>8}"
+        + "".join(f"{p:>10}" for p in PARTS)
+        + f"{'rest':>8}"
+    )
     lines = [head]
     for row in rows:
         if "refused" in row:
@@ -332,7 +336,9 @@ def auto_summary(rows: list) -> list:
         if used is None or "refused" in used:
             continue
         switched = "" if auto.get("switched") is None else f" (switched at step {auto['switched']})"
-        lines.append(f"{model:<{NAME_WIDTH}}{auto['used']:<11}{auto['step'] / used['step']:>8.3f} × {auto['used']}{switched}")
+        lines.append(
+            f"{model:<{NAME_WIDTH}}{auto['used']:<11}{auto['step'] / used['step']:>8.3f} × {auto['used']}{switched}"
+        )
     return lines
 
 
@@ -373,7 +379,9 @@ def measure_auto_cost(models, steps: int, warmup: int, clock: str, repeats: int)
 
 
 def side_by_side(before: list, after: list, ref: str) -> list:
-    lines = [f"{'model':<{NAME_WIDTH}}{'mode':<11}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"]
+    lines = [
+        f"{'model':<{NAME_WIDTH}}{'mode':<11}{'× none ' + ref:>16}{'× none now':>12}{'step ' + ref:>14}{'step now':>10}"
+    ]
     for old, new in zip(before, after):
         if new["mode"] == "none" or "refused" in old or "refused" in new:
             continue
