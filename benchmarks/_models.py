@@ -69,16 +69,24 @@ def small_cnn() -> nn.Sequential:
 
 class TinyGPT2(nn.Module):
     """A GPT-2 (transformers, eager attention) of 2 blocks, width 128, vocabulary 4,000: its ``lm_head`` is tied to
-    ``wte`` (full fine-tuning), or frozen with LoRA adapters (rank 8) on ``c_attn`` (``lora``). Returns the logits."""
+    ``wte`` (full fine-tuning; ``tied=False``: a head of its own, which ghost clipping takes), or frozen with LoRA
+    adapters (rank 8) on ``c_attn`` (``lora``). Returns the logits."""
 
-    def __init__(self, lora: bool = False) -> None:
+    def __init__(self, lora: bool = False, tied: bool = True) -> None:
         super().__init__()
         import warnings
 
         from transformers import GPT2Config, GPT2LMHeadModel
 
         config = GPT2Config(
-            vocab_size=4000, n_positions=64, n_embd=128, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+            vocab_size=4000,
+            n_positions=64,
+            n_embd=128,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=0,
+            eos_token_id=0,
+            tie_word_embeddings=tied,
         )
         config._attn_implementation = "eager"
         model = GPT2LMHeadModel(config)

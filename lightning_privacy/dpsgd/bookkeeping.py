@@ -7,7 +7,8 @@ computed — each layer's input ``aᵢ`` (activations) and the gradient ``gᵢ``
 and forms the clipped sum from them directly, without the second pass through the network:
 
 - ``nn.Linear``: ``Σᵢ cᵢ ∇_W ℓᵢ = Σᵢ cᵢ gᵢᵀ aᵢ`` (over positions too), one matrix product per layer; the bias
-  ``Σᵢ cᵢ Σ_positions gᵢ``;
+  ``Σᵢ cᵢ Σ_positions gᵢ``; Hugging Face's ``Conv1D`` (GPT-2; ``x @ W + b``) the same product transposed,
+  ``Σᵢ aᵢᵀ cᵢgᵢ``;
 - ``nn.Conv1d/2d/3d``: torch's own weight gradient of a convolution (``torch.nn.grad.conv*d_weight``) for the
   output gradients ``cᵢ·gᵢ`` (the input padded first as the layer pads it: ``"reflect"``, ``"replicate"``,
   ``"circular"``); the bias ``Σᵢ cᵢ Σ_positions gᵢ``;
@@ -41,6 +42,8 @@ from opacus.grad_sample import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
+
 __all__ = ["BookKeeping"]
 
 
@@ -54,6 +57,10 @@ _CONV_WEIGHT = {nn.Conv1d: torch.nn.grad.conv1d_weight, nn.Conv2d: torch.nn.grad
 
 def _plain_conv(module: nn.Module) -> bool:
     return type(module) in _CONV_WEIGHT and not isinstance(module.padding, str)
+
+
+def _is_conv1d(module: nn.Module) -> bool:
+    return type(module) is hugging_face_conv1d()
 
 
 def _embedding_ok(module: nn.Module) -> bool:
@@ -110,7 +117,7 @@ class BookKeeping:
 
     @staticmethod
     def _supports(layer: nn.Module) -> bool:
-        if type(layer) is nn.Linear:
+        if type(layer) is nn.Linear or _is_conv1d(layer):
             return True
         if type(layer) is nn.Embedding:
             return _embedding_ok(layer)
@@ -187,6 +194,12 @@ class BookKeeping:
         if type(layer) is nn.Linear:
             out = weighted.reshape(-1, weighted.shape[-1])
             sums = {layer.weight: out.t().mm(inputs[0].reshape(-1, inputs[0].shape[-1]))}
+            if layer.bias is not None:
+                sums[layer.bias] = out.sum(0)
+            return sums
+        if _is_conv1d(layer):  # (W is [in, out]: y = x @ W + b)
+            out = weighted.reshape(-1, weighted.shape[-1])
+            sums = {layer.weight: inputs[0].reshape(-1, inputs[0].shape[-1]).t().mm(out)}
             if layer.bias is not None:
                 sums[layer.bias] = out.sum(0)
             return sums

@@ -62,7 +62,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from lightning_privacy import _compat
-from lightning_privacy.dpsgd import clipping, recurrent
+from lightning_privacy.dpsgd import clipping, recurrent, samplers
 
 __all__ = [
     "Examples",
@@ -734,8 +734,8 @@ def hooks_obstacles(module: nn.Module) -> List[str]:
 
     Static and data-independent: tied parameters (one tensor held by several layers), a trainable parameter held by a
     module that is not a layer Opacus samples exactly (a raw ``nn.Parameter``, ``nn.Bilinear``, attention and
-    recurrent layers, a custom layer, Hugging Face's ``Conv1D``; DPSGD's corrected ``Embedding`` and ``EmbeddingBag``
-    samplers count as exact), a convolution that pads with other than zeros, a sequence-first module
+    recurrent layers, a custom layer; DPSGD's corrected ``Embedding`` and ``EmbeddingBag`` samplers and its Hugging Face
+    ``Conv1D`` sampler count as exact), a convolution that pads with other than zeros, a sequence-first module
     (``batch_first=False``: Opacus takes the first dimension for the batch) and gradient checkpointing (layers re-run
     in the backward pass). A use of a parameter outside its layer in the forward code cannot be seen here; the
     exactness check finds it on the first steps.
@@ -751,7 +751,8 @@ def hooks_obstacles(module: nn.Module) -> List[str]:
 
     from lightning_privacy.dpsgd.checks import tied_trainable_parameters
 
-    exact = set(GradSampleHooks.GRAD_SAMPLERS)  # (Embedding and EmbeddingBag with dpsgd.samplers' corrections)
+    # (Embedding and EmbeddingBag with dpsgd.samplers' corrections; Hugging Face's Conv1D with its sampler)
+    exact = set(GradSampleHooks.GRAD_SAMPLERS) | ({samplers.hugging_face_conv1d()} - {None})
     # (in the order they are shown: what makes hooks wrong however the layers are written, then what has no sampler)
     tied = [
         " is ".join(f"`{n}`" for n in group) + " (tied: Opacus' hooks clip each layer's use apart)"

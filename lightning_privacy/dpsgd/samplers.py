@@ -15,6 +15,14 @@ fails on a ``[B, L]`` input without offsets. :func:`embedding_bag_grad_sample` i
 ``per_sample_weights`` scale their rows in ``mode="sum"``). ``mode="max"`` is refused before training
 (:func:`lightning_privacy.dpsgd.modules.incompatible_layers`).
 
+Hugging Face's ``Conv1D`` (GPT-2's ``c_attn``, ``c_proj``, ``c_fc``: ``x @ W + b`` with ``W`` stored ``[in, out]``)
+has no Opacus sampler: Opacus computed its per-example gradients by ``torch.func`` (every example's whole weight, in
+ghost mode too, only to take its norm), and book-keeping could not form GPT-2's clipped sum, so ghost clipping ran
+a second backward pass. :func:`conv1d_grad_sample` is the linear layer's per-example gradient in ``Conv1D``'s layout,
+and its norm is Opacus' linear norm (the same Frobenius norm, from the layer's inputs and output gradients, whatever
+the weight's layout), so GPT-2's norms come without per-example weights and book-keeping covers it
+(:mod:`lightning_privacy.dpsgd.bookkeeping`).
+
 They are installed on the hooks object of one fit (its ``GRAD_SAMPLERS``/``NORM_SAMPLERS`` as instance attributes,
 read by Opacus at every backward pass), never in Opacus' global registries: other Opacus users in the process keep
 Opacus' behaviour, and samplers a user registers for their own layers are still found.
@@ -28,7 +36,38 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
-__all__ = ["embedding_bag_grad_sample", "install_exact_samplers", "without_padding"]
+__all__ = ["conv1d_grad_sample", "embedding_bag_grad_sample", "hugging_face_conv1d", "install_exact_samplers",
+           "without_padding"]  # fmt: skip
+
+
+def hugging_face_conv1d() -> Any:
+    """``transformers.pytorch_utils.Conv1D`` where transformers is imported (a model using it has imported it), else
+    ``None``; transformers itself is never imported here."""
+    import sys
+
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+
+
+def conv1d_grad_sample(layer: nn.Module, activations: List[torch.Tensor], backprops: torch.Tensor) -> Dict[Any, Any]:
+    """Per-example gradients of a Hugging Face ``Conv1D`` (``y = x @ W + b``, ``W`` of shape ``[in, out]``):
+    ``Σ_positions xᵀ g`` per example, ``[B, in, out]``, and the bias ``Σ_positions g``.
+
+    Example::
+
+        >>> layer = type("Conv1D", (nn.Module,), {})()
+        >>> layer.weight, layer.bias = nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(2))
+        >>> x, g = torch.ones(1, 4, 3), torch.ones(1, 4, 2)
+        >>> samples = conv1d_grad_sample(layer, [x], g)
+        >>> list(samples[layer.weight].shape), samples[layer.weight][0, 0, 0].item(), samples[layer.bias].tolist()
+        ([1, 3, 2], 4.0, [[4.0, 4.0]])
+    """
+    x = activations[0].to(backprops.dtype)
+    ret: Dict[Any, Any] = {}
+    if layer.weight.requires_grad:
+        ret[layer.weight] = torch.einsum("n...i,n...j->nij", x, backprops)
+    if layer.bias is not None and layer.bias.requires_grad:
+        ret[layer.bias] = torch.einsum("n...k->nk", backprops)
+    return ret
 
 
 def without_padding(sampler: Callable[..., Dict[nn.Parameter, torch.Tensor]]) -> Callable[..., Any]:
@@ -120,12 +159,18 @@ def embedding_bag_grad_sample(
 
 def install_exact_samplers(hooks: Any) -> Any:
     """Give the Opacus hooks object ``hooks`` the corrected samplers of this module (see the module docstring)."""
+    from opacus.grad_sample.linear import compute_linear_norm_sample
+
+    conv1d = hugging_face_conv1d()
     for registry in ("GRAD_SAMPLERS", "NORM_SAMPLERS"):
         samplers = getattr(type(hooks), registry, None)
         if samplers is not None and nn.Embedding in samplers:
             samplers = {**samplers, nn.Embedding: without_padding(samplers[nn.Embedding])}
         if samplers is not None and registry == "GRAD_SAMPLERS":
             samplers = {**samplers, nn.EmbeddingBag: embedding_bag_grad_sample}  # (ghost mode: its norm from these)
+        if samplers is not None and conv1d is not None and conv1d not in samplers:
+            sampler = conv1d_grad_sample if registry == "GRAD_SAMPLERS" else compute_linear_norm_sample
+            samplers = {**samplers, conv1d: sampler}
         if samplers is not None:
             setattr(hooks, registry, samplers)
     return hooks
