@@ -17,7 +17,7 @@ from lightning_privacy.dpsgd import samplers
 from lightning_privacy.dpsgd.bookkeeping import BookKeeping
 from tests.callbacks._stock_models import _rows
 from tests.callbacks.test_dpsgd_functional import FirstStep
-from tests.callbacks.test_stock_models import C, TOLERANCE, reference
+from tests.callbacks.test_stock_models import TOLERANCE, C, reference
 
 pytest.importorskip("transformers")
 
