@@ -425,17 +425,17 @@ def _top_operations(profiler: Any, device: str, limit: int = 8) -> List[Dict[str
     ]
 
 
-def _functional_how():
+def _functional_how(dpsgd: Any):
     import lightning.pytorch as pl
 
     class FunctionalHow(pl.Callback):
-        """Whether functional mode's engine ran the batch through vmap or fell back to the per-example loop."""
+        """Whether functional mode's engine ran the batch through vmap or fell back to the per-example loop (read
+        during the fit: the engine is gone after it)."""
 
         seen, fallback = False, None
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            dp = next((c for c in trainer.callbacks if hasattr(c, "_backward")), None)
-            engine = getattr(getattr(dp, "_backward", None), "engine", None)
+            engine = getattr(dpsgd._backward, "engine", None)
             if engine is not None:
                 self.seen, self.fallback = True, engine.fallback
 
@@ -455,17 +455,20 @@ def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, p
     profiled = profile and mode != "plain"
     timer = step_timer(device, scale.warmup, scale.steps, profiled)
     callbacks: List[Any] = [timer]
-    how = _functional_how()
+    how = None
     if mode != "plain":
-        callbacks.insert(0, DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode))
-        callbacks.append(how)
+        dpsgd = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode)
+        how = _functional_how(dpsgd)
+        callbacks = [dpsgd, timer, how]
     trainer = pl.Trainer(
         accelerator="cuda" if device == "cuda" else "cpu", devices=1, precision="bf16-mixed",
         max_epochs=scale.warmup + scale.steps + int(profiled), callbacks=callbacks, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, DataLoader(token_rows(scale, batch), batch_size=batch))  # one batch: q = 1 under DPSGD
-    if how.seen:  # how functional mode ran: vmap over chunks of examples, or one example at a time (a fallback)
+    if (
+        how is not None and how.seen
+    ):  # how functional mode ran: vmap over chunks of examples, or one example at a time (a fallback)
         run.note = "vmap" if how.fallback is None else f"loop: {how.fallback}"
     run.steps_ms, run.phases_ms = timer.results()
     run.peak_memory, run.profile = timer.peak, timer.profile_rows

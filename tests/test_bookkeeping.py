@@ -117,7 +117,8 @@ class _Module(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.5)
 
 
-def _fit(one_pass: bool, monkeypatch) -> tuple:
+def count_book_kept_sums(monkeypatch) -> dict:
+    """``{"sums": n}``, n counting the clipped sums book-keeping forms from here on (steps without a second pass)."""
     calls = {"sums": 0}
     original = BookKeeping.clipped_sums
 
@@ -126,6 +127,11 @@ def _fit(one_pass: bool, monkeypatch) -> tuple:
         return original(self, coefficients)
 
     monkeypatch.setattr(BookKeeping, "clipped_sums", counted)
+    return calls
+
+
+def _fit(one_pass: bool, monkeypatch) -> tuple:
+    calls = count_book_kept_sums(monkeypatch)
     monkeypatch.setattr(BookKeeping, "_supports", staticmethod(lambda layer: one_pass))
     x, y = _data("text", n=64)
     module = _Module()

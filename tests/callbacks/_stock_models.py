@@ -260,6 +260,7 @@ class _Padded:
     def training_step(self, batch, batch_idx):
         ids, y = batch
         mask = (torch.arange(ids.shape[1], device=ids.device) < ids.shape[1] - 1 - y[:, None]).long()
+        # (by hand, not causal_lm_losses, which computes in float32: the exactness tests run these in float64)
         logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
         tokens = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=-100)

@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_privacy import DPSGD
 from lightning_privacy.dpsgd import samplers
-from lightning_privacy.dpsgd.bookkeeping import BookKeeping
 from tests.callbacks._stock_models import _rows
 from tests.callbacks.test_dpsgd_functional import FirstStep
 from tests.callbacks.test_stock_models import TOLERANCE, C, reference
+from tests.test_bookkeeping import count_book_kept_sums
 
 pytest.importorskip("transformers")
 
@@ -39,6 +39,7 @@ class UntiedGPT2(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         (ids,) = batch
         positions = torch.arange(ids.shape[1]).repeat(ids.shape[0], 1)
+        # (by hand, not causal_lm_losses, which computes in float32: this test runs in float64)
         logits = self.model(input_ids=ids, position_ids=positions).logits[:, :-1]
         losses = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(1)
         return {"loss": losses.mean(), "per_example_loss": losses}
@@ -48,14 +49,7 @@ class UntiedGPT2(pl.LightningModule):
 
 
 def _fit(mode, monkeypatch):
-    calls = {"sums": 0}
-    original = BookKeeping.clipped_sums
-
-    def counted(self, coefficients):
-        calls["sums"] += 1
-        return original(self, coefficients)
-
-    monkeypatch.setattr(BookKeeping, "clipped_sums", counted)
+    calls = count_book_kept_sums(monkeypatch)
     torch.manual_seed(0)
     model = UntiedGPT2().double()
     ids = torch.randint(0, V, (48, T), generator=torch.Generator().manual_seed(0))
