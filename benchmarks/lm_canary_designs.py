@@ -24,12 +24,11 @@ inclusion vector (seed ``CANARY_SEED``). Part 2 — ten times longer (50 epochs,
 fixed before any run (four new tokens, loss on the secret; canaries and inclusion drawn from another seed, so nothing
 of part 1's outcome decides what part 2 tests), ε ∈ {4, 8}, full fine-tuning and LoRA (r = 8 on ``c_attn``/``c_proj``;
 the new tokens' rows stay frozen, only the adapters can raise a secret). Every bound is ÷ the accountant's ε of the
-same run; canaries that share a model are not independent, so the 'tightest' column is the larger of Steinke et al.'s
-binomial bound and Mahloujifar et al.'s Gaussian f-DP reading at α/2 each — the audit's headline for such canaries
-before issue 56, kept so that the published runs (``results/lm_canary_designs.md``, ``lm_canary_lr_sweep.md``,
-``lm_canary_repetitions.md``, about 3 CPU hours in all) reproduce. The Gaussian reading is a lower bound only if the
-mechanism is μ-GDP; the audit's headline now is the f-DP test of the (ε, δ) curve (valid for every mechanism), which
-``results/lm_canary_ceiling.md`` sets beside the reading for the ideal canary of the same runs. Every run's ledger is
+same run. Canaries that share a model are not independent, so the audit's headline is the f-DP test of the (ε, δ)
+curve at all of α (issue 56): valid for every (ε, δ)-DP mechanism. Beside it, Mahloujifar et al.'s Gaussian f-DP
+reading, a lower bound only if the mechanism is μ-GDP (the headline before issue 56 was the larger of that reading and
+the binomial bound at α/2 each; ``results/lm_canary_ceiling.md`` sets both beside the ideal canary's). Every row keeps
+its canaries' scores and inclusion (``--rows``), so another test can be read from the same runs. Every run's ledger is
 tested as a claim (on its own PLD curve).
 
 Part 3 — repetitions (Panda et al. insert each canary several times): part 1's four-new-token design (the same
@@ -191,6 +190,7 @@ def run(
     seconds = time.process_time() - start
     eps = dpsgd.epsilon()
     group = Claim.from_ledger(dpsgd.ledger, delta=DELTA, group_size=repetitions)
+    scores = canary_scores(model, canaries, base_model=None if kind == "lora" else base_model)
     if repetitions == 1:
         result = audit_language_model_canaries(
             model,
@@ -202,18 +202,11 @@ def run(
             accountant_epsilon=eps,
         )
     else:
-        scores = canary_scores(model, canaries, base_model=None if kind == "lora" else base_model)
         result = audit_canaries(
             scores, canaries.included, delta=DELTA, alpha=ALPHA, claim=group, accountant_epsilon=eps
         )
         record = audit_canaries(scores, canaries.included, delta=DELTA, alpha=ALPHA, claim=dpsgd.ledger)
     v = result.values
-    from lightning_privacy.analysis.canary_fdp import tightest_canary_bound
-
-    before = tightest_canary_bound(  # the published 'tightest': binomial and the Gaussian reading at α/2 each
-        scores=canary_scores(model, canaries, base_model=None if kind == "lora" else base_model),
-        included=canaries.included, delta=DELTA, alpha=ALPHA, methods=("binomial", "gdp"),
-    )  # fmt: skip
     row = {
         "run": label,
         "design": design[0],
@@ -224,10 +217,11 @@ def run(
         "sigma": dpsgd.noise_multiplier,
         "epsilon": eps,
         "binomial": v[names.CANARY_EPSILON_LOWER],
-        "gdp": v[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],
-        "tightest": before.epsilon_lower,
-        "test": before.method,
-        "headline": v[names.CANARY_EPSILON_LOWER_TIGHTEST],  # the audit's sound headline (not in the published tables)
+        "fdp": v[names.CANARY_EPSILON_LOWER_FDP],
+        "headline": v[names.CANARY_EPSILON_LOWER_TIGHTEST],  # the audit's sound headline
+        "gdp": v[names.CANARY_EPSILON_GDP_GAUSSIAN_READING],  # a lower bound only if the mechanism is μ-GDP
+        "scores": [float(x) for x in scores],
+        "included": [bool(x) for x in canaries.included],
         "verdict": result.verdict,
         "seconds": seconds,
         "member loss": lm.mean_loss(model, torch.utils.data.DataLoader(members, batch_size=250)),
@@ -236,8 +230,8 @@ def run(
         "record verdict": result.verdict if repetitions == 1 else record.verdict,
     }
     print(
-        f"{label} / {design[0]} / {kind} / ε = {epsilon:g}: tightest {row['tightest']:.3f} "
-        f"({row['tightest'] / eps:.3f} of ε), {seconds:.0f} CPU s",
+        f"{label} / {design[0]} / {kind} / ε = {epsilon:g}: headline {row['headline']:.3f} "
+        f"({row['headline'] / eps:.3f} of ε), {seconds:.0f} CPU s",
         file=sys.stderr,
         flush=True,
     )
@@ -246,15 +240,15 @@ def run(
 
 def table(rows) -> list:
     lines = [
-        "| run | canaries | fine-tuning | steps | σ | accountant ε | binomial | Gaussian f-DP | tightest (test) "
-        "| tightest ÷ ε | ledger verdict | CPU s | member loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | canaries | fine-tuning | steps | σ | accountant ε | binomial | headline | headline ÷ ε "
+        "| Gaussian reading | reading ÷ ε | ledger verdict | CPU s | member loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['run']} | {r['design']} | {r['fine-tuning']} | {r['steps']} | {r['sigma']:.3f} | {r['epsilon']:.3f} "
-            f"| {r['binomial']:.3f} | {r['gdp']:.3f} | {r['tightest']:.3f} ({r['test']}) | "
-            f"{r['tightest'] / r['epsilon']:.3f} | {r['verdict']} | {r['seconds']:.0f} | {r['member loss']:.2f} |"
+            f"| {r['binomial']:.3f} | {r['headline']:.3f} | {r['headline'] / r['epsilon']:.3f} | {r['gdp']:.3f} | "
+            f"{r['gdp'] / r['epsilon']:.3f} | {r['verdict']} | {r['seconds']:.0f} | {r['member loss']:.2f} |"
         )
     return lines
 
@@ -364,9 +358,12 @@ def report(rows: dict, meta: dict, minutes: float, command: str) -> None:
         f"on {members_n:,} members plus the inserted canaries (m = {m:,}, each inserted with probability ½), hooks, "
         f"C = 1, δ = {DELTA:g}, expected batch {bench.BATCH}, Adam (lr {bench.DP_LR:g} full, {LORA_DP_LR:g} LoRA); "
         f"σ planned for ε over the run. Scores: the base's minus the fine-tune's mean loss over the scored tokens "
-        f"(the secret; all tokens for random-token canaries). Bounds at α = {ALPHA}, δ = {DELTA:g}; 'tightest' is the "
-        "larger of the binomial and Gaussian f-DP bounds at α/2 each (canaries sharing a model are not independent); "
-        "'ledger verdict': the run's ledger tested as a claim at confidence 0.95.",
+        f"(the secret; all tokens for random-token canaries). ε lower bounds at α = {ALPHA}, δ = {DELTA:g}, each at all "
+        "of α: 'binomial' is Steinke et al.'s test; 'headline' the audit's for canaries that share a model, the f-DP "
+        "test of the (ε, δ) curve, valid for every (ε, δ)-DP mechanism; 'Gaussian reading' Mahloujifar et al.'s "
+        "Gaussian f-DP test read through the Gaussian curve, a lower bound only if the mechanism is μ-GDP (before "
+        "issue 56 the headline was the larger of it and the binomial at α/2 each). 'ledger verdict': the run's ledger "
+        "tested as a claim on its own PLD curve at confidence 0.95.",
         "",
     ]
     if rows["1"]:
@@ -385,9 +382,9 @@ def report(rows: dict, meta: dict, minutes: float, command: str) -> None:
         goal = [r for r in rows["2"] if r["fine-tuning"] == "full"]
         out += ["**Goal (issue 50): ≥ 0.25 of ε at ε = 4 and 8, full fine-tuning**", ""]
         for r in goal:
-            ratio = r["tightest"] / r["epsilon"]
+            ratio = r["headline"] / r["epsilon"]
             out.append(
-                f"- {r['run']}, ε = {r['epsilon']:.0f}: tightest ÷ ε = {ratio:.3f}: {'met' if ratio >= 0.25 else 'not met'}"
+                f"- {r['run']}, ε = {r['epsilon']:.0f}: headline ÷ ε = {ratio:.3f}: {'met' if ratio >= 0.25 else 'not met'}"
             )
         out.append("")
     if rows.get("3"):
@@ -417,15 +414,16 @@ def report(rows: dict, meta: dict, minutes: float, command: str) -> None:
 
 def repetitions_table(rows) -> list:
     lines = [
-        "| k | steps | q | σ | record ε | group ε | binomial | Gaussian f-DP | tightest (test) | tightest ÷ group ε "
-        "| tightest ÷ record ε | group claim | record claim | CPU s | member loss |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| k | steps | q | σ | record ε | group ε | binomial | headline | headline ÷ group ε | headline ÷ record ε "
+        "| Gaussian reading | reading ÷ group ε | group claim | record claim | CPU s | member loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['repetitions']} | {r['steps']} | {r['q']:.4f} | {r['sigma']:.3f} | {r['epsilon']:.3f} | "
-            f"{r['group epsilon']:.3f} | {r['binomial']:.3f} | {r['gdp']:.3f} | {r['tightest']:.3f} ({r['test']}) | "
-            f"{r['tightest'] / r['group epsilon']:.3f} | {r['tightest'] / r['epsilon']:.3f} | {r['verdict']} | "
+            f"{r['group epsilon']:.3f} | {r['binomial']:.3f} | {r['headline']:.3f} | "
+            f"{r['headline'] / r['group epsilon']:.3f} | {r['headline'] / r['epsilon']:.3f} | {r['gdp']:.3f} | "
+            f"{r['gdp'] / r['group epsilon']:.3f} | {r['verdict']} | "
             f"{r['record verdict']} | {r['seconds']:.0f} | {r['member loss']:.2f} |"
         )
     return lines
