@@ -87,6 +87,7 @@ from torch.nn import functional as F
 
 from lightning_privacy.attributes import SensitiveAttribute, ValuesSpec, _tree_map, tree_batch_size
 from lightning_privacy.functional import _gram
+from lightning_privacy.functional._precision import at_least_float32
 
 __all__ = [
     "METHODS",
@@ -138,11 +139,6 @@ def _check_rounding_allowance(rounding_allowance: Any) -> float:
 
 
 # ---------------------------------------------------------------------------------------- precision
-def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in float32 if it is a floating tensor narrower than that (bf16, fp16, fp8), else ``t`` itself."""
-    return t.float() if t.is_floating_point() and t.element_size() < 4 else t
-
-
 def _full_precision(device: torch.device):
     """A context without autocast on ``device``'s type: the measurement runs in the dtypes it is given."""
     if torch.amp.is_autocast_available(device.type):
@@ -357,7 +353,7 @@ def clip_factors(squared_norms: torch.Tensor, max_grad_norm: float) -> torch.Ten
 def _flat(gradients: Union[torch.Tensor, Mapping[str, torch.Tensor]]) -> list:
     if isinstance(gradients, torch.Tensor):
         gradients = {"": gradients}
-    flats = [_at_least_float32(g.reshape(g.shape[0], g.shape[1], -1)) for g in gradients.values()]
+    flats = [at_least_float32(g.reshape(g.shape[0], g.shape[1], -1)) for g in gradients.values()]
     if not flats or flats[0].ndim != 3:
         raise ValueError("Expected gradients of shape (examples, |A|, ...) per parameter.")
     return flats
@@ -602,8 +598,8 @@ def _sensitivities(
     if n == 0:
         return torch.zeros(0, device=device)
     # Full width whatever the caller's precision: bf16/fp16 tensors upcast (exactly) to float32, no autocast.
-    trainable, frozen = ({name: _at_least_float32(t) for name, t in d.items()} for d in (trainable, frozen))
-    inputs, targets = (_tree_map(_at_least_float32, t) for t in (inputs, targets))
+    trainable, frozen = ({name: at_least_float32(t) for name, t in d.items()} for d in (trainable, frozen))
+    inputs, targets = (_tree_map(at_least_float32, t) for t in (inputs, targets))
     with _full_precision(device):
         per_example = _measure(
             module,

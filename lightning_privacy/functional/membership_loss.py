@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Tuple
 import torch
 from torch import Tensor
 
+from lightning_privacy.functional._precision import at_least_float32
+
 __all__ = ["membership_loss", "membership_losses_from_loader", "signals_from_loader"]
 
 
@@ -74,8 +76,7 @@ def membership_loss(logits: Tensor, target: Tensor) -> Tensor:
         )
     if not isinstance(target, Tensor):
         target = torch.as_tensor(target)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
+    logits = at_least_float32(logits)
     bad = ~torch.isfinite(logits)
     if bad.any():
         raise ValueError(f"Expected argument `logits` to be finite, but got {int(bad.sum())} NaN/inf value(s)")

@@ -39,6 +39,7 @@ from torch.nn import functional as F
 
 from lightning_privacy._validation import check_int
 from lightning_privacy.analysis.panoramia import MEANING, PanoramiaBounds, information_warnings, panoramia_bounds
+from lightning_privacy.functional._precision import at_least_float32
 from lightning_privacy.generators import DigitsGenerator, FilteredGenerator, TabularGenerator, _data
 
 __all__ = [
@@ -137,7 +138,9 @@ def per_example_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batc
     try:
         for i in range(0, len(y), batch_size):
             logits = model(x[i : i + batch_size].to(device))
-            out.append(F.cross_entropy(logits.float(), y[i : i + batch_size].to(device), reduction="none").cpu())
+            out.append(
+                F.cross_entropy(at_least_float32(logits), y[i : i + batch_size].to(device), reduction="none").cpu()
+            )
     finally:
         model.train(was_training)
     return torch.cat(out).numpy().astype(np.float64) if out else np.zeros(0)

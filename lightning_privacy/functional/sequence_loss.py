@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_privacy.functional._precision import at_least_float32
+
 __all__ = [
     "SIGNAL_KINDS",
     "CausalLMSignal",
@@ -95,7 +97,8 @@ def causal_lm_token_losses(
 
     Token t + 1 is predicted from ``logits[:, t]`` (the shift a causal LM's ``labels`` imply); a token counts when its
     label is not ``ignore_index`` and, with ``attention_mask``, neither it nor token t is padding (so a left-padded
-    sequence counts the targets of the unpadded one). Losses of tokens that do not count are 0.
+    sequence counts the targets of the unpadded one). Losses of tokens that do not count are 0. The losses are in the
+    logits' precision, float32 at least (bf16 and fp16 logits are widened; float64 stays float64).
 
     Args:
         logits: ``[B, T, V]`` next-token logits.
@@ -123,7 +126,9 @@ def causal_lm_token_losses(
         )
     counted = _counted(labels, attention_mask, ignore_index)
     per_token = F.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), labels[:, 1:].masked_fill(~counted, 0).long(), reduction="none"
+        at_least_float32(logits[:, :-1]).transpose(1, 2),
+        labels[:, 1:].masked_fill(~counted, 0).long(),
+        reduction="none",
     )
     counts = counted.sum(dim=1)
     if _any_outside_vmap(counts == 0):
@@ -162,7 +167,7 @@ def causal_lm_losses(
             (``−log Pr(x | θ)``, the sequence's negative log-likelihood).
 
     Returns:
-        ``[B]`` float losses (float32 at least).
+        ``[B]`` losses in the logits' precision, float32 at least (float64 logits give float64 losses).
 
     Raises:
         ValueError: on shapes that do not match, or a sequence with no counted token (its loss is undefined).

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from lightning_privacy.functional.sequence_loss import causal_lm_losses
+
 V, T, CLASSES = 24, 8, 3
 
 
@@ -260,11 +262,7 @@ class _Padded:
     def training_step(self, batch, batch_idx):
         ids, y = batch
         mask = (torch.arange(ids.shape[1], device=ids.device) < ids.shape[1] - 1 - y[:, None]).long()
-        # (by hand, not causal_lm_losses, which computes in float32: the exactness tests run these in float64)
-        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-        tokens = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none", ignore_index=-100)
-        losses = tokens.sum(1) / (targets != -100).sum(1)
+        losses = causal_lm_losses(self.model(input_ids=ids, attention_mask=mask).logits, ids, mask)  # (float64 stays)
         return {"loss": losses.mean(), "per_example_loss": losses}  # (a plain Trainer minimises the mean)
 
 

@@ -76,6 +76,26 @@ def test_the_loss_is_each_sequences_mean_token_loss_over_its_counted_tokens():
     torch.testing.assert_close(causal_lm_losses(padded, more_ids, more_mask), got)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_the_losses_keep_the_logits_precision_float32_at_least(dtype):
+    """float64 logits give float64 losses equal to a float64 loop to 1e-12 (they were float32 once, so a float64
+    exactness test could not use them); 16-bit logits are widened to float32, not summed in 16 bits."""
+    g = torch.Generator().manual_seed(3)
+    logits = (4 * torch.randn(2, T, V, generator=g, dtype=torch.float64)).to(dtype)
+    data = Sequences(2, seed=4)
+    got = causal_lm_losses(logits, data.ids, data.mask)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    wide = logits.double()  # the same values, exactly
+    want = [
+        torch.stack(
+            [-torch.log_softmax(wide[b, t], 0)[data.ids[b, t + 1]] for t in range(T - 1) if data.mask[b, t + 1]]
+        ).mean()
+        for b in range(2)
+    ]
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got.double(), torch.stack(want), rtol=tolerance, atol=tolerance)
+
+
 def test_a_sequence_without_a_scored_token_and_bad_shapes_are_refused():
     with pytest.raises(ValueError, match=r"sequence\(s\) \[1\] .* no scored token"):
         causal_lm_losses(torch.zeros(2, 3, V), torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [1, 0, 0]]))
