@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lightning_privacy.functional._precision import at_least_float32
 from lightning_privacy.functional.sequence_loss import (
     _batch_parts,
     _check_pad_token_id,
@@ -168,8 +169,8 @@ def error_zone_parts(
             + (", or one token: the first one is left out, `skip_first=True`)" if skip_first else ")")
         )
     target = labels[:, 1:].masked_fill(~scored, 0).long()
-    ft = F.log_softmax(logits[:, :-1].float(), dim=-1)
-    base = F.log_softmax(base_logits[:, :-1].float(), dim=-1)
+    ft = F.log_softmax(at_least_float32(logits[:, :-1]), dim=-1)
+    base = F.log_softmax(at_least_float32(base_logits[:, :-1]), dim=-1)
     shift = ft.gather(-1, target[..., None])[..., 0] - base.gather(-1, target[..., None])[..., 0]
     wrong = (ft.argmax(dim=-1) != target) & scored
     errors = wrong.sum(dim=1)

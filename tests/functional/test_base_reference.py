@@ -61,6 +61,20 @@ def test_the_score_is_the_by_hand_share_of_upward_shifts_at_the_error_positions(
     torch.testing.assert_close(parts.score[both], (ratio / (1 + ratio))[both])
 
 
+def test_float64_logits_score_in_float64_and_16_bit_logits_in_float32():
+    """The scores keep the logits' precision, float32 at least: float64 agrees with the by-hand loop to 1e-12."""
+    g = torch.Generator().manual_seed(1)
+    B, T, V = 4, 8, 5
+    ids = torch.randint(1, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    logits, base = torch.randn(B, T, V, generator=g, dtype=torch.float64) * 2, torch.randn(B, T, V, generator=g)
+    wide = error_zone_parts(logits, base.double(), ids, mask).score
+    assert wide.dtype == torch.float64
+    torch.testing.assert_close(wide, torch.tensor(_by_hand(logits, base, ids, mask), dtype=torch.float64), rtol=0,
+                               atol=1e-12)  # fmt: skip
+    assert error_zone_parts(logits.bfloat16(), base.bfloat16(), ids, mask).score.dtype == torch.float32
+
+
 def test_padding_is_masked_so_a_sequence_scores_alike_however_much_padding_its_batch_added():
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(1, 7, (1, 6), generator=g)
