@@ -46,7 +46,9 @@ A learning-rate sweep of part 2's full fine-tune (``--lr``, ``--epsilons``), one
 --fine-tuning full --epsilons 8 --lr 0.0005 --rows A`` and the same with ``--lr 0.001 --rows B``, then ``--report A B >
 benchmarks/results/lm_canary_lr_sweep.md``.
 
-Progress goes to stderr, the Markdown to stdout. The runs are independent: on a machine with more than one core,
+``--report ... --scores FILE`` also writes the reported runs' canary scores and inclusion (gzipped JSON lines; committed
+beside each results file as ``results/<name>_scores.jsonl.gz``, from which the tests recompute every bound). Progress
+goes to stderr, the Markdown to stdout. The runs are independent: on a machine with more than one core,
 ``--part 1``, ``--part 2 --fine-tuning full``, ``--part 2 --fine-tuning lora`` and ``--part 3`` in processes, each with
 ``--rows FILE`` (one JSON row per run), then ``--report FILE...`` prints the same Markdown from their rows. About 2 min
 per run at the benchmark's length and 10–30 min per run ten times longer, on one core.
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gzip
 import json
 import platform
 import sys
@@ -263,6 +266,9 @@ def main(argv=None) -> None:
     parser.add_argument("--designs", type=int, nargs="+", help="part 1's designs to run (indices of DESIGNS)")
     parser.add_argument("--rows", help="also append every run's row to this JSON-lines file")
     parser.add_argument("--report", nargs="+", help="print the Markdown from these JSON-lines files; run nothing")
+    parser.add_argument(
+        "--scores", help="with --report: also write the reported runs' canary scores (gzipped JSON lines)"
+    )
     args = parser.parse_args(argv)
     members_n, pretraining_n, pretrain_epochs, m = 1000, 4000, 4, 1000
     short, long = 5, 50
@@ -274,6 +280,8 @@ def main(argv=None) -> None:
         rows = {part: [r for r in found if r["part"] == part] for part in ("1", "2", "3")}
         minutes = (sum(r["wall"] for r in found) + sum({r["base wall"] for r in found})) / 60
         report(rows, meta, minutes, "benchmarks/lm_canary_designs.py --report (runs in several processes)")
+        if args.scores:
+            write_scores(found, args.scores)
         return
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -410,6 +418,18 @@ def report(rows: dict, meta: dict, minutes: float, command: str) -> None:
         f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread -->"
     )
     print("\n".join(out))
+
+
+SCORE_KEYS = ("part", "run", "design", "fine-tuning", "lr", "epsilon", "repetitions", "scores", "included")
+
+
+def write_scores(rows: list, path: str) -> None:
+    """The runs' canary scores and inclusion (one JSON line per run, gzipped), so that any test can be read from the
+    published runs without training them again (``tests/test_lm_canary_designs_results.py`` reads the tables' bounds
+    from them)."""
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for row in sorted(rows, key=_order):
+            f.write(json.dumps({key: row[key] for key in SCORE_KEYS}) + "\n")
 
 
 def repetitions_table(rows) -> list:

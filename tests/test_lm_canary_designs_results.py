@@ -1,17 +1,22 @@
 """Language-model canary designs under DP-SGD (``benchmarks/lm_canary_designs.py`` →
 ``benchmarks/results/lm_canary_designs.md``; issue 50): the runs are the language-model benchmark's DP fine-tune and
-ten times longer, every ledger stays consistent with its canaries, the goals lines say what the rows show, the guide
-quotes the file, and the low-prior rows do what they claim on a real GPT-2."""
+ten times longer, every bound is the audit's test of the run's own canary scores (committed beside each file and read
+again here), every ledger stays consistent with its canaries, the goals lines say what the rows show, the guide quotes
+the file, and the low-prior rows do what they claim on a real GPT-2."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from tests._results import load_benchmark, markdown_table
+from lightning_privacy.analysis.canary_fdp import tightest_canary_bound
+from tests._results import assert_printed, load_benchmark, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "lm_canary_designs.md"
@@ -24,11 +29,56 @@ def _tables():
 
 
 def _ratio(row) -> float:
-    return float(row["tightest ÷ ε"])
+    return float(row["headline ÷ ε"])
 
 
-def _tightest(row) -> float:
-    return float(row["tightest (test)"].split()[0])
+def _headline(row) -> float:
+    return float(row["headline"])
+
+
+def _scores(name: str) -> list:
+    """The runs' canary scores committed beside ``results/<name>.md`` (``--report ... --scores``)."""
+    path = ROOT / "benchmarks" / "results" / f"{name}_scores.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _bound(run: dict, method: str) -> float:
+    """The ε lower bound of one test at all of α from a run's scores, as the audit computes it."""
+    bench = load_benchmark("lm_canary_designs")
+    scores, included = np.asarray(run["scores"]), np.asarray(run["included"], dtype=bool)
+    assert scores.shape == included.shape == (1000,) and 400 < included.sum() < 600  # m = 1,000, each in with ½
+    return tightest_canary_bound(
+        scores=scores, included=included, delta=bench.DELTA, alpha=bench.ALPHA, methods=(method,)
+    ).epsilon_lower
+
+
+@pytest.mark.parametrize("name", ["lm_canary_designs", "lm_canary_lr_sweep", "lm_canary_repetitions"])
+def test_every_published_bound_is_the_audits_test_of_the_runs_own_scores(name):
+    """Recomputed from the committed scores: the binomial test, the headline (the f-DP test of the (ε, δ) curve, the
+    audit's sound default for canaries that share a model) and the Gaussian reading, each within one unit of what
+    the table prints; and the headline is the audit's default, not the Gaussian reading."""
+    from lightning_privacy.analysis.canary_fdp import SOUND_DEFAULT
+
+    assert SOUND_DEFAULT == ("fdp",)
+    path = ROOT / "benchmarks" / "results" / f"{name}.md"
+    header = "| k |" if name == "lm_canary_repetitions" else "| run |"
+    tables = 2 if name == "lm_canary_designs" else 1  # (parts 1 and 2)
+    printed = [row for i in range(tables) for row in markdown_table(path, header, occurrence=i)]
+    runs = _scores(name)
+    assert len(runs) == len(printed)
+    for row in printed:
+        if "k" in row:
+            (run,) = [r for r in runs if r["repetitions"] == int(row["k"])]
+        else:
+            (run,) = [
+                r
+                for r in runs
+                if (r["run"], r["design"], r["fine-tuning"]) == (row["run"], row["canaries"], row["fine-tuning"])
+                and f"{r['epsilon']:.3f}" == row["accountant ε"]
+            ]
+        for column, method in (("binomial", "binomial"), ("headline", "fdp"), ("Gaussian reading", "gdp")):
+            assert_printed(_bound(run, method), row[column], f"{name}: {row.get('run', row.get('k'))}: {column}")
 
 
 def test_the_runs_are_the_language_model_benchmarks_and_ten_times_longer():
@@ -51,13 +101,12 @@ def test_the_runs_are_the_language_model_benchmarks_and_ten_times_longer():
         assert float(row["σ"]) == pytest.approx(sigma, abs=1e-3)  # the ceiling benchmark's long rows
 
 
-def test_every_bound_is_sound_and_every_ledger_consistent():
+def test_every_bound_is_below_its_runs_epsilon_and_every_ledger_consistent():
     part1, part2 = _tables()
     for row in part1 + part2:
-        epsilon = float(row["accountant ε"])
-        binomial, gdp, tightest = float(row["binomial"]), float(row["Gaussian f-DP"]), _tightest(row)
-        assert 0 <= tightest <= max(binomial, gdp) + 1e-3  # the tightest runs each test at α/2
-        assert tightest < epsilon and _ratio(row) == pytest.approx(tightest / epsilon, abs=6e-4)
+        epsilon, headline, reading = float(row["accountant ε"]), _headline(row), float(row["Gaussian reading"])
+        assert 0 <= headline < epsilon and _ratio(row) == pytest.approx(headline / epsilon, abs=6e-4)
+        assert reading < epsilon and float(row["reading ÷ ε"]) == pytest.approx(reading / epsilon, abs=6e-4)
         assert row["ledger verdict"] == "consistent"  # true claims: never contradicted
 
 
@@ -65,7 +114,7 @@ def test_the_goals_lines_say_what_the_rows_show():
     _, part2 = _tables()
     text = RESULTS.read_text(encoding="utf-8")
     lines = re.findall(
-        r"^- ten times longer \(50 epochs\), ε = (\d): tightest ÷ ε = ([\d.]+): (met|not met)$", text, re.M
+        r"^- ten times longer \(50 epochs\), ε = (\d): headline ÷ ε = ([\d.]+): (met|not met)$", text, re.M
     )
     full = {round(float(r["accountant ε"])): _ratio(r) for r in part2 if r["fine-tuning"] == "full"}
     assert sorted(int(e) for e, _, _ in lines) == [4, 8]
@@ -106,7 +155,7 @@ def test_the_guide_quotes_the_file():
     one = {r["canaries"]: r for r in part1}
     f = lambda row: f"{_ratio(row):.3f}"  # noqa: E731
     assert (
-        f"show {float(one['new token, loss on all']['tightest ÷ ε']):g} of ε when trained on all 32 tokens and "
+        f"show {float(one['new token, loss on all']['headline ÷ ε']):g} of ε when trained on all 32 tokens and "
         f"{f(one['new token, loss on secret'])} of ε on the secret alone, and four secret tokens of their own reach "
         f"{f(one['4 new tokens, loss on secret'])} — above the random-token canaries' {f(one['random tokens'])}"
         in guide
@@ -116,12 +165,13 @@ def test_the_guide_quotes_the_file():
     assert f": {f(low)} of ε against {f(one['4 new tokens, loss on secret'])} with the default rows)" in guide
     full = {round(float(r["accountant ε"])): r for r in part2 if r["fine-tuning"] == "full"}
     assert f"shows {f(full[4])} of ε at ε = 4 and {f(full[8])} at ε = 8" in guide
-    assert all(_tightest(r) == 0 for r in part2 if r["fine-tuning"] != "full")  # "Under LoRA it shows nothing"
+    assert all(_headline(r) == 0 for r in part2 if r["fine-tuning"] != "full")  # "Under LoRA it shows nothing"
     ceiling = {
-        (int(r["steps"]), float(r["accountant ε"])): r["gdp reading"].split()[0]  # (these tables' "tightest")
+        (int(r["steps"]), float(r["accountant ε"])): r["headline"].split()[0]  # (the median of 50 seeds)
         for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
     }
-    assert f"of the ideal canary's Gaussian reading, {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]} there" in guide
+    assert f"of the ideal canary's headline, {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]} there" in guide
+    assert all(_ratio(full[e]) < float(ceiling[(1200, e * 1.0)]) for e in (4, 8))
     losses = [float(r["member loss"]) for r in full.values()]
     assert f"(mean token loss {min(losses):.1f}–{max(losses):.1f} after 1,200" in guide
     base = float(re.search(r"around the old rows' mean\) ([\d.]+)", RESULTS.read_text(encoding="utf-8"))[1])
@@ -157,12 +207,14 @@ def test_repeated_canaries_are_audited_against_the_runs_group_claim():
         assert float(row["group ε"]) == pytest.approx(group.epsilon, abs=2e-3)
         record = float(row["record ε"])
         assert record == pytest.approx(8.0, abs=0.01) and group.epsilon > k * record / 2
-        tightest = _tightest(row)
-        assert tightest <= max(float(row["binomial"]), float(row["Gaussian f-DP"])) + 1e-3
-        assert tightest < group.epsilon and float(row["tightest ÷ group ε"]) == pytest.approx(
-            tightest / group.epsilon, abs=6e-4
+        headline, reading = _headline(row), float(row["Gaussian reading"])
+        assert headline < group.epsilon and float(row["headline ÷ group ε"]) == pytest.approx(
+            headline / group.epsilon, abs=6e-4
         )
-        assert float(row["tightest ÷ record ε"]) == pytest.approx(tightest / record, abs=6e-4)
+        assert float(row["headline ÷ record ε"]) == pytest.approx(headline / record, abs=6e-4)
+        assert reading < group.epsilon and float(row["reading ÷ group ε"]) == pytest.approx(
+            reading / group.epsilon, abs=6e-4
+        )
         assert row["group claim"] == row["record claim"] == "consistent"
 
 
@@ -171,11 +223,11 @@ def test_the_guide_quotes_the_repetitions():
     rows = {int(r["k"]): r for r in _repetitions()}
     single = next(r for r in _tables()[0] if r["canaries"] == load_benchmark("lm_canary_designs").LONG_DESIGN[0])
     assert (
-        f"{rows[2]['tightest ÷ group ε']} of the group's ε with two copies and {rows[4]['tightest ÷ group ε']} with "
-        f"four, against {single['tightest ÷ ε']} of the record's ε with one copy" in guide
+        f"{rows[2]['headline ÷ group ε']} of the group's ε with two copies and {rows[4]['headline ÷ group ε']} with "
+        f"four, against {single['headline ÷ ε']} of the record's ε with one copy" in guide
     )
-    assert f"the same bounds read {rows[2]['tightest ÷ record ε']} and {rows[4]['tightest ÷ record ε']}" in guide
-    assert float(rows[4]["tightest ÷ record ε"]) >= 0.25 > float(rows[2]["tightest ÷ record ε"])
+    assert f"the same bounds read {rows[2]['headline ÷ record ε']} and {rows[4]['headline ÷ record ε']}" in guide
+    assert float(rows[4]["headline ÷ record ε"]) >= 0.25 > float(rows[2]["headline ÷ record ε"])
 
 
 # ------------------------------------------------------------------------------------------ the learning-rate sweep
@@ -198,10 +250,9 @@ def test_the_sweep_is_part_2s_full_fine_tune_at_other_learning_rates():
         assert (row["canaries"], row["fine-tuning"], row["steps"], row["σ"]) == (
             same["canaries"], same["fine-tuning"], same["steps"], same["σ"],
         )  # fmt: skip
-        tightest = _tightest(row)
-        assert tightest <= max(float(row["binomial"]), float(row["Gaussian f-DP"])) + 1e-3
-        assert tightest < float(row["accountant ε"]) and _ratio(row) == pytest.approx(
-            tightest / float(row["accountant ε"]), abs=6e-4
+        headline = _headline(row)
+        assert headline < float(row["accountant ε"]) and _ratio(row) == pytest.approx(
+            headline / float(row["accountant ε"]), abs=6e-4
         )
         assert row["ledger verdict"] == "consistent"
     # at ε = 8 a smaller learning rate shows more and fits the members better (0.002: part 2's row)
