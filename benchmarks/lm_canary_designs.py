@@ -43,15 +43,17 @@ claims — the group claim must stand, the record claim is the one the repeated 
     OMP_NUM_THREADS=1 python benchmarks/lm_canary_designs.py --quick          # smaller, for a smoke run
 
 A learning-rate sweep of part 2's full fine-tune (``--lr``, ``--epsilons``), one process per learning rate: ``--part 2
---fine-tuning full --epsilons 8 --lr 0.0005 --rows A`` and the same with ``--lr 0.001 --rows B``, then ``--report A B >
+--fine-tuning full --epsilons 4 8 --lr 0.0005 --rows A``, ``--epsilons 8 --lr 0.001 --rows B`` and ``--epsilons 8 --lr
+0.00025 --rows C``, then ``--report A B C --scores benchmarks/results/lm_canary_lr_sweep_scores.jsonl.gz >
 benchmarks/results/lm_canary_lr_sweep.md``.
 
-``--report ... --scores FILE`` also writes the reported runs' canary scores and inclusion (gzipped JSON lines; committed
-beside each results file as ``results/<name>_scores.jsonl.gz``, from which the tests recompute every bound). Progress
-goes to stderr, the Markdown to stdout. The runs are independent: on a machine with more than one core,
-``--part 1``, ``--part 2 --fine-tuning full``, ``--part 2 --fine-tuning lora`` and ``--part 3`` in processes, each with
-``--rows FILE`` (one JSON row per run), then ``--report FILE...`` prints the same Markdown from their rows. About 2 min
-per run at the benchmark's length and 10–30 min per run ten times longer, on one core.
+The runs are independent: on a machine with more than one core, ``--part 1``, ``--part 2 --fine-tuning full``, ``--part
+2 --fine-tuning lora`` and ``--part 3`` in processes, each with ``--rows FILE`` (one JSON row per run), then ``--report
+FILE...`` prints the same Markdown from their rows; ``--scores FILE`` also writes the reported runs' canary scores and
+inclusion (gzipped JSON lines), committed beside each results file as ``results/<name>_scores.jsonl.gz``, from which
+the tests recompute every bound. The published files came from two processes this way (2026-11-29, about 3 CPU hours
+in all). Progress goes to stderr, the Markdown to stdout. About 2 min per run at the benchmark's length and 7–16 min
+per run ten times longer, on one core.
 """
 
 from __future__ import annotations

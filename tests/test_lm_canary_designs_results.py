@@ -268,10 +268,22 @@ def test_the_guide_quotes_the_sweep():
     _, part2 = _tables()
     long8 = next(r for r in part2 if r["fine-tuning"] == "full" and round(float(r["accountant ε"])) == 8)
     assert (
-        f"at ε = 8, {long8['tightest ÷ ε']} of ε at 0.002 (part 2), {sweep[(0.001, 8)]['tightest ÷ ε']} at 0.001, "
-        f"{sweep[(0.0005, 8)]['tightest ÷ ε']} at 0.0005 and {sweep[(0.00025, 8)]['tightest ÷ ε']} at 0.00025" in guide
+        f"at ε = 8, {long8['headline ÷ ε']} of ε at 0.002 (part 2), {sweep[(0.001, 8)]['headline ÷ ε']} at 0.001, "
+        f"{sweep[(0.0005, 8)]['headline ÷ ε']} at 0.0005 and {sweep[(0.00025, 8)]['headline ÷ ε']} at 0.00025" in guide
     )
     losses = [long8["member loss"]] + [sweep[(lr, 8)]["member loss"] for lr in (0.001, 0.0005, 0.00025)]
     assert f"the members' mean token loss {losses[0]}, {losses[1]}, {losses[2]} and {losses[3]}" in guide
-    assert f"At ε = 4 the rate 0.0005 shows {sweep[(0.0005, 4)]['tightest ÷ ε']} of ε" in guide
-    assert float(sweep[(0.0005, 4)]["tightest ÷ ε"]) >= 0.25 and float(sweep[(0.0005, 8)]["tightest ÷ ε"]) >= 0.25
+    four = sweep[(0.0005, 4)]
+    assert f"At ε = 4 the rate 0.0005 shows {four['headline ÷ ε']} of ε" in guide
+    # "not met" under the sound headline; the Gaussian reading of the same runs is what issue 50's "met" rested on
+    assert "the goal of 0.25 of ε at ε = 4 and 8 is **not met**" in guide
+    assert all(_ratio(r) < 0.25 for r in sweep.values()) and _ratio(long8) < 0.25
+    readings = [four["reading ÷ ε"], sweep[(0.0005, 8)]["reading ÷ ε"]]
+    assert f"the same runs at the rate 0.0005 read {readings[0]} and {readings[1]} of ε" in guide
+    assert all(float(r) >= 0.25 for r in readings)
+    ceiling = {
+        (int(r["steps"]), float(r["accountant ε"])): r["headline"].split()[0]
+        for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
+    }
+    assert f"whose headline at 1,200 steps is {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]}" in guide
+    assert float(ceiling[(1200, 8.0)]) < 0.25  # the ideal canary itself falls short at ε = 8
