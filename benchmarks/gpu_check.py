@@ -21,7 +21,9 @@ On a CUDA machine, in about 5–8 minutes, it
    power of two up to ``--max-batch`` whose plain step fits (a short search with one model per setting); a DP run
    that runs out of memory at it is retried at half (and its ratios are per row, marked). The data loader holds
    exactly one batch, so DPSGD's Poisson sampling has rate q = 1 and every step has the same rows as the plain one.
-   One extra step of each DP run is profiled (``torch.profiler``: the operations that cost most device time). The
+   One extra step of each DP run is profiled (``torch.profiler``: the operations that cost most device time, and the
+   whole time of book-keeping's clipped sums, ``bookkeeping.PROFILER_RANGE``: under bf16-mixed they cast each
+   layer's input and output gradient to float32 and multiply in float32, which the profile weighs). The
    noise generation rate is the Gaussian numbers per second drawn with the generator of
    :class:`lightning_privacy.dpsgd.noise.NoiseSource` (the generator's creation timed apart), and Opacus' secure-mode draw;
 3. writes ``benchmarks/results/gpu.md``: the device, torch, CUDA and package versions, the tests' counts, the table,
@@ -399,10 +401,12 @@ def _profiler_failed(error: BaseException) -> Dict[str, Any]:
 
 
 def _top_operations(profiler: Any, device: str, limit: int = 8) -> List[Dict[str, Any]]:
-    """The operations of the profiled step that cost most self time on the device (on the CPU: CPU time), in ms."""
+    """The package's own ranges (``lightning_privacy::…``, e.g. book-keeping's clipped sums: their whole time, the
+    operations inside included), then the operations of the profiled step that cost most self time on the device (on
+    the CPU: CPU time), in ms."""
 
-    def device_us(event: Any) -> float:
-        for name in ("self_device_time_total", "self_cuda_time_total"):
+    def device_us(event: Any, kind: str = "self_") -> float:
+        for name in (f"{kind}device_time_total", f"{kind}cuda_time_total"):
             value = getattr(event, name, None)
             if value is not None:
                 return float(value)
@@ -410,15 +414,23 @@ def _top_operations(profiler: Any, device: str, limit: int = 8) -> List[Dict[str
 
     events = list(profiler.key_averages())
     if device == "cuda":
-        key = device_us
+        key, whole = device_us, lambda e: device_us(e, "")
     else:
 
         def key(event: Any) -> float:
             return float(event.self_cpu_time_total)
 
-    events.sort(key=key, reverse=True)
+        def whole(event: Any) -> float:
+            return float(event.cpu_time_total)
+
     total = sum(key(e) for e in events) or 1.0
-    return [
+    ranges = [
+        {"op": e.key, "ms": whole(e) / 1e3, "share": whole(e) / total, "calls": int(e.count), "range": True}
+        for e in events
+        if e.key.startswith("lightning_privacy::")
+    ]
+    events = sorted((e for e in events if not e.key.startswith("lightning_privacy::")), key=key, reverse=True)
+    return ranges + [
         {"op": e.key, "ms": key(e) / 1e3, "share": key(e) / total, "calls": int(e.count)}
         for e in events[:limit]
         if key(e) > 0
@@ -773,11 +785,16 @@ def report(info: Dict[str, Any]) -> str:
         unit = "device" if info["device"] == "cuda" else "CPU"
         lines += ["", "## Profiles", "",
                   f"One extra step of each DP run under `torch.profiler`: the operations with the most self {unit} "
-                  "time (the profiler's overhead included)."]  # fmt: skip
+                  "time (the profiler's overhead included); first, in italics, the package's own ranges with all of "
+                  "their time (book-keeping's clipped sums: the layers' weight products and their dtype casts)."]  # fmt: skip
         for r in profiled:
             lines += ["", f"**{r.setting}, {r.mode}** (batch {r.batch})", "",
                       f"| operation | self {unit} ms | share | calls |", "|---|---:|---:|---:|"]  # fmt: skip
-            lines += [f"| `{p['op']}` | {p['ms']:.3f} | {p['share']:.0%} | {p['calls']} |" for p in r.profile]
+            lines += [
+                f"| {'*' if p.get('range') else ''}`{p['op']}`{'*' if p.get('range') else ''} | {p['ms']:.3f} | "
+                f"{p['share']:.0%} | {p['calls']} |"
+                for p in r.profile
+            ]
     if info.get("skipped"):
         lines += ["", "Not measured (over the time budget): " + ", ".join(info["skipped"]) + "."]
     if info.get("failures"):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from lightning_privacy.dpsgd.bookkeeping import PROFILER_RANGE
+
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
@@ -58,6 +60,12 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_report(tmp_path):
         assert run["trainable"] > 0  # functional mode's note: vmap ran the stock GPT-2 (SDPA, checkpointing too)
         assert run["note"] == ("vmap" if run["mode"] == "functional" else ""), run["note"]
         assert (run["mode"] == "plain") != bool(run["profile"])  # one profiled step per DP run
+    # book-keeping's clipped sums (one weight product per layer) have their own range in the ghost runs' profiles
+    for setting in ("full", "lora"):
+        ghost = next(r for r in info["runs"] if (r["setting"], r["mode"]) == (setting, "ghost"))
+        (kept,) = [p for p in ghost["profile"] if p.get("range")]
+        assert kept["op"] == PROFILER_RANGE and kept["ms"] > 0 and kept["calls"] == 1 and 0 < kept["share"] < 1
+    assert text.count(f"| *`{PROFILER_RANGE}`* |") == 2
     assert [(q["setting"], q["mode"]) for q in info["ratios"]] == [
         ("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "functional"), ("full", "hooks"),
         ("tied", "functional"), ("tied-checkpointed", "functional"),

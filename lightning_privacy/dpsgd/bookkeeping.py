@@ -44,7 +44,10 @@ from torch.nn import functional as F
 
 from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
 
-__all__ = ["BookKeeping"]
+__all__ = ["BookKeeping", "PROFILER_RANGE"]
+
+#: the ``torch.profiler`` range around :meth:`BookKeeping.clipped_sums` (``benchmarks/gpu_check.py`` reports its time)
+PROFILER_RANGE = "lightning_privacy::book-keeping"
 
 
 def _direct_trainable(module: nn.Module) -> List[torch.Tensor]:
@@ -174,6 +177,10 @@ class BookKeeping:
 
     def clipped_sums(self, coefficients: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
         """``{parameter: Σᵢ cᵢ ∇ℓᵢ}`` from the captured first pass (:meth:`ready` must be true)."""
+        with torch.profiler.record_function(PROFILER_RANGE):
+            return self._clipped_sums(coefficients)
+
+    def _clipped_sums(self, coefficients: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
         result: Dict[torch.Tensor, torch.Tensor] = {}
         n = int(coefficients.shape[0])
         self.low_precision = any(g[0].dtype in (torch.float16, torch.bfloat16) for g in self._grads.values())
