@@ -478,9 +478,8 @@ def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, p
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
     trainer.fit(module, DataLoader(token_rows(scale, batch), batch_size=batch))  # one batch: q = 1 under DPSGD
-    if (
-        how is not None and how.seen
-    ):  # how functional mode ran: vmap over chunks of examples, or one example at a time (a fallback)
+    # how functional mode ran: vmap over chunks of examples, or one example at a time (a fallback)
+    if how is not None and how.seen:
         run.note = "vmap" if how.fallback is None else f"loop: {how.fallback}"
     run.steps_ms, run.phases_ms = timer.results()
     run.peak_memory, run.profile = timer.peak, timer.profile_rows
@@ -790,11 +789,9 @@ def report(info: Dict[str, Any]) -> str:
         for r in profiled:
             lines += ["", f"**{r.setting}, {r.mode}** (batch {r.batch})", "",
                       f"| operation | self {unit} ms | share | calls |", "|---|---:|---:|---:|"]  # fmt: skip
-            lines += [
-                f"| {'*' if p.get('range') else ''}`{p['op']}`{'*' if p.get('range') else ''} | {p['ms']:.3f} | "
-                f"{p['share']:.0%} | {p['calls']} |"
-                for p in r.profile
-            ]
+            for p in r.profile:
+                name = f"*`{p['op']}`*" if p.get("range") else f"`{p['op']}`"  # (the package's ranges in italics)
+                lines.append(f"| {name} | {p['ms']:.3f} | {p['share']:.0%} | {p['calls']} |")
     if info.get("skipped"):
         lines += ["", "Not measured (over the time budget): " + ", ".join(info["skipped"]) + "."]
     if info.get("failures"):

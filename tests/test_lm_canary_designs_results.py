@@ -36,6 +36,15 @@ def _headline(row) -> float:
     return float(row["headline"])
 
 
+def _ceiling_headlines() -> dict:
+    """{(steps, accountant ε): the ideal canary's headline as printed (the median of 50 seeds)} of
+    ``results/lm_canary_ceiling.md``."""
+    return {
+        (int(r["steps"]), float(r["accountant ε"])): r["headline"].split()[0]
+        for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
+    }
+
+
 def _scores(name: str) -> list:
     """The runs' canary scores committed beside ``results/<name>.md`` (``--report ... --scores``)."""
     path = ROOT / "benchmarks" / "results" / f"{name}_scores.jsonl.gz"
@@ -166,10 +175,7 @@ def test_the_guide_quotes_the_file():
     full = {round(float(r["accountant ε"])): r for r in part2 if r["fine-tuning"] == "full"}
     assert f"shows {f(full[4])} of ε at ε = 4 and {f(full[8])} at ε = 8" in guide
     assert all(_headline(r) == 0 for r in part2 if r["fine-tuning"] != "full")  # "Under LoRA it shows nothing"
-    ceiling = {
-        (int(r["steps"]), float(r["accountant ε"])): r["headline"].split()[0]  # (the median of 50 seeds)
-        for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
-    }
+    ceiling = _ceiling_headlines()
     assert f"of the ideal canary's headline, {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]} there" in guide
     assert all(_ratio(full[e]) < float(ceiling[(1200, e * 1.0)]) for e in (4, 8))
     losses = [float(r["member loss"]) for r in full.values()]
@@ -281,9 +287,6 @@ def test_the_guide_quotes_the_sweep():
     readings = [four["reading ÷ ε"], sweep[(0.0005, 8)]["reading ÷ ε"]]
     assert f"the same runs at the rate 0.0005 read {readings[0]} and {readings[1]} of ε" in guide
     assert all(float(r) >= 0.25 for r in readings)
-    ceiling = {
-        (int(r["steps"]), float(r["accountant ε"])): r["headline"].split()[0]
-        for r in markdown_table(ROOT / "benchmarks" / "results" / "lm_canary_ceiling.md", "| run |")
-    }
+    ceiling = _ceiling_headlines()
     assert f"whose headline at 1,200 steps is {ceiling[(1200, 4.0)]} and {ceiling[(1200, 8.0)]}" in guide
     assert float(ceiling[(1200, 8.0)]) < 0.25  # the ideal canary itself falls short at ε = 8

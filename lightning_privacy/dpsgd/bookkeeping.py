@@ -198,15 +198,10 @@ class BookKeeping:
 
     @staticmethod
     def _layer_sums(layer: nn.Module, inputs: tuple, weighted: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
-        if type(layer) is nn.Linear:
-            out = weighted.reshape(-1, weighted.shape[-1])
-            sums = {layer.weight: out.t().mm(inputs[0].reshape(-1, inputs[0].shape[-1]))}
-            if layer.bias is not None:
-                sums[layer.bias] = out.sum(0)
-            return sums
-        if _is_conv1d(layer):  # (W is [in, out]: y = x @ W + b)
-            out = weighted.reshape(-1, weighted.shape[-1])
-            sums = {layer.weight: inputs[0].reshape(-1, inputs[0].shape[-1]).t().mm(out)}
+        if type(layer) is nn.Linear or _is_conv1d(layer):
+            out, x = weighted.reshape(-1, weighted.shape[-1]), inputs[0].reshape(-1, inputs[0].shape[-1])
+            # (nn.Linear's W is [out, in]; Hugging Face's Conv1D, y = x @ W + b, stores it [in, out])
+            sums = {layer.weight: out.t().mm(x) if type(layer) is nn.Linear else x.t().mm(out)}
             if layer.bias is not None:
                 sums[layer.bias] = out.sum(0)
             return sums
