@@ -183,3 +183,106 @@ def test_the_first_pass_computes_no_weight_gradient():
     again.start()
     nn.Sequential(shared, shared)(torch.randn(2, 3))
     assert again.first_pass_targets() is None  # a layer that ran twice: the ordinary first pass
+
+
+class _Sequence(nn.Module):
+    """A linear layer fed by a LayerNorm (float32 input under autocast) and a Hugging Face Conv1D fed by it (bf16)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.norm = nn.LayerNorm(12)
+        self.up = nn.Linear(12, 40)
+        self.down = Conv1D(5, 40)  # (nf, nx): 40 → 5
+
+    def forward(self, x):
+        return self.down(torch.tanh(self.up(self.norm(x)))).mean(1)
+
+
+def _captured_under_bf16(n=10, positions=24, *, frozen_norm=False):
+    """A keeper holding a bf16-autocast first pass of ``_Sequence`` on the CPU, the net, and the clip factors."""
+    torch.manual_seed(0)
+    net = _Sequence()
+    net.norm.requires_grad_(not frozen_norm)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(n, positions, 12, generator=g), torch.randint(0, 5, (n,), generator=g)
+    keeper = BookKeeping(net, loss_reduction="sum")
+    keeper.start()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        losses = F.cross_entropy(net(x).float(), y, reduction="none")
+    keeper.capturing = True
+    losses.sum().backward()
+    keeper.capturing = False
+    assert keeper.ready(n) and keeper._grads[net.up][0].dtype == torch.bfloat16
+    return keeper, net, torch.rand(n, generator=g) + 0.1
+
+
+def _exact(keeper, layer, c, *, x_in_bf16):
+    """Σᵢ cᵢ·(weight gradient of example i) in float64 from the captures, and the split's bound Σᵢ 2⁻¹⁶cᵢ‖xᵢ‖‖gᵢ‖."""
+    x, grad = keeper._inputs[layer][0][0], keeper._grads[layer][0]
+    x = (x.to(torch.bfloat16) if x_in_bf16 else x).double()
+    w = grad.double() * c.double().view(-1, 1, 1)
+    total = torch.einsum("npi,npo->io", x, w)
+    bound = 2.0**-16 * (c.double() * x.flatten(1).norm(dim=1) * grad.double().flatten(1).norm(dim=1)).sum()
+    return (total.t() if type(layer) is nn.Linear else total), float(bound)
+
+
+def test_split_bf16_products_stay_within_their_stated_bound(monkeypatch):
+    """Under bf16 autocast, "split" adds xᵀhi + xᵀlo: within 2⁻¹⁶·Σᵢcᵢ‖xᵢ‖‖gᵢ‖ (plus float32's summation) of the
+    exact sum of the products autocast's layers formed; one bf16 product (hi alone) is not."""
+    keeper, net, c = _captured_under_bf16()
+    float32 = keeper.clipped_sums(c)
+    assert keeper.low_precision and keeper.products is None
+    monkeypatch.setattr(bookkeeping, "SIXTEEN_BIT_PRODUCTS", "split")
+    split = keeper.clipped_sums(c)
+    assert keeper.products == "split (emulated in float32)"  # (CUDA's torch.mm(out_dtype=float32) on a GPU)
+    for layer in (net.up, net.down):
+        exact, bound = _exact(keeper, layer, c, x_in_bf16=True)
+        accumulation = 1e-6 * float(exact.norm())
+        error = float((split[layer.weight].double() - exact).norm())  # (Frobenius, as the bound)
+        assert error <= bound + accumulation, (layer, error, bound)
+        hi = bookkeeping._mm_float32  # one bf16 product (2⁻⁹-relative errors) is beyond the bound
+        x, w = keeper._inputs[layer][0][0], keeper._grads[layer][0].float() * c.view(-1, 1, 1)
+        x, w = x.reshape(-1, x.shape[-1]).to(torch.bfloat16), w.reshape(-1, w.shape[-1]).to(torch.bfloat16)
+        alone = (hi(w.t(), x) if type(layer) is nn.Linear else hi(x.t(), w)).double()
+        assert float((alone - exact).norm()) > 3 * (bound + accumulation)  # (measured: 7× on `up`)
+        # the float32 products take the input as captured (LayerNorm's float32 output for `up`)
+        exact32, _ = _exact(keeper, layer, c, x_in_bf16=False)
+        torch.testing.assert_close(float32[layer.weight].double(), exact32, rtol=1e-5, atol=1e-6)
+    for p in (net.norm.weight, net.up.bias, net.down.bias):  # biases and other layers: the float32 sums, either way
+        torch.testing.assert_close(split[p], float32[p], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("chunk", [1, 3000, 2**30])  # one example at a time, a few, all at once
+def test_slices_of_examples_give_the_same_sum(monkeypatch, chunk):
+    keeper, net, c = _captured_under_bf16(n=7)
+    whole = keeper.clipped_sums(c)
+    monkeypatch.setattr(bookkeeping, "CHUNK_BYTES", chunk)
+    sliced = keeper.clipped_sums(c)
+    for p in net.parameters():
+        torch.testing.assert_close(sliced[p], whole[p], rtol=1e-5, atol=1e-6)
+
+
+def test_no_temporary_holds_more_than_a_slice_of_examples(monkeypatch):
+    """The memory claim: a linear layer's weighted gradients (and cast inputs) are formed ``CHUNK_BYTES`` at a time,
+    never as one float32 copy of the whole batch's (GPT-2's head: two such copies, 26 GB at 65,536 tokens before)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and not t._is_view():  # (new memory: not a view or a slice)
+                    Largest.bytes = max(Largest.bytes, t.numel() * t.element_size())
+            return out
+
+    keeper, net, c = _captured_under_bf16(n=10, positions=24, frozen_norm=True)  # (the linear layers alone)
+    one_example = 4 * 24 * (40 + 12)  # float32 bytes of one example's output gradient and input of `up` (the widest)
+    monkeypatch.setattr(bookkeeping, "CHUNK_BYTES", 2 * one_example)
+    with Largest():
+        keeper.clipped_sums(c)
+    assert Largest.bytes <= 2 * one_example  # (the whole batch's weighted gradient of `up` alone: 10 · 4 · 24 · 40)
+    assert 2 * 65_536 * 50_257 * 4 / 1e9 == pytest.approx(26, abs=0.5)  # (the changelog's GPT-2 head, in GB)

@@ -186,6 +186,40 @@ def test_book_keepings_sum_equals_the_second_pass_under_bf16_autocast():
     keeper.remove()
 
 
+def test_split_bf16_products_on_the_device_are_within_their_bound_of_the_exact_sum(monkeypatch):
+    """``SIXTEEN_BIT_PRODUCTS = "split"`` (issue 60): CUDA's bfloat16 product with float32 output runs (not the
+    float32 emulation), and each linear sum is within 2⁻¹⁶·Σᵢcᵢ‖xᵢ‖‖gᵢ‖ (plus float32 slack) of the exact sum."""
+    from lightning_privacy.dpsgd import bookkeeping
+
+    torch.manual_seed(0)
+    net = _Text().to(DEVICE)
+    x, y = torch.randint(0, 50, (16, 12), device=DEVICE), torch.randint(0, 3, (16,), device=DEVICE)
+    keeper = BookKeeping(net, loss_reduction="sum")
+    keeper.start()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        losses = F.cross_entropy(net(x).float(), y, reduction="none")
+    keeper.capturing = True
+    losses.sum().backward()
+    keeper.capturing = False
+    c = torch.rand(16, device=DEVICE)
+    float32 = keeper.clipped_sums(c)
+    monkeypatch.setattr(bookkeeping, "SIXTEEN_BIT_PRODUCTS", "split")
+    split = keeper.clipped_sums(c)
+    assert keeper.products == ("split" if DEVICE == "cuda" else "split (emulated in float32)")
+    for layer in (net.hidden, net.head):  # (split takes the input as autocast's layer did, in bfloat16)
+        inputs = keeper._inputs[layer][0][0].to(torch.bfloat16).double()
+        grads = keeper._grads[layer][0].double()
+        exact = torch.einsum("npi,npo->oi", inputs, grads * c.double().view(-1, 1, 1))
+        bound = 2.0**-16 * float((c.double() * inputs.flatten(1).norm(dim=1) * grads.flatten(1).norm(dim=1)).sum())
+        error = float((split[layer.weight].double() - exact).norm())
+        assert error <= bound + 1e-6 * float(exact.norm()), (layer, error, bound)
+        assert split[layer.weight].dtype == torch.float32 and split[layer.weight].device.type == DEVICE
+        # float32's products take the input as captured (the LayerNorm's float32 output for `hidden`): 16-bit apart
+        gap = float((split[layer.weight].double() - float32[layer.weight].double()).norm())
+        assert gap <= 2.0**-6 * float(exact.norm()), (layer, gap)
+    keeper.remove()
+
+
 @pytest.mark.parametrize("lora", [True, False])
 def test_a_ghost_fit_under_bf16_mixed_passes_its_self_checks(lora):
     """Book-keeping and the second pass compared inside DPSGD on the first steps, under autocast (raises if not)."""

@@ -175,3 +175,5 @@ def test_the_gpt2_rows_before_and_after_conv1d_samplers_and_what_the_page_says()
     assert re.search(r"^gpt2_untied\s+hooks\s+[0-9.]+ × hooks", text.split("given explicitly:")[1], flags=re.M)
     page = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
     assert f"Ghost clipping of the untied GPT-2 went from {before:.2f}× to {now:.2f}× the plain step" in page
+    changelog = " ".join((ROOT / "CHANGELOG.md").read_text(encoding="utf-8").split())
+    assert f"ghost on the untied tiny GPT-2 from {before:.2f}× to {now:.2f}× the plain step" in changelog

@@ -51,23 +51,25 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_report(tmp_path):
     assert tests["skipped"] > 10 and tests["passed"] == tests["failed"] == tests["errors"] == 0 and not tests["notes"]
     assert [(r["setting"], r["mode"]) for r in info["runs"]] == [
         ("lora", "plain"), ("lora", "ghost"), ("lora", "hooks"),
-        ("full", "plain"), ("full", "ghost"), ("full", "functional"), ("full", "hooks"),
+        ("full", "plain"), ("full", "ghost"), ("full", "ghost-split"), ("full", "functional"), ("full", "hooks"),
         ("tied", "plain"), ("tied", "functional"), ("tied-checkpointed", "plain"), ("tied-checkpointed", "functional"),
     ]  # fmt: skip
     for run in info["runs"]:
         assert run["batch"] == 4 and len(run["steps_ms"]) == info["scale"]["steps"] and min(run["steps_ms"]) > 0
         assert all(len(v) == len(run["steps_ms"]) and min(v) > 0 for v in run["phases_ms"].values())
         assert run["trainable"] > 0  # functional mode's note: vmap ran the stock GPT-2 (SDPA, checkpointing too)
-        assert run["note"] == ("vmap" if run["mode"] == "functional" else ""), run["note"]
+        note = {"functional": "vmap", "ghost-split": "products: split (emulated in float32)"}.get(run["mode"], "")
+        assert run["note"] == note, run["note"]  # (ghost-split: bf16 autocast's captures, CUDA's product elsewhere)
         assert (run["mode"] == "plain") != bool(run["profile"])  # one profiled step per DP run
     # book-keeping's clipped sums (one weight product per layer) have their own range in the ghost runs' profiles
-    for setting in ("full", "lora"):
-        ghost = next(r for r in info["runs"] if (r["setting"], r["mode"]) == (setting, "ghost"))
+    for setting, mode in (("full", "ghost"), ("full", "ghost-split"), ("lora", "ghost")):
+        ghost = next(r for r in info["runs"] if (r["setting"], r["mode"]) == (setting, mode))
         (kept,) = [p for p in ghost["profile"] if p.get("range")]
         assert kept["op"] == PROFILER_RANGE and kept["ms"] > 0 and kept["calls"] == 1 and 0 < kept["share"] < 1
-    assert text.count(f"| *`{PROFILER_RANGE}`* |") == 2
+    assert text.count(f"| *`{PROFILER_RANGE}`* |") == 3
     assert [(q["setting"], q["mode"]) for q in info["ratios"]] == [
-        ("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "functional"), ("full", "hooks"),
+        ("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "ghost-split"), ("full", "functional"),
+        ("full", "hooks"),
         ("tied", "functional"), ("tied-checkpointed", "functional"),
     ]  # fmt: skip
     for q in info["ratios"]:
@@ -106,16 +108,19 @@ def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal(
         _run("lora", "hooks", 64, 140.0, 1500 * 2**20),  # 1.4×: missed
         _run("full", "plain", 64, 200.0, 4000 * 2**20),
         _run("full", "ghost", 32, 118.0, 3000 * 2**20, note="out of memory at batch 64"),  # per row: 1.18×
+        _run("full", "ghost-split", 64, 230.0, 4500 * 2**20, note="products: split"),  # 1.15×, but +12 % memory
         _run("full", "hooks", 8, 0.0, None, note="out of memory at batch 64; …; out of memory at batch 16"),
     ]
     ratios = gpu_check.ratios([gpu_check.Run(**r) for r in runs])
     by = {(q["setting"], q["mode"]): q for q in ratios}
-    assert set(by) == {("lora", "ghost"), ("lora", "hooks"), ("full", "ghost")}  # the failed run has no ratio
+    assert set(by) == {("lora", "ghost"), ("lora", "hooks"), ("full", "ghost"), ("full", "ghost-split")}  # not failed
     assert by["lora", "ghost"]["time"] == pytest.approx(1.05) and by["lora", "ghost"]["memory"] == pytest.approx(1.08)
     assert by["lora", "ghost"]["time_met"] and by["lora", "ghost"]["memory_met"]
     assert by["lora", "hooks"]["time_met"] is False and by["lora", "hooks"]["memory_met"] is None  # no memory goal
     full = by["full", "ghost"]
     assert full["per_row"] and full["time"] == pytest.approx(1.18) and full["memory"] is None
+    split = by["full", "ghost-split"]  # ghost's goals, memory's too
+    assert split["time_met"] and split["memory"] == pytest.approx(1.125) and split["memory_met"] is False
     info = {
         "smoke": False, "device": "cuda", "device_name": "NVIDIA H100 80GB HBM3 (79 GiB, 132 SMs)",
         "date": "2026-11-27", "seconds": 300.0, "runs": runs, "ratios": ratios, "batches": {"lora": 64, "full": 64},
@@ -136,7 +141,8 @@ def test_the_report_of_a_gpu_run_compares_memory_and_names_what_missed_its_goal(
     assert "| hooks ÷ plain, lora | 1.40× | ≤ 1.3× | **no** |" in text
     assert "| ghost ÷ plain, full (per row: another batch) | 1.18× | ≤ 1.25× | yes |" in text
     assert "| peak memory ghost ÷ plain, full | n/a |" in text
-    assert "Missed: hooks lora." in text
+    assert "| peak memory ghost-split ÷ plain, full | 1.12× (+12 %) | ≤ 1.10× (+10%) | **no** |" in text
+    assert "Missed: hooks lora, ghost-split full." in text
     assert "| full | hooks | 1,000 | 8 | — |" in text and "out of memory at batch 16" in text
     assert "| 1,000 | 64 | 100.000 | 1.5625 |" in text and "| 1,080 |" in text  # MiB
     assert "## Failures" in text and "noise rates failed" in text

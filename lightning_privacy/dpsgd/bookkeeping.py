@@ -31,6 +31,19 @@ second pass whenever book-keeping cannot be sure to be exact: a layer called mor
 (shared weights, recurrent layers), a layer type without a per-example gradient function, an ``nn.Embedding`` with
 ``max_norm``, ``scale_grad_by_freq`` or sparse gradients, or a layer's captured batch size other than the
 examples'.
+
+A linear layer's weighted output gradients ``cᵢ·gᵢ`` (and its inputs, where they are cast) are formed a slice of
+examples at a time (about ``CHUNK_BYTES`` of them in float32; GPT-2's head has 50,257 outputs per position), so the
+sum's temporaries stay small whatever the batch. Under bf16 autocast the captures are 16-bit and the sums are formed in the parameters'
+float32 (``SIXTEEN_BIT_PRODUCTS = "float32"``); ``"split"`` instead rounds each weighted gradient ``w`` (float32)
+to bfloat16 twice, ``hi = bf16(w)`` and ``lo = bf16(w − hi)``, and adds the two bfloat16 products ``xᵀhi + xᵀlo``
+with float32 accumulation (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, tensor cores; elsewhere the same
+products in float32). The input ``x`` is then the bfloat16 input autocast's layer multiplied; every product of two
+bfloat16 numbers is exact in float32, and ``|w − hi − lo| ≤ 2⁻¹⁶·|w|`` elementwise, so each example's contribution
+to a layer's sum moves by at most ``2⁻¹⁶·cᵢ·‖xᵢ‖_F·‖gᵢ‖_F`` (Cauchy–Schwarz over positions) beyond float32's own
+accumulation — far inside the 16-bit rounding of the norms themselves, which DPSGD's ghost-under-16-bit warning
+states. Which one runs faster is measured by ``benchmarks/gpu_check.py`` (its ``ghost-split`` row) before
+``"split"`` becomes the default.
 """
 
 from __future__ import annotations
@@ -44,10 +57,15 @@ from torch.nn import functional as F
 
 from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
 
-__all__ = ["BookKeeping", "PROFILER_RANGE"]
+__all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "split_product"]
 
 #: the ``torch.profiler`` range around :meth:`BookKeeping.clipped_sums` (``benchmarks/gpu_check.py`` reports its time)
 PROFILER_RANGE = "lightning_privacy::book-keeping"
+#: how a linear layer's bfloat16 captures (bf16 autocast) are multiplied: ``"float32"`` or ``"split"`` (see above)
+SIXTEEN_BIT_PRODUCTS = "float32"
+#: float32 bytes of output gradients and inputs a linear layer's sum casts or weights at once (a slice of examples)
+CHUNK_BYTES = 2**30
+_NATIVE_SPLIT = {"ok": True}  # torch.mm(..., out_dtype=torch.float32) ran on CUDA (until it is found missing)
 
 
 def _direct_trainable(module: nn.Module) -> List[torch.Tensor]:
@@ -107,6 +125,7 @@ class BookKeeping:
         self.loss_reduction = loss_reduction
         self.capturing = False
         self.low_precision = False  # the last sums came from 16-bit output gradients (autocast)
+        self.products: Optional[str] = None  # "split" when the last sums' linear products were (SIXTEEN_BIT_PRODUCTS)
         self._layers = [m for m in module.modules() if _direct_trainable(m)]
         self.supported = all(self._supports(m) for m in self._layers)
         self._inputs: Dict[nn.Module, List[Tuple[torch.Tensor, ...]]] = {}
@@ -184,27 +203,51 @@ class BookKeeping:
         result: Dict[torch.Tensor, torch.Tensor] = {}
         n = int(coefficients.shape[0])
         self.low_precision = any(g[0].dtype in (torch.float16, torch.bfloat16) for g in self._grads.values())
+        self.products = None
         for layer in self._layers:
             (inputs,), (grad,) = self._inputs[layer], self._grads[layer]
             dtype = _direct_trainable(layer)[0].dtype  # sums in the parameters' precision (autocast: not 16 bits)
-            grad = grad.to(dtype)
-            inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
             weight = coefficients.to(device=grad.device, dtype=dtype) * (n if self.loss_reduction == "mean" else 1)
-            weighted = grad * weight.view(-1, *([1] * (grad.ndim - 1)))
-            for param, total in self._layer_sums(layer, inputs, weighted).items():
+            if type(layer) is nn.Linear or _is_conv1d(layer):
+                sums = self._linear_sums(layer, inputs[0], grad, weight)
+            else:
+                grad = grad.to(dtype)
+                inputs = tuple(t.to(dtype) if t.is_floating_point() else t for t in inputs)
+                sums = self._layer_sums(layer, inputs, grad * weight.view(-1, *([1] * (grad.ndim - 1))))
+            for param, total in sums.items():
                 if param.requires_grad:
                     result[param] = total.to(param.dtype)
         return result
 
+    def _linear_sums(
+        self, layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor
+    ) -> Dict[torch.Tensor, torch.Tensor]:
+        """An ``nn.Linear``'s or ``Conv1D``'s weight and bias sums, a slice of examples at a time (module docstring)."""
+        dtype, conv1d = weight.dtype, type(layer) is not nn.Linear
+        split = SIXTEEN_BIT_PRODUCTS == "split" and grad.dtype == torch.bfloat16 and dtype == torch.float32
+        if split:
+            self.products = "split" if _NATIVE_SPLIT["ok"] and grad.is_cuda else "split (emulated in float32)"
+        step = max(1, CHUNK_BYTES // max(4 * (grad[0].numel() + x[0].numel()), 1)) if grad.shape[0] else 1
+        total = bias = None
+        for start in range(0, max(grad.shape[0], 1), step):
+            rows = slice(start, start + step)
+            w = grad[rows].to(dtype) * weight[rows].view(-1, *([1] * (grad.ndim - 1)))
+            w, xs = w.reshape(-1, w.shape[-1]), x[rows].reshape(-1, x.shape[-1])
+            if split:
+                part = split_product(xs, w, transpose=not conv1d)
+            else:  # (nn.Linear's W is [out, in]; Hugging Face's Conv1D, y = x @ W + b, stores it [in, out])
+                xs = xs.to(dtype)
+                part = w.t().mm(xs) if not conv1d else xs.t().mm(w)
+            total = part if total is None else total.add_(part)
+            if layer.bias is not None:
+                bias = w.sum(0) if bias is None else bias.add_(w.sum(0))
+        sums = {layer.weight: total}
+        if layer.bias is not None:
+            sums[layer.bias] = bias
+        return sums
+
     @staticmethod
     def _layer_sums(layer: nn.Module, inputs: tuple, weighted: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
-        if type(layer) is nn.Linear or _is_conv1d(layer):
-            out, x = weighted.reshape(-1, weighted.shape[-1]), inputs[0].reshape(-1, inputs[0].shape[-1])
-            # (nn.Linear's W is [out, in]; Hugging Face's Conv1D, y = x @ W + b, stores it [in, out])
-            sums = {layer.weight: out.t().mm(x) if type(layer) is nn.Linear else x.t().mm(out)}
-            if layer.bias is not None:
-                sums[layer.bias] = out.sum(0)
-            return sums
         if _plain_conv(layer):
             x, padding = inputs[0], layer.padding
             if layer.padding_mode != "zeros":  # as nn.ConvNd pads: F.pad first, then a convolution without padding
@@ -249,6 +292,39 @@ class BookKeeping:
             handle.remove()
         self._handles.clear()
         self.clear()
+
+
+def _mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of two bfloat16 matrices with float32 accumulation and output (CUDA's ``out_dtype``, else float32)."""
+    if a.is_cuda and _NATIVE_SPLIT["ok"]:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # a torch without it: the same products in float32
+            _NATIVE_SPLIT["ok"] = False
+    return a.float().mm(b.float())
+
+
+def split_product(x: torch.Tensor, w: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+    """``xᵀw`` (``transpose=False``, ``[in, out]``) or ``wᵀx`` (``[out, in]``) for float32 ``w`` and any ``x``, as
+    two bfloat16 products with float32 accumulation: ``w ≈ hi + lo``, ``hi = bf16(w)``, ``lo = bf16(w − hi)``,
+    ``|w − hi − lo| ≤ 2⁻¹⁶·|w|``; ``x`` is taken in bfloat16 (module docstring).
+
+    Example::
+
+        >>> _ = torch.manual_seed(0)
+        >>> x, w = torch.randn(64, 3).bfloat16(), torch.randn(64, 2)
+        >>> exact = x.double().t() @ w.double()
+        >>> float((split_product(x, w, transpose=False).double() - exact).abs().max()) < 1e-3
+        True
+        >>> float((x.float().t() @ w.bfloat16().float()).double().sub(exact).abs().max()) > 1e-2  # hi alone
+        True
+    """
+    hi = w.to(torch.bfloat16)
+    lo = (w - hi.to(w.dtype)).to(torch.bfloat16)
+    x = x.to(torch.bfloat16)
+    if transpose:
+        return _mm_float32(hi.t(), x).add_(_mm_float32(lo.t(), x))
+    return _mm_float32(x.t(), hi).add_(_mm_float32(x.t(), lo))
 
 
 def sums_or_none(keeper: Optional[BookKeeping], batch_size: int, coefficients: torch.Tensor):
