@@ -34,16 +34,21 @@ examples'.
 
 A linear layer's weighted output gradients ``cᵢ·gᵢ`` (and its inputs, where they are cast) are formed a slice of
 examples at a time (about ``CHUNK_BYTES`` of them in float32; GPT-2's head has 50,257 outputs per position), so the
-sum's temporaries stay small whatever the batch. Under bf16 autocast the captures are 16-bit and the sums are formed in the parameters'
-float32 (``SIXTEEN_BIT_PRODUCTS = "float32"``); ``"split"`` instead rounds each weighted gradient ``w`` (float32)
-to bfloat16 twice, ``hi = bf16(w)`` and ``lo = bf16(w − hi)``, and adds the two bfloat16 products ``xᵀhi + xᵀlo``
-with float32 accumulation (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, tensor cores; elsewhere the same
-products in float32). The input ``x`` is then the bfloat16 input autocast's layer multiplied; every product of two
-bfloat16 numbers is exact in float32, and ``|w − hi − lo| ≤ 2⁻¹⁶·|w|`` elementwise, so each example's contribution
-to a layer's sum moves by at most ``2⁻¹⁶·cᵢ·‖xᵢ‖_F·‖gᵢ‖_F`` (Cauchy–Schwarz over positions) beyond float32's own
-accumulation — far inside the 16-bit rounding of the norms themselves, which DPSGD's ghost-under-16-bit warning
-states. Which one runs faster is measured by ``benchmarks/gpu_check.py`` (its ``ghost-split`` row) before
-``"split"`` becomes the default.
+sum's temporaries stay small whatever the batch.
+
+Under bf16 autocast a linear layer's captures are 16-bit (its output gradient ``gᵢ``; its input ``xᵢ`` is what
+autocast cast to 16 bits before multiplying). Book-keeping multiplies those same operands — ``xᵢ`` rounded to the
+16-bit dtype, then both in the parameters' float32 (``SIXTEEN_BIT_PRODUCTS = "float32"``, the default) — and the
+ghost norm (:func:`lightning_privacy.dpsgd.samplers.linear_norm_sample`) takes the norm of the same product with
+float32 accumulation, so each example adds ``cᵢ·xᵢᵀgᵢ`` with ``cᵢ‖xᵢᵀgᵢ‖ ≤ C`` up to float32 rounding, as in float32
+training. ``"split"`` (not the default) rounds each weighted gradient ``w`` (float32) to bfloat16 twice,
+``hi = bf16(w)`` and ``lo = bf16(w − hi)``, and adds the two bfloat16 products ``xᵀhi + xᵀlo`` with float32
+accumulation (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, tensor cores; elsewhere the same products in
+float32): every product of two bfloat16 numbers is exact in float32 and ``|w − hi − lo| ≤ 2⁻¹⁶·|w|`` elementwise, so
+each example's contribution to a layer's sum moves by at most ``2⁻¹⁶·cᵢ·‖xᵢ‖_F·‖gᵢ‖_F`` (Cauchy–Schwarz over
+positions) beyond float32's own accumulation — a bound on C's overshoot that ``"split"`` would have to fold into the
+clip factors before it could become the default. ``benchmarks/gpu_check.py`` (its ``ghost-split`` row) measures
+whether it is faster at all.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ from torch.nn import functional as F
 
 from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
 
-__all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "split_product"]
+__all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "exact_under_autocast",
+           "split_product"]  # fmt: skip
 
 #: the ``torch.profiler`` range around :meth:`BookKeeping.clipped_sums` (``benchmarks/gpu_check.py`` reports its time)
 PROFILER_RANGE = "lightning_privacy::book-keeping"
@@ -194,6 +200,10 @@ class BookKeeping:
                 return False
         return True
 
+    def captured_16_bit(self) -> bool:
+        """The first pass captured a 16-bit output gradient (autocast)."""
+        return any(g.dtype in (torch.float16, torch.bfloat16) for grads in self._grads.values() for g in grads)
+
     def clipped_sums(self, coefficients: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
         """``{parameter: Σᵢ cᵢ ∇ℓᵢ}`` from the captured first pass (:meth:`ready` must be true)."""
         with torch.profiler.record_function(PROFILER_RANGE):
@@ -236,6 +246,8 @@ class BookKeeping:
             if split:
                 part = split_product(xs, w, transpose=not conv1d)
             else:  # (nn.Linear's W is [out, in]; Hugging Face's Conv1D, y = x @ W + b, stores it [in, out])
+                if grad.dtype in (torch.float16, torch.bfloat16):
+                    xs = xs.to(grad.dtype)  # the operand autocast's layer multiplied, as the ghost norm takes it
                 xs = xs.to(dtype)
                 part = w.t().mm(xs) if not conv1d else xs.t().mm(w)
             total = part if total is None else total.add_(part)
@@ -292,6 +304,24 @@ class BookKeeping:
             handle.remove()
         self._handles.clear()
         self.clear()
+
+
+def exact_under_autocast(module: nn.Module) -> bool:
+    """Whether ghost clipping of ``module`` under bf16 autocast bounds each example's contribution by C up to float32
+    rounding on the steps book-keeping forms the sum: every trainable layer is one whose ghost norm and book-kept sum
+    multiply the same operands in float32 — ``nn.Linear`` and ``Conv1D`` (module docstring), and ``nn.Embedding``
+    and ``nn.LayerNorm``, which autocast runs in float32 — and book-keeping supports it.
+
+    Example::
+
+        >>> exact_under_autocast(nn.Sequential(nn.Embedding(5, 4), nn.LayerNorm(4), nn.Linear(4, 2)))
+        True
+        >>> exact_under_autocast(nn.Sequential(nn.Conv2d(1, 2, 3)))  # (Opacus' per-example convolutions: 16-bit)
+        False
+    """
+    exact = {nn.Linear, nn.Embedding, nn.LayerNorm, hugging_face_conv1d()}
+    layers = [m for m in module.modules() if _direct_trainable(m)]
+    return all(type(m) in exact and BookKeeping._supports(m) for m in layers)
 
 
 def _mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import _compat
@@ -58,6 +59,7 @@ class GhostMode(PerLayerMode):
             if not keeper.supported:
                 keeper.remove()
         self.skipping = False  # FSDP2: this batch is empty; the placeholder row runs with the hooks off
+        self.warned = False  # a 16-bit step without book-keeping was said
 
     def step(self, batch: Any, args: tuple, kwargs: Dict[str, Any]) -> Any:
         try:
@@ -167,6 +169,14 @@ class GhostMode(PerLayerMode):
                     **owner.sampled_rows(),
                 )  # fmt: skip
             sums = sums_or_none(keeper, len(losses), coefficients)
+            if sums is None and keeper is not None and keeper.captured_16_bit() and not self.warned:
+                self.warned = True  # (setup said float32 rounding: this step's second pass is 16-bit)
+                rank_zero_warn(
+                    f"DPSGD(grad_sample_mode='ghost'): at step {owner.pl_module.trainer.global_step} book-keeping "
+                    "could not form the clipped sum (a layer ran other than once, or saw another batch size), so a "
+                    "second 16-bit backward pass did: on such steps each example's contribution is bounded by "
+                    "max_grad_norm only up to 16-bit rounding (said once per fit)."
+                )
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:
                     param.grad = sums[param]
@@ -175,6 +185,9 @@ class GhostMode(PerLayerMode):
             differing = keeper.disagreeing(sums, params) if sums is not None and checking else None
             if differing is not None:  # nothing is trained through a disagreement
                 raise MisconfigurationException(self.disagreement_message(differing, sums[differing]))
+            if sums is not None and all(p in sums for p in params):  # checked: train on it, as on every other step
+                for param in params:  # (under 16-bit the second pass's own rounding is not what the norms bound)
+                    param.grad = sums[param]
         finally:
             owner.hooks.enable_hooks()
             if keeper is not None:

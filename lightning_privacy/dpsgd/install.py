@@ -26,6 +26,7 @@ from lightning_privacy import _compat, names
 from lightning_privacy.dpsgd import checks, functional, neighbours, sampled_exactness, state, strategies, users
 from lightning_privacy.dpsgd.auto import AutoSwitch
 from lightning_privacy.dpsgd.backward import PerExampleBackward
+from lightning_privacy.dpsgd.bookkeeping import exact_under_autocast
 from lightning_privacy.dpsgd.clipping import QuantileClipping
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
@@ -113,10 +114,12 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
         strategies.check_fsdp_settings(grad_sample_mode=dp.grad_sample_mode, loss_reduction=dp.loss_reduction)
     if dp.grad_sample_mode == "ghost":
         checks.check_no_tied_parameters_for_ghost(pl_module)
-        if "16" in str(trainer.precision):
+        exact = str(trainer.precision) == "bf16-mixed" and not strategies.is_fsdp(trainer)
+        if "16" in str(trainer.precision) and not (exact and exact_under_autocast(pl_module)):
             rank_zero_warn(
                 f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
-                "sum come from two 16-bit backward passes, so each example's contribution is bounded by "
+                "sum come from 16-bit products (two 16-bit backward passes, or per-example gradients of layers other "
+                "than Linear, Conv1D, Embedding and LayerNorm), so each example's contribution is bounded by "
                 "max_grad_norm only up to 16-bit rounding. grad_sample_mode='hooks' clips exactly what is summed."
             )
     dp.strategy_name, dp.world_size = type(trainer.strategy).__name__, int(trainer.world_size)  # (saved)

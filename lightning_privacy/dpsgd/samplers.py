@@ -23,6 +23,14 @@ and its norm is Opacus' linear norm (the same Frobenius norm, from the layer's i
 the weight's layout), so GPT-2's norms come without per-example weights and book-keeping covers it
 (:mod:`lightning_privacy.dpsgd.bookkeeping`).
 
+``nn.Linear`` and ``Conv1D`` norms in ghost mode (:func:`linear_norm_sample`): Opacus' linear norm forms the Gram
+matrices ``ggᵀ`` and ``aaᵀ`` in the output gradients' dtype, so under bf16 autocast every norm came out rounded to
+bfloat16 (0.3 % off measured, either way), and an example clipped by a norm 0.3 % too small added 1.003·C to the sum.
+Here the same operands the layer multiplied (its input in the output gradient's 16-bit dtype, as autocast's layer took
+it) are multiplied with float32 accumulation and output (CUDA's ``torch.bmm(..., out_dtype=torch.float32)``), so the
+norm is that of the gradient book-keeping sums, up to float32 rounding; per layer the cheaper of the Gram matrices
+(``T²·(in + out)``) and each example's weight gradient (``T·in·out``) is formed, as Bu et al.'s mixed ghost clipping.
+
 They are installed on the hooks object of one fit (its ``GRAD_SAMPLERS``/``NORM_SAMPLERS`` as instance attributes,
 read by Opacus at every backward pass), never in Opacus' global registries: other Opacus users in the process keep
 Opacus' behaviour, and samplers a user registers for their own layers are still found.
@@ -37,7 +45,10 @@ import torch
 from torch import nn
 
 __all__ = ["conv1d_grad_sample", "embedding_bag_grad_sample", "hugging_face_conv1d", "install_exact_samplers",
-           "without_padding"]  # fmt: skip
+           "linear_norm_sample", "without_padding"]  # fmt: skip
+
+_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
+_NATIVE = {"ok": True}  # torch.bmm(..., out_dtype=torch.float32) ran on CUDA (until it is found missing)
 
 
 def hugging_face_conv1d() -> Any:
@@ -67,6 +78,53 @@ def conv1d_grad_sample(layer: nn.Module, activations: List[torch.Tensor], backpr
         ret[layer.weight] = torch.einsum("n...i,n...j->nij", x, backprops)
     if layer.bias is not None and layer.bias.requires_grad:
         ret[layer.bias] = torch.einsum("n...k->nk", backprops)
+    return ret
+
+
+def _bmm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` (batched) with float32 accumulation and output for 16-bit operands (their products are exact in
+    float32); other dtypes as they are."""
+    if a.dtype not in _SIXTEEN_BIT:
+        return torch.bmm(a, b)
+    if a.is_cuda and _NATIVE["ok"]:
+        try:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):  # a torch without it: the same products in float32
+            _NATIVE["ok"] = False
+    return torch.bmm(a.float(), b.float())
+
+
+def linear_norm_sample(layer: nn.Module, activations: List[torch.Tensor], backprops: torch.Tensor) -> Dict[Any, Any]:
+    """Each example's gradient norm of an ``nn.Linear`` or Hugging Face ``Conv1D`` (the same Frobenius norm whatever
+    the weight's layout) and of its bias, from the layer's input and output gradient, in float32 (module docstring).
+
+    Example::
+
+        >>> layer = nn.Linear(3, 2)
+        >>> x, g = torch.randn(4, 5, 3), torch.randn(4, 5, 2)
+        >>> norms = linear_norm_sample(layer, [x], g)
+        >>> exact = torch.einsum("nti,nto->noi", x.double(), g.double()).flatten(1).norm(dim=1)
+        >>> torch.allclose(norms[layer.weight].double(), exact), torch.allclose(norms[layer.bias], g.sum(1).norm(dim=1))
+        (True, True)
+    """
+    g, a = backprops, activations[0]
+    if g.dtype in _SIXTEEN_BIT and a.dtype != g.dtype:
+        a = a.to(g.dtype)  # (the operand autocast's layer multiplied)
+    n, dtype = g.shape[0], torch.float32 if g.dtype in _SIXTEEN_BIT else g.dtype  # (accumulation: float32 at least)
+    g, a = g.reshape(n, -1, g.shape[-1]), a.reshape(n, -1, a.shape[-1])
+    ret: Dict[Any, Any] = {}
+    if layer.weight.requires_grad:
+        positions, inputs, outputs = a.shape[1], a.shape[2], g.shape[2]
+        if positions == 1:  # ‖a gᵀ‖ = ‖a‖·‖g‖
+            squares = (torch.linalg.vector_norm(a, dim=(1, 2), dtype=dtype)
+                       * torch.linalg.vector_norm(g, dim=(1, 2), dtype=dtype)).square()  # fmt: skip
+        elif positions * (inputs + outputs) <= inputs * outputs:  # the Gram matrices are the cheaper
+            squares = (_bmm_float32(g, g.transpose(1, 2)) * _bmm_float32(a, a.transpose(1, 2))).sum((1, 2))
+        else:  # each example's weight gradient is
+            squares = _bmm_float32(a.transpose(1, 2), g).square().sum((1, 2))
+        ret[layer.weight] = squares.clamp(min=0).sqrt()
+    if getattr(layer, "bias", None) is not None and layer.bias.requires_grad:
+        ret[layer.bias] = torch.linalg.vector_norm(g.sum(1, dtype=dtype), dim=1)
     return ret
 
 
@@ -159,8 +217,6 @@ def embedding_bag_grad_sample(
 
 def install_exact_samplers(hooks: Any) -> Any:
     """Give the Opacus hooks object ``hooks`` the corrected samplers of this module (see the module docstring)."""
-    from opacus.grad_sample.linear import compute_linear_norm_sample
-
     conv1d = hugging_face_conv1d()
     for registry in ("GRAD_SAMPLERS", "NORM_SAMPLERS"):
         samplers = getattr(type(hooks), registry, None)
@@ -168,8 +224,13 @@ def install_exact_samplers(hooks: Any) -> Any:
             samplers = {**samplers, nn.Embedding: without_padding(samplers[nn.Embedding])}
         if samplers is not None and registry == "GRAD_SAMPLERS":
             samplers = {**samplers, nn.EmbeddingBag: embedding_bag_grad_sample}  # (ghost mode: its norm from these)
+        if samplers is not None and registry == "NORM_SAMPLERS":  # (a user's own norm sampler for Linear is kept)
+            from opacus.grad_sample.linear import compute_linear_norm_sample
+
+            if samplers.get(nn.Linear) in (None, compute_linear_norm_sample):
+                samplers = {**samplers, nn.Linear: linear_norm_sample}
         if samplers is not None and conv1d is not None and conv1d not in samplers:
-            sampler = conv1d_grad_sample if registry == "GRAD_SAMPLERS" else compute_linear_norm_sample
+            sampler = conv1d_grad_sample if registry == "GRAD_SAMPLERS" else linear_norm_sample
             samplers = {**samplers, conv1d: sampler}
         if samplers is not None:
             setattr(hooks, registry, samplers)

@@ -288,13 +288,13 @@ def test_a_book_keeping_disagreement_stops_the_fit_instead_of_training_on_the_se
     """The self-check of book-keeping runs on the checked steps, and a disagreement is never trained through."""
     from lightning_privacy.dpsgd.bookkeeping import BookKeeping
 
-    real = BookKeeping._layer_sums
+    real = BookKeeping._linear_sums
 
-    def off(layer, inputs, weighted):
-        sums = real(layer, inputs, weighted)
+    def off(self, layer, *args):
+        sums = real(self, layer, *args)
         return {p: s * 1.01 if p.dim() == 2 and p.shape[0] == 2 else s for p, s in sums.items()}  # the head's weight
 
-    monkeypatch.setattr(BookKeeping, "_layer_sums", staticmethod(off))
+    monkeypatch.setattr(BookKeeping, "_linear_sums", off)
     torch.manual_seed(0)
     model = Padded()
     before = model.head.weight.detach().clone()
