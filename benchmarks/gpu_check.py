@@ -467,7 +467,7 @@ def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, p
     from torch.utils.data import DataLoader
 
     from lightning_privacy import DPSGD
-    from lightning_privacy.dpsgd import bookkeeping
+    from lightning_privacy.dpsgd import bookkeeping, products
 
     run = Run(setting, mode, batch)
     module = build_lm(scale, setting, device)
@@ -485,17 +485,19 @@ def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, p
         max_epochs=scale.warmup + scale.steps + int(profiled), callbacks=callbacks, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )  # fmt: skip
-    products = bookkeeping.SIXTEEN_BIT_PRODUCTS
-    bookkeeping.SIXTEEN_BIT_PRODUCTS = "split" if mode == "ghost-split" else products
+    default = bookkeeping.SIXTEEN_BIT_PRODUCTS
+    bookkeeping.SIXTEEN_BIT_PRODUCTS = "split" if mode == "ghost-split" else default
     try:
         trainer.fit(module, DataLoader(token_rows(scale, batch), batch_size=batch))  # one batch: q = 1 under DPSGD
     finally:
-        bookkeeping.SIXTEEN_BIT_PRODUCTS = products
+        bookkeeping.SIXTEEN_BIT_PRODUCTS = default
     # how functional mode ran: vmap over chunks of examples, or one example at a time (a fallback)
     if how is not None and how.seen:
         run.note = "vmap" if how.fallback is None else f"loop: {how.fallback}"
     if mode == "ghost-split":  # which 16-bit products book-keeping formed
         run.note = f"products: {how.products or 'not split (no bfloat16 capture)'}"
+    if mode.startswith("ghost") and device == "cuda" and not products.native():  # (a torch without out_dtype)
+        run.note = "; ".join(filter(None, [run.note, "linear norms' products in float32: no bmm out_dtype"]))
     run.steps_ms, run.phases_ms = timer.results()
     run.peak_memory, run.profile = timer.peak, timer.profile_rows
     return run

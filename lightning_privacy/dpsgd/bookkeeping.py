@@ -46,9 +46,11 @@ training. ``"split"`` (not the default) rounds each weighted gradient ``w`` (flo
 accumulation (CUDA: ``torch.mm(..., out_dtype=torch.float32)``, tensor cores; elsewhere the same products in
 float32): every product of two bfloat16 numbers is exact in float32 and ``|w − hi − lo| ≤ 2⁻¹⁶·|w|`` elementwise, so
 each example's contribution to a layer's sum moves by at most ``2⁻¹⁶·cᵢ·‖xᵢ‖_F·‖gᵢ‖_F`` (Cauchy–Schwarz over
-positions) beyond float32's own accumulation — a bound on C's overshoot that ``"split"`` would have to fold into the
-clip factors before it could become the default. ``benchmarks/gpu_check.py`` (its ``ghost-split`` row) measures
-whether it is faster at all.
+positions) beyond float32's own accumulation. Ghost mode folds that bound into the clip factors
+(:meth:`BookKeeping.split_overshoot`: ``εᵢ = 2⁻¹⁶·(Σ_layers (‖xᵢ‖_F·‖gᵢ‖_F)²)^½``, the layers' errors being
+orthogonal; ``cᵢ = min(1, C / (‖∇ℓᵢ‖ + εᵢ + 1e-6))``), so each contribution stays within C up to float32 rounding
+there too. ``benchmarks/gpu_check.py`` (its ``ghost-split`` row) measures whether it is faster; it is not the
+default until it has.
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ from opacus.grad_sample import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
+from lightning_privacy.dpsgd.products import native, split_product
 from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
 
-__all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "exact_under_autocast",
-           "split_product"]  # fmt: skip
+__all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "exact_under_autocast"]
 
 #: the ``torch.profiler`` range around :meth:`BookKeeping.clipped_sums` (``benchmarks/gpu_check.py`` reports its time)
 PROFILER_RANGE = "lightning_privacy::book-keeping"
@@ -71,7 +73,6 @@ PROFILER_RANGE = "lightning_privacy::book-keeping"
 SIXTEEN_BIT_PRODUCTS = "float32"
 #: float32 bytes of output gradients and inputs a linear layer's sum casts or weights at once (a slice of examples)
 CHUNK_BYTES = 2**30
-_NATIVE_SPLIT = {"ok": True}  # torch.mm(..., out_dtype=torch.float32) ran on CUDA (until it is found missing)
 
 
 def _direct_trainable(module: nn.Module) -> List[torch.Tensor]:
@@ -234,9 +235,9 @@ class BookKeeping:
     ) -> Dict[torch.Tensor, torch.Tensor]:
         """An ``nn.Linear``'s or ``Conv1D``'s weight and bias sums, a slice of examples at a time (module docstring)."""
         dtype, conv1d = weight.dtype, type(layer) is not nn.Linear
-        split = SIXTEEN_BIT_PRODUCTS == "split" and grad.dtype == torch.bfloat16 and dtype == torch.float32
+        split = self._split(layer)
         if split:
-            self.products = "split" if _NATIVE_SPLIT["ok"] and grad.is_cuda else "split (emulated in float32)"
+            self.products = "split" if native() and grad.is_cuda else "split (emulated in float32)"
         step = max(1, CHUNK_BYTES // max(4 * (grad[0].numel() + x[0].numel()), 1)) if grad.shape[0] else 1
         total = bias = None
         for start in range(0, max(grad.shape[0], 1), step):
@@ -257,6 +258,26 @@ class BookKeeping:
         if layer.bias is not None:
             sums[layer.bias] = bias
         return sums
+
+    def _split(self, layer: nn.Module) -> bool:
+        """This step's sum of ``layer`` takes the "split" products (a linear layer, bfloat16 captures, float32)."""
+        return (SIXTEEN_BIT_PRODUCTS == "split" and (type(layer) is nn.Linear or _is_conv1d(layer))
+                and self._grads[layer][0].dtype == torch.bfloat16
+                and _direct_trainable(layer)[0].dtype == torch.float32)  # fmt: skip
+
+    def split_overshoot(self) -> Optional[torch.Tensor]:
+        """Each example's bound ``εᵢ`` on how far the "split" products move its (unclipped) gradient, to add to its
+        norm before the clip factor (module docstring); ``None`` where no layer takes them (call after :meth:`ready`)."""
+        squares = None
+        for layer in self._layers:
+            if not self._split(layer):
+                continue
+            (inputs,), (grad,) = self._inputs[layer], self._grads[layer]
+            x = inputs[0].to(torch.bfloat16).flatten(1)
+            term = (torch.linalg.vector_norm(x, dim=1, dtype=torch.float32)
+                    * torch.linalg.vector_norm(grad.flatten(1), dim=1, dtype=torch.float32)).square()  # fmt: skip
+            squares = term if squares is None else squares + term
+        return None if squares is None else 2.0**-16 * squares.sqrt()
 
     @staticmethod
     def _layer_sums(layer: nn.Module, inputs: tuple, weighted: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
@@ -285,16 +306,17 @@ class BookKeeping:
         """The first of ``params`` whose clipped sum in ``sums`` differs from its ``.grad`` (the second pass's), else
         ``None``: DPSGD's self-check of book-keeping (a layer whose gradient is not what its type suggests).
 
-        Relative tolerance 1e-3 of the sum's norm, or 5e-2 when the sums came from 16-bit output gradients
-        (autocast: the second pass multiplies in 16 bits, book-keeping in the parameters' precision), plus 1e-6.
+        Relative tolerance 1e-3 of the sum's norm, plus 1e-6; when the sums came from 16-bit output gradients
+        (autocast: the second pass multiplies in 16 bits, book-keeping in float32) 5e-2, plus 2⁻⁸ (bfloat16's unit
+        roundoff) of the whole step's gradient norm: a parameter whose sum cancels to about zero (an attention key's
+        bias: softmax ignores it) is 16-bit rounding noise in the second pass, far above its own norm.
         """
-        rtol = 5e-2 if self.low_precision else 1e-3
-        for param in params:
-            total, grad = sums.get(param), param.grad
-            if total is None or grad is None:
-                continue
-            total, grad = total.to(torch.float64), grad.to(torch.float64)
-            if float((total - grad).norm()) > rtol * max(float(grad.norm()), float(total.norm())) + 1e-6:
+        rtol, atol = (5e-2, 2.0**-8) if self.low_precision else (1e-3, 0.0)
+        grads = {p: p.grad.to(torch.float64) for p in params if p.grad is not None and sums.get(p) is not None}
+        floor = atol * sum(float(g.square().sum()) for g in grads.values()) ** 0.5 + 1e-6
+        for param, grad in grads.items():
+            total = sums[param].to(torch.float64)
+            if float((total - grad).norm()) > rtol * max(float(grad.norm()), float(total.norm())) + floor:
                 return param
         return None
 
@@ -322,39 +344,6 @@ def exact_under_autocast(module: nn.Module) -> bool:
     exact = {nn.Linear, nn.Embedding, nn.LayerNorm, hugging_face_conv1d()}
     layers = [m for m in module.modules() if _direct_trainable(m)]
     return all(type(m) in exact and BookKeeping._supports(m) for m in layers)
-
-
-def _mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` of two bfloat16 matrices with float32 accumulation and output (CUDA's ``out_dtype``, else float32)."""
-    if a.is_cuda and _NATIVE_SPLIT["ok"]:
-        try:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):  # a torch without it: the same products in float32
-            _NATIVE_SPLIT["ok"] = False
-    return a.float().mm(b.float())
-
-
-def split_product(x: torch.Tensor, w: torch.Tensor, *, transpose: bool) -> torch.Tensor:
-    """``xᵀw`` (``transpose=False``, ``[in, out]``) or ``wᵀx`` (``[out, in]``) for float32 ``w`` and any ``x``, as
-    two bfloat16 products with float32 accumulation: ``w ≈ hi + lo``, ``hi = bf16(w)``, ``lo = bf16(w − hi)``,
-    ``|w − hi − lo| ≤ 2⁻¹⁶·|w|``; ``x`` is taken in bfloat16 (module docstring).
-
-    Example::
-
-        >>> _ = torch.manual_seed(0)
-        >>> x, w = torch.randn(64, 3).bfloat16(), torch.randn(64, 2)
-        >>> exact = x.double().t() @ w.double()
-        >>> float((split_product(x, w, transpose=False).double() - exact).abs().max()) < 1e-3
-        True
-        >>> float((x.float().t() @ w.bfloat16().float()).double().sub(exact).abs().max()) > 1e-2  # hi alone
-        True
-    """
-    hi = w.to(torch.bfloat16)
-    lo = (w - hi.to(w.dtype)).to(torch.bfloat16)
-    x = x.to(torch.bfloat16)
-    if transpose:
-        return _mm_float32(hi.t(), x).add_(_mm_float32(lo.t(), x))
-    return _mm_float32(x.t(), hi).add_(_mm_float32(x.t(), lo))
 
 
 def sums_or_none(keeper: Optional[BookKeeping], batch_size: int, coefficients: torch.Tensor):

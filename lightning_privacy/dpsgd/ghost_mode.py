@@ -146,8 +146,13 @@ class GhostMode(PerLayerMode):
             raise MisconfigurationException(odd_batch_message(sizes, what="gradient norms"))
         for param in params:
             param.grad = None
-        # the rule's factors of the norms (fixed: Opacus' min(1, C/(‖g‖ + 1e-6)), as its get_clipping_coef)
-        coefficients = clip_factors(owner.hooks.get_norm_sample(), owner.hooks.max_grad_norm, owner.clipping_rule)
+        # the rule's factors of the norms (fixed: Opacus' min(1, C/(‖g‖ + 1e-6)), as its get_clipping_coef), each norm
+        # raised by the bound on what book-keeping's "split" 16-bit products move it (bookkeeping.SIXTEEN_BIT_PRODUCTS)
+        norm_sample = owner.hooks.get_norm_sample()
+        overshoot = keeper.split_overshoot() if keeper is not None and keeper.ready(len(losses)) else None
+        if overshoot is not None:
+            norm_sample = norm_sample + overshoot.to(norm_sample.device)
+        coefficients = clip_factors(norm_sample, owner.hooks.max_grad_norm, owner.clipping_rule)
         owner.last_norms = owner.hooks.per_sample_gradient_norms.detach()
         if coefficients.shape != losses.shape:
             raise MisconfigurationException(

@@ -44,11 +44,10 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
+from lightning_privacy.dpsgd.products import SIXTEEN_BIT, float32_product
+
 __all__ = ["conv1d_grad_sample", "embedding_bag_grad_sample", "hugging_face_conv1d", "install_exact_samplers",
            "linear_norm_sample", "without_padding"]  # fmt: skip
-
-_SIXTEEN_BIT = (torch.float16, torch.bfloat16)
-_NATIVE = {"ok": True}  # torch.bmm(..., out_dtype=torch.float32) ran on CUDA (until it is found missing)
 
 
 def hugging_face_conv1d() -> Any:
@@ -81,19 +80,6 @@ def conv1d_grad_sample(layer: nn.Module, activations: List[torch.Tensor], backpr
     return ret
 
 
-def _bmm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` (batched) with float32 accumulation and output for 16-bit operands (their products are exact in
-    float32); other dtypes as they are."""
-    if a.dtype not in _SIXTEEN_BIT:
-        return torch.bmm(a, b)
-    if a.is_cuda and _NATIVE["ok"]:
-        try:
-            return torch.bmm(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):  # a torch without it: the same products in float32
-            _NATIVE["ok"] = False
-    return torch.bmm(a.float(), b.float())
-
-
 def linear_norm_sample(layer: nn.Module, activations: List[torch.Tensor], backprops: torch.Tensor) -> Dict[Any, Any]:
     """Each example's gradient norm of an ``nn.Linear`` or Hugging Face ``Conv1D`` (the same Frobenius norm whatever
     the weight's layout) and of its bias, from the layer's input and output gradient, in float32 (module docstring).
@@ -108,9 +94,9 @@ def linear_norm_sample(layer: nn.Module, activations: List[torch.Tensor], backpr
         (True, True)
     """
     g, a = backprops, activations[0]
-    if g.dtype in _SIXTEEN_BIT and a.dtype != g.dtype:
+    if g.dtype in SIXTEEN_BIT and a.dtype != g.dtype:
         a = a.to(g.dtype)  # (the operand autocast's layer multiplied)
-    n, dtype = g.shape[0], torch.float32 if g.dtype in _SIXTEEN_BIT else g.dtype  # (accumulation: float32 at least)
+    n, dtype = g.shape[0], torch.float32 if g.dtype in SIXTEEN_BIT else g.dtype  # (accumulation: float32 at least)
     g, a = g.reshape(n, -1, g.shape[-1]), a.reshape(n, -1, a.shape[-1])
     ret: Dict[Any, Any] = {}
     if layer.weight.requires_grad:
@@ -119,9 +105,10 @@ def linear_norm_sample(layer: nn.Module, activations: List[torch.Tensor], backpr
             squares = (torch.linalg.vector_norm(a, dim=(1, 2), dtype=dtype)
                        * torch.linalg.vector_norm(g, dim=(1, 2), dtype=dtype)).square()  # fmt: skip
         elif positions * (inputs + outputs) <= inputs * outputs:  # the Gram matrices are the cheaper
-            squares = (_bmm_float32(g, g.transpose(1, 2)) * _bmm_float32(a, a.transpose(1, 2))).sum((1, 2))
+            squares = (float32_product(torch.bmm, g, g.transpose(1, 2))
+                       * float32_product(torch.bmm, a, a.transpose(1, 2))).sum((1, 2))  # fmt: skip
         else:  # each example's weight gradient is
-            squares = _bmm_float32(a.transpose(1, 2), g).square().sum((1, 2))
+            squares = float32_product(torch.bmm, a.transpose(1, 2), g).square().sum((1, 2))
         ret[layer.weight] = squares.clamp(min=0).sqrt()
     if getattr(layer, "bias", None) is not None and layer.bias.requires_grad:
         ret[layer.bias] = torch.linalg.vector_norm(g.sum(1, dtype=dtype), dim=1)
