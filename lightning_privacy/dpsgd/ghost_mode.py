@@ -22,10 +22,10 @@ loss is multiplied by zero (every rank must join the module's collectives): its 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, List
 
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import _compat
@@ -174,14 +174,8 @@ class GhostMode(PerLayerMode):
                     **owner.sampled_rows(),
                 )  # fmt: skip
             sums = sums_or_none(keeper, len(losses), coefficients)
-            if sums is None and keeper is not None and keeper.captured_16_bit() and not self.warned:
-                self.warned = True  # (setup said float32 rounding: this step's second pass is 16-bit)
-                rank_zero_warn(
-                    f"DPSGD(grad_sample_mode='ghost'): at step {owner.pl_module.trainer.global_step} book-keeping "
-                    "could not form the clipped sum (a layer ran other than once, or saw another batch size), so a "
-                    "second 16-bit backward pass did: on such steps each example's contribution is bounded by "
-                    "max_grad_norm only up to 16-bit rounding (said once per fit)."
-                )
+            if sums is None and keeper is not None and not self.warned and keeper.captured_16_bit():
+                self.say_16_bit_second_pass()
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:
                     param.grad = sums[param]
@@ -197,6 +191,20 @@ class GhostMode(PerLayerMode):
             owner.hooks.enable_hooks()
             if keeper is not None:
                 keeper.clear()
+
+    def say_16_bit_second_pass(self) -> None:
+        """Once per fit, on rank 0: setup said float32 rounding (bf16 autocast), but a second 16-bit pass formed this
+        step's clipped sum."""
+        self.warned = True
+        if distributed() and torch.distributed.get_rank() != 0:
+            return
+        warnings.warn(
+            f"DPSGD(grad_sample_mode='ghost'): at step {self.owner.pl_module.trainer.global_step} book-keeping could "
+            "not form the clipped sum (a layer ran other than once, or saw another batch size), so a second 16-bit "
+            "backward pass did: on such steps each example's contribution is bounded by max_grad_norm only up to "
+            "16-bit rounding (said once per fit).",
+            stacklevel=2,
+        )
 
     def disagreement_message(self, param: torch.Tensor, kept: torch.Tensor) -> str:
         grad = param.grad.to(torch.float64)
