@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy.dpsgd import functional
-from lightning_privacy.dpsgd.modes import PER_EXAMPLE_LOSS, Mode, distributed, not_a_loss
+from lightning_privacy.dpsgd.modes import PER_EXAMPLE_LOSS, Mode, distributed, loss_scale, not_a_loss
 
 __all__ = ["FunctionalMode"]
 
@@ -92,8 +92,7 @@ class FunctionalMode(Mode):
             )
         if isinstance(loss, torch.Tensor) and loss.requires_grad:
             owner._original(loss.sum() if loss.ndim else loss, *args, **kwargs)
-        scaler = getattr(getattr(owner.pl_module.trainer, "precision_plugin", None), "scaler", None)
-        scale = float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+        scale = loss_scale(owner.pl_module.trainer)
         for param, total in zip(self.engine.params, sums):
             param.grad = total if scale == 1.0 else total * scale
 

@@ -38,6 +38,7 @@ from lightning_privacy.dpsgd.modes import (
     PerLayerMode,
     describe,
     distributed,
+    loss_scale,
     reduce_losses,
     zero_missing_grads,
 )
@@ -148,12 +149,13 @@ class GhostMode(PerLayerMode):
             param.grad = None
         # the rule's factors of the norms (fixed: Opacus' min(1, C/(‖g‖ + 1e-6)), as its get_clipping_coef), each norm
         # raised by the bound on what book-keeping's "split" 16-bit products move it (bookkeeping.SIXTEEN_BIT_PRODUCTS)
-        norm_sample = owner.hooks.get_norm_sample()
+        # and divided by fp16's loss scale (the pass differentiated the scaled loss; the scaler unscales the sum)
+        norm_sample, scale = owner.hooks.get_norm_sample(), loss_scale(owner.pl_module.trainer)
         overshoot = keeper.split_overshoot() if keeper is not None and keeper.ready(len(losses)) else None
         if overshoot is not None:
             norm_sample = norm_sample + overshoot.to(norm_sample.device)
-        coefficients = clip_factors(norm_sample, owner.hooks.max_grad_norm, owner.clipping_rule)
-        owner.last_norms = owner.hooks.per_sample_gradient_norms.detach()
+        coefficients = clip_factors(norm_sample / scale, owner.hooks.max_grad_norm, owner.clipping_rule)
+        owner.last_norms = owner.hooks.per_sample_gradient_norms.detach() / scale
         if coefficients.shape != losses.shape:
             raise MisconfigurationException(
                 f"DPSGD(grad_sample_mode='ghost'): `training_step` returned {losses.shape[0]} per-example losses but "

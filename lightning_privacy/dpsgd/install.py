@@ -30,6 +30,7 @@ from lightning_privacy.dpsgd.bookkeeping import exact_under_autocast
 from lightning_privacy.dpsgd.clipping import QuantileClipping
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
+from lightning_privacy.dpsgd.modes import loss_scale
 from lightning_privacy.dpsgd.self_checks import SelfChecks
 from lightning_privacy.dpsgd.settings import (
     check_module,
@@ -219,6 +220,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         dp._checks.current_clip = lambda: dp.quantile.clip
     dp._units_of_batch = _units_of_batch(dp, trainer, pl_module)  # (user-level sampling: one clip per person)
     dp_optimizer.units_of_batch = dp._units_of_batch
+    dp_optimizer.loss_scale = functools.partial(loss_scale, trainer)  # (fp16: clip the examples' own gradients)
     rule = getattr(dp, "clipping", None)
     dp_optimizer.clipping_rule = dp._backward.clipping_rule = rule  # (ghost mode's second pass reads it)
     if dp._backward.engine is not None:

@@ -71,6 +71,14 @@ def distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def loss_scale(trainer: Any) -> float:
+    """The scale fp16 mixed precision's ``GradScaler`` multiplied this step's loss by before the backward pass
+    (``precision="16-mixed"``), else 1: per-example gradients and norms from that pass are that many times the
+    examples' own, and the scaler divides ``p.grad`` by it before the optimizer step."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0
+
+
 def zero_missing_grads(params: List[torch.Tensor]) -> None:
     """A zero gradient for every parameter the backward pass left without one (an empty batch's step)."""
     for param in params:

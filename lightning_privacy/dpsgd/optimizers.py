@@ -55,6 +55,9 @@ class _ClipInParameterPrecision:
     Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
     their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
     Upcast first: clipping is then exact for the per-sample gradients as computed, and sum and noise are full width.
+    Under fp16's loss scaling (``precision="16-mixed"``) they are also divided by the step's scale
+    (:attr:`loss_scale`) first: the backward pass differentiated the scaled loss, and the clipped sum is written to
+    ``p.grad`` after the scaler has unscaled it, so clipping the scaled gradients would clip at C / scale.
     """
 
     params: List[torch.Tensor]
@@ -63,14 +66,17 @@ class _ClipInParameterPrecision:
     units_of_batch: Optional[Callable[[], Any]] = None
     #: the clipping rule (:mod:`lightning_privacy.dpsgd.clipping`); ``None`` or fixed: Opacus' own clipping
     clipping_rule: Any = None
+    #: fp16's loss scale of this step (:func:`lightning_privacy.dpsgd.modes.loss_scale`), read at every clip
+    loss_scale: Optional[Callable[[], float]] = None
 
     def clip_and_accumulate(self) -> None:
+        scale = self.loss_scale() if self.loss_scale is not None else 1.0
         for p in self.params:
             sample = getattr(p, "grad_sample", None)
-            if isinstance(sample, torch.Tensor) and sample.dtype != p.dtype:
-                p.grad_sample = sample.to(p.dtype)
+            if isinstance(sample, torch.Tensor) and (sample.dtype != p.dtype or scale != 1.0):
+                p.grad_sample = sample.to(p.dtype) / scale if scale != 1.0 else sample.to(p.dtype)
             elif isinstance(sample, list):
-                p.grad_sample = [g.to(p.dtype) for g in sample]
+                p.grad_sample = [g.to(p.dtype) / scale for g in sample]
         units = self.units_of_batch() if self.units_of_batch is not None else None
         if units is not None:  # one "sample" per person: Opacus' clipping then clips each person's whole gradient
             index, counts, reduction = units

@@ -1,0 +1,76 @@
+"""fp16 mixed precision's loss scaling (``precision="16-mixed"``, a ``GradScaler``) is divided out before clipping.
+
+The backward pass differentiates the scaled loss, so per-example gradients and ghost norms are ``scale`` times the
+examples' own; the scaler unscales ``p.grad`` before the optimizer step. Before the fix hooks and auto mode clipped
+the scaled per-example gradients (at C / scale: every example's contribution came out at norm C, 14× the float32
+update at C = 100 here) and ghost mode divided the clipped sum by the scale (1 / 111 of the float32 update at C = 1).
+On the CPU Lightning runs ``"16-mixed"`` as bf16, so the plugin is given with a CPU ``GradScaler``, which scales as
+CUDA's does.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.plugins import MixedPrecision
+
+from lightning_privacy import DPSGD
+from tests.callbacks._tiny import tiny_loader, tiny_module
+from tests.callbacks.test_dpsgd_ghost import MLP
+
+SCALE = 1024.0
+
+
+def _update(mode: str, clip: float, fp16: bool):
+    """The weights' change over one epoch, and the scaler's scale at the end (None without one)."""
+    torch.manual_seed(0)
+    module = MLP() if mode == "ghost" else tiny_module()  # (ghost: per-example losses)
+    before = [p.detach().clone() for p in module.parameters()]
+    dp = DPSGD(noise_multiplier=0.01, max_grad_norm=clip, grad_sample_mode=mode, sampling_seed=0, noise_seed=0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=SCALE) if fp16 else None
+    plugins = [MixedPrecision("16-mixed", "cpu", scaler=scaler)] if fp16 else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (ghost under 16-mixed warns of 16-bit rounding: test_dpsgd_ghost)
+        trainer = pl.Trainer(max_epochs=1, callbacks=[dp], accelerator="cpu", plugins=plugins, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(module, tiny_loader())
+    assert trainer.global_step > 4
+    change = torch.cat([(p.detach() - b).flatten() for p, b in zip(module.parameters(), before)])
+    return change, None if scaler is None else float(scaler.get_scale())
+
+
+@pytest.mark.parametrize("clip", [1.0, 100.0])  # most examples clipped; none clipped in float32
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functional", "auto"])
+def test_under_fp16_loss_scaling_every_mode_trains_the_float32_update(mode, clip):
+    expected, _ = _update(mode, clip, fp16=False)
+    got, scale = _update(mode, clip, fp16=True)
+    assert scale is not None and scale >= SCALE  # (the loss was scaled by 1024 or more at every step)
+    cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
+    assert cosine > 0.999 and float(got.norm()) == pytest.approx(float(expected.norm()), rel=1e-2)
+
+
+def test_without_the_scale_divided_out_the_update_is_what_the_changelog_says(monkeypatch):
+    """The bug, put back: the loss scale not divided out (hooks' optimizer, ghost's norms) gives the updates the
+    changelog and this file's docstring quote."""
+    from pathlib import Path
+
+    from lightning_privacy.dpsgd import ghost_mode, install
+
+    monkeypatch.setattr(install, "loss_scale", lambda trainer: 1.0)
+    monkeypatch.setattr(ghost_mode, "loss_scale", lambda trainer: 1.0)
+    hooks = float(_update("hooks", 100.0, fp16=True)[0].norm()) / float(_update("hooks", 100.0, fp16=False)[0].norm())
+    ghost = float(_update("ghost", 1.0, fp16=False)[0].norm()) / float(_update("ghost", 1.0, fp16=True)[0].norm())
+    assert hooks > 5 and ghost > 50
+    changelog = " ".join((Path(__file__).parents[2] / "CHANGELOG.md").read_text(encoding="utf-8").split())
+    doc = " ".join(__doc__.split())
+    quoted = [  # (the quotes round what this machine measured; another CPU's float16 rounding moves the last digit)
+        float(re.search(r"\((\d+)× the float32 update at C = 100", changelog).group(1)),
+        float(re.search(r"\(its update 1 / (\d+) of float32's at C = 1\)", changelog).group(1)),
+        float(re.search(r"(\d+)× the float32 update at C = 100", doc).group(1)),
+        float(re.search(r"\(1 / (\d+) of the float32 update at C = 1\)", doc).group(1)),
+    ]
+    assert quoted == pytest.approx([hooks, ghost, hooks, ghost], rel=0.05)
