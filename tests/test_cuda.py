@@ -230,6 +230,20 @@ def test_a_ghost_fit_under_bf16_mixed_passes_its_self_checks(lora):
     assert all(torch.isfinite(g).all() for step in recorder.noised for g in step)
 
 
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functional"])
+def test_fp16_mixed_precision_trains_the_float32_clipped_sums(mode):
+    """``precision="16-mixed"`` (CUDA's GradScaler, scale 65,536): each step's clipped sum before the noise is the
+    float32 fit's (the scale divided out before clipping; tests/callbacks/test_dpsgd_fp16.py on the CPU)."""
+    if DEVICE != "cuda":
+        pytest.skip("fp16 autocast with a GradScaler is CUDA's (the CPU version: tests/callbacks/test_dpsgd_fp16.py)")
+    sums = {}
+    for precision in ("32-true", "16-mixed"):
+        _, dp, recorder, _ = _fit(MLP, tiny_dataset(), 32, precision=precision, grad_sample_mode=mode, sampling_seed=0)
+        sums[precision] = torch.cat([torch.cat([g.flatten() for g in step]) for step in recorder.clipped])
+    got, expected = sums["16-mixed"].double(), sums["32-true"].double()
+    assert float((got - expected).norm()) <= 1e-2 * float(expected.norm())
+
+
 # ---------------------------------------------------------------------------------------------- noise
 def test_the_noise_source_on_the_device():
     draw = lambda source, step: torch.randn(10_000, device=DEVICE, generator=source.generator(step, DEVICE))  # noqa: E731
