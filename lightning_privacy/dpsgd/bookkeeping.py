@@ -62,7 +62,7 @@ from opacus.grad_sample import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
-from lightning_privacy.dpsgd.products import native, split_product
+from lightning_privacy.dpsgd.products import native, split_product, wide
 from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
 
 __all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "exact_under_autocast"]
@@ -217,7 +217,7 @@ class BookKeeping:
         self.products = None
         for layer in self._layers:
             (inputs,), (grad,) = self._inputs[layer], self._grads[layer]
-            dtype = _direct_trainable(layer)[0].dtype  # sums in the parameters' precision (autocast: not 16 bits)
+            dtype = wide(_direct_trainable(layer)[0].dtype)  # sums in the parameters' precision, float32 at least
             weight = coefficients.to(device=grad.device, dtype=dtype) * (n if self.loss_reduction == "mean" else 1)
             if type(layer) is nn.Linear or _is_conv1d(layer):
                 sums = self._linear_sums(layer, inputs[0], grad, weight)
@@ -227,7 +227,7 @@ class BookKeeping:
                 sums = self._layer_sums(layer, inputs, grad * weight.view(-1, *([1] * (grad.ndim - 1))))
             for param, total in sums.items():
                 if param.requires_grad:
-                    result[param] = total.to(param.dtype)
+                    result[param] = total  # (16-bit parameters: in float32, handed over beside their .grad)
         return result
 
     def _linear_sums(

@@ -63,6 +63,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from lightning_privacy import _compat
 from lightning_privacy.dpsgd import clipping, recurrent, samplers
+from lightning_privacy.dpsgd.products import wide
 
 __all__ = [
     "Examples",
@@ -373,7 +374,7 @@ class FunctionalClipping:
         units = self.units() if self.units is not None else None
         if units is not None:
             return self._per_person(batch, step, *units)
-        sums = [torch.zeros_like(p) for p in self.params]
+        sums = [torch.zeros_like(p, dtype=wide(p.dtype)) for p in self.params]  # (16-bit: in float32)
         norms: List[torch.Tensor] = []
         losses: List[torch.Tensor] = []
         how = "loop" if self.fallback is not None else "vmap"
@@ -382,7 +383,7 @@ class FunctionalClipping:
             norm = _norms(grads)
             factors = clip_factors(norm, self.max_grad_norm, self.rule)
             for total, g in zip(sums, grads):
-                total.add_(torch.einsum("i,i...->...", factors.to(g.dtype), g))
+                total.add_(torch.einsum("i,i...->...", factors.to(total.dtype), g.to(total.dtype)))
             norms.append(norm)
             losses.append(loss.detach().reshape(-1))
         empty = torch.zeros(0, dtype=torch.float64, device=sums[0].device if sums else None)
@@ -396,7 +397,7 @@ class FunctionalClipping:
         """User-level sampling: each person's rows' gradients (each row alone, as above) summed — or averaged — into
         one, clipped to C as a whole, summed over the people. The step's people's gradients are held at once (as
         hooks mode holds every example's); ``norms`` are the people's."""
-        people = [p.new_zeros((len(counts), *p.shape)) for p in self.params]
+        people = [p.new_zeros((len(counts), *p.shape), dtype=wide(p.dtype)) for p in self.params]
         losses: List[torch.Tensor] = []
         how, start = "loop" if self.fallback is not None else "vmap", 0
         for grads, loss, chunk_how in self._per_example(batch, step):
@@ -612,9 +613,9 @@ def _rebuild(leaves: List[Any], spec: Any, batched: List[int], rows: Sequence[to
 
 
 def _norms(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Each example's gradient norm over all parameters (per parameter in the gradients' dtype, as Opacus)."""
+    """Each example's gradient norm over all parameters (per parameter in the gradients' dtype, float32 at least)."""
     k = int(grads[0].shape[0]) if grads else 0
-    per_param = [g.reshape(k, -1).norm(2, dim=1).to(torch.float64) for g in grads]
+    per_param = [torch.linalg.vector_norm(g.reshape(k, -1), dim=1, dtype=wide(g.dtype)).double() for g in grads]
     return torch.stack(per_param, dim=1).norm(2, dim=1) if per_param else torch.zeros(k, dtype=torch.float64)
 
 

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy.dpsgd import functional
 from lightning_privacy.dpsgd.modes import PER_EXAMPLE_LOSS, Mode, distributed, loss_scale, not_a_loss
+from lightning_privacy.dpsgd.optimizers import hand_over
 
 __all__ = ["FunctionalMode"]
 
@@ -94,7 +95,7 @@ class FunctionalMode(Mode):
             owner._original(loss.sum() if loss.ndim else loss, *args, **kwargs)
         scale = loss_scale(owner.pl_module.trainer)
         for param, total in zip(self.engine.params, sums):
-            param.grad = total if scale == 1.0 else total * scale
+            hand_over(param, total if scale == 1.0 else total * scale)
 
     def redo(self, batch: Any, step_args: tuple, step_kwargs: Dict[str, Any], *args: Any, **kwargs: Any) -> None:
         """A step another mode computed, computed again here before its noise (``auto``'s switch): its checks, its

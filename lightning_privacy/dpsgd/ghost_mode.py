@@ -42,6 +42,7 @@ from lightning_privacy.dpsgd.modes import (
     reduce_losses,
     zero_missing_grads,
 )
+from lightning_privacy.dpsgd.optimizers import hand_over
 
 __all__ = ["GhostMode"]
 
@@ -180,7 +181,7 @@ class GhostMode(PerLayerMode):
                 self.say_16_bit_second_pass()
             if sums is not None and all(p in sums for p in params) and not checking:
                 for param in params:
-                    param.grad = sums[param]
+                    hand_over(param, sums[param])
                 return
             owner._original((coefficients.to(device=losses.device) * losses).sum(), *args, **kwargs)
             differing = keeper.disagreeing(sums, params) if sums is not None and checking else None
@@ -188,7 +189,7 @@ class GhostMode(PerLayerMode):
                 raise MisconfigurationException(self.disagreement_message(differing, sums[differing]))
             if sums is not None and all(p in sums for p in params):  # checked: train on it, as on every other step
                 for param in params:  # (under 16-bit the second pass's own rounding is not what the norms bound)
-                    param.grad = sums[param]
+                    hand_over(param, sums[param])
         finally:
             owner.hooks.enable_hooks()
             if keeper is not None:

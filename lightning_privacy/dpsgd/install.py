@@ -337,10 +337,13 @@ def _neighbour_check(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule
         return
     from lightning.pytorch.utilities import move_data_to_device
 
+    def as_training_step_sees(batch: Any) -> Any:  # (as Lightning's loop: the precision's dtype, then the device)
+        return move_data_to_device(trainer.precision_plugin.convert_input(batch), pl_module.device)
+
     check = neighbours.NeighbourCheck(
         pl_module, max_grad_norm=dp.max_grad_norm, dataset=loader.dataset, collate=loader.collate_fn,
         rate=dp.neighbour_rate, per_example=dp.example_leaves, rtol=5e-2 if "16" in str(trainer.precision) else 1e-4,
-        to_device=lambda batch: move_data_to_device(batch, pl_module.device),
+        to_device=as_training_step_sees,
     )  # fmt: skip
     dp.neighbours = check.record
     if getattr(dp, "privacy_unit", "example") == "user" and dp.user_sampling:  # (the unit removed: a person)

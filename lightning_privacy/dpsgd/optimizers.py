@@ -24,9 +24,11 @@ from opacus.optimizers import (
     DPOptimizerFastGradientClipping,
 )
 from opacus.optimizers.fsdpoptimizer_fast_gradient_clipping import FSDPOptimizerFastGradientClipping
-from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
+from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
 
 from lightning_privacy.dpsgd import users
+from lightning_privacy.dpsgd.clipping import ClippingRule
+from lightning_privacy.dpsgd.products import wide
 
 
 class _BeforeNoiseHooks:
@@ -48,13 +50,28 @@ class _BeforeNoiseHooks:
         super().add_noise()
 
 
+#: a 16-bit parameter's clipped sum in float32, beside its rounded ``.grad`` (:func:`hand_over`)
+WIDE_SUM = "_dp_wide_sum"
+
+
+def hand_over(param: torch.Tensor, total: torch.Tensor) -> None:
+    """Give the noising optimizer ``total``, ``param``'s clipped sum of this step (ghost and functional modes): as its
+    ``.grad``, and, where ``param`` is 16-bit and ``total`` wider, the sum itself beside it (``.grad`` must have the
+    parameter's dtype; rounding the sum before the noise would move each example's contribution by up to 2⁻⁹ of
+    the whole sum), which :class:`_GhostSumWithoutCopy` noises instead."""
+    param.grad = total.to(param.dtype)
+    setattr(param, WIDE_SUM, total if total.dtype != param.dtype else None)
+
+
 class _ClipInParameterPrecision:
-    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype (and, under user-level
-    sampling, per person: :attr:`units_of_batch`).
+    """Mixin for the hooks-mode optimizers: clip per-sample gradients in their parameter's dtype, float32 at least
+    (and, under user-level sampling, per person: :attr:`units_of_batch`).
 
     Under bf16/16-mixed autocast Opacus' hooks produce 16-bit per-sample gradients, and ``DPOptimizer`` would compute
     their norms, the clipped sum and the noise in 16 bits (norms off by ≈ 0.4 %, so a clipped gradient could exceed C).
     Upcast first: clipping is then exact for the per-sample gradients as computed, and sum and noise are full width.
+    16-bit parameters (``precision="bf16-true"``) are clipped, summed and noised in float32 too; the noised gradient is
+    rounded to their dtype after the noise (:class:`_NoiseIntoGradient`), a post-processing.
     Under fp16's loss scaling (``precision="16-mixed"``) they are also divided by the step's scale
     (:attr:`loss_scale`) first: the backward pass differentiated the scaled loss, and the clipped sum is written to
     ``p.grad`` after the scaler has unscaled it, so clipping the scaled gradients would clip at C / scale.
@@ -72,11 +89,11 @@ class _ClipInParameterPrecision:
     def clip_and_accumulate(self) -> None:
         scale = self.loss_scale() if self.loss_scale is not None else 1.0
         for p in self.params:
-            sample = getattr(p, "grad_sample", None)
-            if isinstance(sample, torch.Tensor) and (sample.dtype != p.dtype or scale != 1.0):
-                p.grad_sample = sample.to(p.dtype) / scale if scale != 1.0 else sample.to(p.dtype)
+            sample, dtype = getattr(p, "grad_sample", None), wide(p.dtype)
+            if isinstance(sample, torch.Tensor) and (sample.dtype != dtype or scale != 1.0):
+                p.grad_sample = sample.to(dtype) / scale if scale != 1.0 else sample.to(dtype)
             elif isinstance(sample, list):
-                p.grad_sample = [g.to(p.dtype) / scale for g in sample]
+                p.grad_sample = [g.to(dtype) / scale for g in sample]
         units = self.units_of_batch() if self.units_of_batch is not None else None
         if units is not None:  # one "sample" per person: Opacus' clipping then clips each person's whole gradient
             index, counts, reduction = units
@@ -84,11 +101,13 @@ class _ClipInParameterPrecision:
                 if getattr(p, "grad_sample", None) is not None:
                     p.grad_sample = users.fold(self._get_flat_grad_sample(p), index, counts, reduction)
         rule = self.clipping_rule
-        if rule is None or rule.rule == "fixed":
+        narrow = any(wide(p.dtype) != p.dtype for p in self.params)  # (Opacus would clip in the parameters' 16 bits)
+        if (rule is None or rule.rule == "fixed") and not narrow:
             super().clip_and_accumulate()
             return
         # another rule's factors (dpsgd.clipping), applied as Opacus applies its own: Σᵢ factorᵢ·gᵢ into summed_grad
-        samples = [self._get_flat_grad_sample(p).to(p.dtype) for p in self.params]
+        rule = rule or ClippingRule()
+        samples = [self._get_flat_grad_sample(p).to(wide(p.dtype)) for p in self.params]
         rows = len(samples[0]) if samples else 0
         norms = (
             torch.stack([g.reshape(rows, -1).norm(2, dim=-1) for g in samples], dim=1).norm(2, dim=1)
@@ -144,6 +163,8 @@ class _NoiseIntoGradient:
     argument does not hold — a CUDA tensor (Philox offsets), a non-contiguous sum, fewer than sixteen elements — the
     noise is drawn whole into ``p.grad``'s memory when it can hold it, or into a new tensor. Secure mode (four draws per
     coordinate) and FSDP2 (a sharded ``DTensor``) keep Opacus' own code; under DDP only rank 0 noises, as in Opacus.
+    A 16-bit clipped sum (16-bit parameters, ``precision="bf16-true"``) is noised in float32 — a Gaussian drawn in
+    bfloat16 would have 8 significant bits — and the noised gradient rounded to the parameter's dtype.
     """
 
     params: List[torch.Tensor]
@@ -155,7 +176,9 @@ class _NoiseIntoGradient:
 
     def add_noise(self) -> None:
         distributed = isinstance(self, (DistributedDPOptimizer, DistributedDPOptimizerFastGradientClipping))
-        if self.secure_mode or (distributed and getattr(self, "rank", 0) != 0):
+        quiet = distributed and getattr(self, "rank", 0) != 0  # (only rank 0 noises)
+        narrow = any(p.dtype != wide(p.dtype) or p.summed_grad.dtype != p.dtype for p in self.params)  # (16-bit)
+        if (self.secure_mode or quiet) and not narrow:
             super().add_noise()  # type: ignore[misc]
             return
         # (ghost clipping's adaptive clipping noises with an adjusted multiplier, accounts with the original one)
@@ -163,13 +186,17 @@ class _NoiseIntoGradient:
         for p in self.params:
             summed = p.summed_grad
             _check_processed_flag(summed)
-            if std == 0:
-                p.grad = summed.view_as(p)  # (Opacus: sum + zeros, the same values)
-            elif self._chunkable(summed):
-                self._add_in_chunks(summed.view(-1), std)
-                p.grad = summed.view_as(p)
+            full = summed.to(wide(summed.dtype))  # (the same tensor unless 16-bit)
+            if std == 0 or quiet:
+                noised = full  # (Opacus: sum + zeros, the same values)
+            elif self.secure_mode:
+                noised = full + _generate_noise(std, full, self.generator, secure_mode=True)
+            elif self._chunkable(full):
+                self._add_in_chunks(full.view(-1), std)
+                noised = full
             else:
-                p.grad = self._whole(p, summed, std)
+                noised = self._whole(p, full, std)
+            p.grad = noised.view_as(p).to(p.dtype)  # (16-bit parameters: rounded after the noise)
             _mark_as_processed(summed)
 
     @staticmethod
@@ -219,11 +246,14 @@ class _GhostSumWithoutCopy:
 
     def accumulate(self) -> None:
         for p in self.params:
+            total = getattr(p, WIDE_SUM, None)  # (a 16-bit parameter's sum in float32: hand_over)
+            total = p.grad.detach() if total is None else total
             if p.summed_grad is not None:
-                p.summed_grad.add_(p.grad.data)
+                p.summed_grad.add_(total.to(p.summed_grad.dtype))
             else:
-                p.summed_grad = p.grad.detach()
+                p.summed_grad = total
             p.grad = None
+            setattr(p, WIDE_SUM, None)
 
 
 class _StateInitialisationStep:

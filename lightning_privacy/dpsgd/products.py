@@ -15,10 +15,21 @@ from typing import Callable
 
 import torch
 
-__all__ = ["SIXTEEN_BIT", "float32_product", "native", "split_product"]
+__all__ = ["SIXTEEN_BIT", "float32_product", "native", "split_product", "wide"]
 
 SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 _NATIVE = {"ok": True}  # out_dtype=torch.float32 ran on CUDA (until it is found missing)
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype norms, clipped sums and noise are computed in for gradients of ``dtype``: float32 at least.
+
+    Example::
+
+        >>> wide(torch.bfloat16), wide(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    return torch.promote_types(dtype, torch.float32)
 
 
 def native() -> bool:

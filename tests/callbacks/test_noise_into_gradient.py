@@ -75,3 +75,27 @@ def test_a_noised_sum_is_not_noised_twice():
     optimizer.add_noise()
     with pytest.raises(ValueError, match="zero_grad"):
         optimizer.add_noise()
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_16_bit_parameters_are_noised_in_float32_and_rounded_after(secure):
+    """A bfloat16 parameter's float32 clipped sum gets float32 noise (the same numbers a float32 parameter gets from
+    the same generator); only the noised gradient is rounded to bfloat16. A 16-bit sum is widened first."""
+    wide = torch.nn.Parameter(torch.zeros(1000))
+    narrow = torch.nn.Parameter(torch.zeros(1000, dtype=torch.bfloat16))
+    grads = []
+    for p in (wide, narrow):  # (the same float32 clipped sum for both)
+        optimizer = _Ours(torch.optim.SGD([p], lr=0.1), noise_multiplier=1.3, max_grad_norm=0.7,
+                          expected_batch_size=4, secure_mode=secure)  # fmt: skip
+        p.summed_grad = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+        optimizer.generator = torch.Generator().manual_seed(5)
+        optimizer.add_noise()
+        grads.append(p.grad)
+    assert grads[1].dtype == torch.bfloat16 and grads[0].dtype == torch.float32
+    if not secure:  # (secure mode draws from the OS as well: the same law, other numbers)
+        assert torch.equal(grads[1], grads[0].to(torch.bfloat16))
+    noise = grads[1].double() - torch.randn(1000, generator=torch.Generator().manual_seed(0)).double()
+    assert 0.7 * 1.3 * 0.8 < float(noise.std()) < 0.7 * 1.3 * 1.2
+    narrow.summed_grad = torch.randn(1000).to(torch.bfloat16)  # (a bfloat16 sum: widened, noised in float32)
+    optimizer.add_noise()
+    assert narrow.grad.dtype == torch.bfloat16 and float(narrow.grad.double().std()) > 0.7

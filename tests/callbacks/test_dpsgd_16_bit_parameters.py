@@ -1,0 +1,60 @@
+"""16-bit and 64-bit parameters (``precision="bf16-true"``, ``"64-true"``): every mode trains, clips, sums and noises
+in float32 at least (the noised gradient rounded to the parameters' dtype after the noise), and the neighbour check
+runs on batches in the parameters' dtype.
+
+Before: under ``"bf16-true"`` hooks and auto mode (the default) stopped at their first step with a false self-check
+("the gradient … is not the sum of its per-sample gradients clipped"): Opacus clipped, summed and noised in the
+parameters' bfloat16 (norms rounded to 8 significant bits, so a clipped gradient could exceed C, and a Gaussian
+drawn with 8 significant bits); functional and ghost mode clipped with bfloat16 norms and rounded the clipped sum to
+bfloat16 before the noise (a rounding of the whole sum, up to 2⁻⁹ of it, not bounded by C). And the neighbour
+check re-collated the step's rows in the loader's float32 and never ran under ``"bf16-true"`` or ``"64-true"``
+("mat1 and mat2 must have the same dtype").
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_privacy import DPSGD
+from tests.callbacks._tiny import tiny_loader, tiny_module
+from tests.callbacks.test_dpsgd_ghost import MLP
+
+
+def _fit(mode: str, precision: str):
+    torch.manual_seed(0)
+    module = MLP() if mode == "ghost" else tiny_module()  # (ghost: per-example losses)
+    before = [p.detach().clone().double() for p in module.parameters()]
+    dp = DPSGD(noise_multiplier=0.5, max_grad_norm=1.0, grad_sample_mode=mode, sampling_seed=0, noise_seed=0)
+    sums = []
+    dp.register_before_noise_hook(lambda opt: sums.append([opt.summed(p).detach().clone() for p in opt.params]))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer = pl.Trainer(max_epochs=1, callbacks=[dp], accelerator="cpu", precision=precision, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(module, tiny_loader())
+    change = torch.cat([(p.detach().double() - b).flatten() for p, b in zip(module.parameters(), before)])
+    said = [str(w.message) for w in record if "neighbour check is not run" in str(w.message)]
+    return trainer, dp, sums, change, said, module
+
+
+@pytest.mark.parametrize("mode", ["hooks", "auto", "functional", "ghost"])
+def test_bf16_parameters_train_with_float32_clipped_sums_and_noise(mode):
+    trainer, dp, sums, change, said, module = _fit(mode, "bf16-true")
+    assert next(module.parameters()).dtype == torch.bfloat16
+    assert trainer.global_step == dp.steps == len(sums) > 4  # (every step clipped, self-checked and noised)
+    assert all(s.dtype == torch.float32 for step in sums for s in step)  # (never rounded to bf16 before the noise)
+    assert not said and dp.neighbours.steps >= 2 and dp.neighbours.max_ratio <= 1 + 5e-2  # (the premise, checked)
+    *_, expected, _, _ = _fit(mode, "32-true")
+    cosine = float(torch.nn.functional.cosine_similarity(change, expected, dim=0))
+    assert cosine > 0.99, cosine  # (bf16 weights: the float32 fit's update up to their rounding)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functional"])
+def test_float64_parameters_get_their_neighbour_check(mode):
+    trainer, dp, sums, _, said, module = _fit(mode, "64-true")
+    assert next(module.parameters()).dtype == torch.float64 and all(s.dtype == torch.float64 for s in sums[0])
+    assert not said and dp.neighbours.steps >= 2 and dp.neighbours.max_ratio <= 1 + 1e-4
