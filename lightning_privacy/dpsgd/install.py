@@ -31,6 +31,7 @@ from lightning_privacy.dpsgd.clipping import QuantileClipping
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
 from lightning_privacy.dpsgd.modes import loss_scale
+from lightning_privacy.dpsgd.products import wide
 from lightning_privacy.dpsgd.self_checks import SelfChecks
 from lightning_privacy.dpsgd.settings import (
     check_module,
@@ -192,6 +193,13 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     expected_batch_size = dp.expected_batch_size
     if strategies.is_distributed(trainer):
         expected_batch_size /= trainer.world_size
+        narrow = sorted({str(p.dtype) for p in pl_module.parameters() if p.requires_grad and p.dtype != wide(p.dtype)})
+        if narrow:  # (one process: summed and noised in float32, rounded after the noise; the ranks add rounded sums)
+            rank_zero_warn(
+                f"DPSGD under {type(trainer.strategy).__name__} with {', '.join(narrow)} parameters: the ranks' "
+                "clipped sums are added in the parameters' dtype (Opacus' all-reduce of the gradients), so each "
+                "example's contribution is bounded by max_grad_norm only up to that dtype's rounding of a rank's sum."
+            )
     dp_optimizer = cls(
         optimizers[0],
         noise_multiplier=dp.noise_multiplier,

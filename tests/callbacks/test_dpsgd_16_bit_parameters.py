@@ -58,3 +58,33 @@ def test_float64_parameters_get_their_neighbour_check(mode):
     trainer, dp, sums, _, said, module = _fit(mode, "64-true")
     assert next(module.parameters()).dtype == torch.float64 and all(s.dtype == torch.float64 for s in sums[0])
     assert not said and dp.neighbours.steps >= 2 and dp.neighbours.max_ratio <= 1 + 1e-4
+
+
+def _ddp_worker(root: str, mode: str):
+    torch.set_num_threads(1)
+    pl.seed_everything(0)  # every rank: the same initial weights
+    module = MLP() if mode == "ghost" else tiny_module()
+    dp = DPSGD(noise_multiplier=0.5, max_grad_norm=1.0, grad_sample_mode=mode, sampling_seed=0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer = pl.Trainer(max_epochs=1, callbacks=[dp], accelerator="cpu", precision="bf16-true", logger=False,
+                             strategy="ddp", devices=2, use_distributed_sampler=False, default_root_dir=root,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(module, tiny_loader())
+    said = [str(w.message) for w in record if "clipped sums are added in the parameters' dtype" in str(w.message)]
+    weights = torch.cat([p.detach().double().flatten() for p in module.parameters()])
+    return {"rank": trainer.global_rank, "steps": trainer.global_step, "said": said, "weights": weights}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["hooks", "functional"])
+def test_under_ddp_16_bit_parameters_train_and_say_what_the_reduction_rounds(tmp_path, mode):
+    """Under DDP the ranks' clipped sums are added by Opacus' all-reduce of the 16-bit gradients (a rank's sum
+    rounded before another's noise): the fit trains, in step on both ranks, and rank 0 says so once."""
+    from tests._launch import run_ddp
+
+    target = "tests.callbacks.test_dpsgd_16_bit_parameters:_ddp_worker"
+    ranks = run_ddp(target, tmp_path, root=str(tmp_path), mode=mode)
+    assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] > 0
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # one model
+    assert len(ranks[0]["said"]) == 1 and "bfloat16 parameters" in ranks[0]["said"][0] and not ranks[1]["said"]
