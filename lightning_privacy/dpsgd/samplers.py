@@ -25,7 +25,8 @@ the weight's layout), so GPT-2's norms come without per-example weights and book
 
 ``nn.Linear`` and ``Conv1D`` norms in ghost mode (:func:`linear_norm_sample`): Opacus' linear norm forms the Gram
 matrices ``ggᵀ`` and ``aaᵀ`` in the output gradients' dtype, so under bf16 autocast every norm came out rounded to
-bfloat16 (0.3 % off measured, either way), and an example clipped by a norm 0.3 % too small added 1.003·C to the sum.
+bfloat16, either way, and an example clipped by a norm that came out too small added more than C to the sum (up to
+1.004·C in ``tests/test_bookkeeping.py``'s removal test).
 Here the same operands the layer multiplied (its input in the output gradient's 16-bit dtype, as autocast's layer took
 it) are multiplied with float32 accumulation and output (CUDA's ``torch.bmm(..., out_dtype=torch.float32)``), so the
 norm is that of the gradient book-keeping sums, up to float32 rounding; per layer the cheaper of the Gram matrices
