@@ -308,7 +308,7 @@ class _TinyTransformer(nn.Module):
         return self.head(torch.tanh(self.mlp(self.norm(self.tokens(ids)))))
 
 
-def _removal_ratios(norm_sampler=None, n=24, positions=32, clip=1e-3, split=False):
+def _removal_ratios(norm_sampler=None, n=24, positions=32, clip=1e-3, split=False, dtype=torch.bfloat16):
     """``‖S − S₋ᵢ‖ / C`` for every example i of a bf16-autocast step: DPSGD's ghost hooks (its samplers, or
     ``norm_sampler`` for the linear layers) give the norms and factors, book-keeping the sum ``S`` and, with ``cᵢ = 0``,
     the sum without example i (book-keeping's captures are each example's own). C is small: every example is clipped."""
@@ -328,13 +328,13 @@ def _removal_ratios(norm_sampler=None, n=24, positions=32, clip=1e-3, split=Fals
     keeper = BookKeeping(net, loss_reduction="sum")
     keeper.start()
     ids = torch.randint(0, 40, (n, positions), generator=torch.Generator().manual_seed(4))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         logits = net(ids)
     losses = F.cross_entropy(logits.float().flatten(0, 1), ids.roll(-1, 1).flatten(), reduction="none")
     keeper.capturing = True
     losses.view(n, positions).sum(1).sum().backward()
     keeper.capturing = False
-    assert keeper.ready(n) and keeper._grads[net.head][0].dtype == torch.bfloat16  # (16-bit captures)
+    assert keeper.ready(n) and keeper._grads[net.head][0].dtype == dtype  # (16-bit captures)
     norms = hooks.get_norm_sample()
     if split:  # as ghost mode clips: each norm raised by the split products' bound
         norms = norms + keeper.split_overshoot()
@@ -372,8 +372,9 @@ def test_under_bf16_autocast_removing_one_example_moves_the_book_kept_sum_by_at_
     matrices rounded to bfloat16) let an example add up to 1.004·C here."""
     from opacus.grad_sample.linear import compute_linear_norm_sample
 
-    ratios = _removal_ratios()
-    assert max(ratios) <= 1 + 1e-5 and min(ratios) >= 1 - 1e-5
+    for dtype in (torch.bfloat16, torch.float16):  # (fp16 autocast: its products are exact in float32 too)
+        ratios = _removal_ratios(dtype=dtype)
+        assert max(ratios) <= 1 + 1e-5 and min(ratios) >= 1 - 1e-5, dtype
     opacus = _removal_ratios(compute_linear_norm_sample)
     assert max(opacus) > 1 + 1e-3
     guide = " ".join((Path(__file__).parents[1] / "docs" / "guides" / "dpsgd.md").read_text(encoding="utf-8").split())

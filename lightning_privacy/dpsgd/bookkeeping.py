@@ -329,10 +329,10 @@ class BookKeeping:
 
 
 def exact_under_autocast(module: nn.Module) -> bool:
-    """Whether ghost clipping of ``module`` under bf16 autocast bounds each example's contribution by C up to float32
-    rounding on the steps book-keeping forms the sum: every trainable layer is one whose ghost norm and book-kept sum
-    multiply the same operands in float32 — ``nn.Linear`` and ``Conv1D`` (module docstring), and ``nn.Embedding``
-    and ``nn.LayerNorm``, which autocast runs in float32 — and book-keeping supports it.
+    """Whether ghost clipping of ``module`` under 16-bit autocast (bf16 or fp16) bounds each example's contribution
+    by C up to float32 rounding on the steps book-keeping forms the sum: every trainable layer is one whose ghost norm
+    and book-kept sum multiply the same operands in float32 — ``nn.Linear`` and ``Conv1D`` (module docstring), and
+    ``nn.Embedding`` and ``nn.LayerNorm``, which autocast runs in float32 — and book-keeping supports it.
 
     Example::
 

@@ -116,7 +116,7 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
         strategies.check_fsdp_settings(grad_sample_mode=dp.grad_sample_mode, loss_reduction=dp.loss_reduction)
     if dp.grad_sample_mode == "ghost":
         checks.check_no_tied_parameters_for_ghost(pl_module)
-        exact = str(trainer.precision) == "bf16-mixed" and not strategies.is_fsdp(trainer)
+        exact = str(trainer.precision) in ("bf16-mixed", "16-mixed") and not strategies.is_fsdp(trainer)
         if "16" in str(trainer.precision) and not (exact and exact_under_autocast(pl_module)):
             rank_zero_warn(
                 f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "

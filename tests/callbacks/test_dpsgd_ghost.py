@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from opacus.grad_sample import GradSampleHooksFastGradientClipping
 from torch import nn
@@ -205,16 +206,21 @@ def test_empty_poisson_batches_are_noised_and_accounted():
     assert all(u > 0 for u in updates)  # empty batches too: the noise is still added
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])  # (on the CPU Lightning runs 16-mixed as bf16)
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "bf16-true"])
 def test_ghost_warns_under_16_bit_unless_its_sum_is_exact(tmp_path, precision):
-    """bf16 autocast with layers whose norms and book-kept sums multiply the same operands in float32 (Linear, Conv1D,
-    Embedding, LayerNorm: test_bookkeeping's removal test) is bounded up to float32 rounding; a convolution (Opacus'
-    16-bit per-example gradients) or 16-bit parameters only up to 16-bit rounding."""
+    """16-bit autocast with layers whose norms and book-kept sums multiply the same operands in float32 (Linear,
+    Conv1D, Embedding, LayerNorm: test_bookkeeping's removal test) is bounded up to float32 rounding; a convolution
+    (Opacus' 16-bit per-example gradients) or 16-bit parameters only up to 16-bit rounding."""
     # (ghost under DDP is supported: test_dpsgd_sampling.py::test_ghost_equals_hooks_under_ddp)
-    exact = precision == "bf16-mixed"
+    exact = precision in ("bf16-mixed", "16-mixed")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        t = trainer([], tmp_path, precision=precision)
+        if precision == "16-mixed":  # (fp16 autocast with a GradScaler, as on a GPU)
+            scaler = torch.amp.GradScaler("cpu")
+            t = trainer([], tmp_path, plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+        else:
+            t = trainer([], tmp_path, precision=precision)
+        assert str(t.precision) == precision
         DPSGD(noise_multiplier=1.0, grad_sample_mode="ghost").setup(t, tiny_module(), "fit")
     assert any("only up to 16-bit rounding" in str(w.message) for w in record) != exact
     if exact:
