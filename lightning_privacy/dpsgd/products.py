@@ -52,7 +52,9 @@ def float32_product(op: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.T
     if a.is_cuda and _NATIVE["ok"]:
         try:
             return op(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):  # a torch without it: the same products in float32
+        except (TypeError, RuntimeError, NotImplementedError) as error:  # a torch without it: float32 operands
+            if isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error):
+                raise  # (not a missing out_dtype: the fallback would need more memory still)
             _NATIVE["ok"] = False
     return op(a.float(), b.float())
 
