@@ -344,13 +344,15 @@ def check_summed_gradients(
         scale = max(scale, float(squares.sqrt().mean()) / divisor * squares.numel() ** 0.5)
     for param, sample in pairs:
         examples = int(sample.shape[0])
+        # (16-bit parameters: autograd sums in 16 bits, at 8 units of their roundoff as float32's 1e-6 is of its own)
+        unit = max(torch.finfo(param.grad.dtype).eps, torch.finfo(sample.dtype).eps)
         sample = sample.to(torch.float64)
         divisor = examples if loss_reduction == "mean" else 1
         total, grad = sample.sum(0) / divisor, param.grad.to(torch.float64)
         error = float((total - grad).norm())
         size = max(float(grad.norm()), float(total.norm()))
         # float rounding of the sum grows with the per-example gradients summed, not with their (cancelling) sum
-        rounding = 1e-6 * float(sample.reshape(examples, -1).norm(dim=1).sum()) / divisor
+        rounding = max(1e-6, 8 * unit) * float(sample.reshape(examples, -1).norm(dim=1).sum()) / divisor
         relative = error / max(size, rtol * 1e-2 * scale, 1e-30)
         worst = max(worst, relative)
         if error > rtol * size + rtol * 1e-2 * scale + rounding + 1e-12:

@@ -88,3 +88,24 @@ def test_under_ddp_16_bit_parameters_train_and_say_what_the_reduction_rounds(tmp
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] > 0
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # one model
     assert len(ranks[0]["said"]) == 1 and "bfloat16 parameters" in ranks[0]["said"][0] and not ranks[1]["said"]
+
+
+def test_the_sum_check_takes_16_bit_rounding_of_a_cancelling_gradient_for_what_it_is():
+    """16-bit parameters: autograd's bfloat16 sum of examples' gradients that cancel rounds at ~2⁻⁸ of their size,
+    which the sum check once took for a bypass (a DDP run of bf16 hooks, `net.2.bias` 19 % off a norm of 0.0018);
+    a gradient no example accounts for, at the examples' own size, is still one."""
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    from lightning_privacy.dpsgd import exactness
+
+    g = torch.Generator().manual_seed(0)
+    per_example = torch.randn(32, 50, generator=g)
+    per_example = (per_example / per_example.norm(dim=1, keepdim=True)).to(torch.bfloat16)  # norm 1 each
+    per_example[16:] = -per_example[:16]  # ... and they cancel in the batch: the exact sum is 0
+    param = torch.nn.Parameter(torch.zeros(50, dtype=torch.bfloat16))
+    param.grad = (torch.randn(50, generator=g) * 2.0**-8).to(torch.bfloat16)  # autograd's 16-bit rounding of it
+    names = {id(param): "net.2.bias"}
+    exactness.check_summed_gradients([param], [per_example], names, loss_reduction="sum", rtol=5e-2)
+    param.grad = torch.full((50,), 1.0, dtype=torch.bfloat16)  # a gradient of norm 7 that no example accounts for
+    with pytest.raises(MisconfigurationException, match="`net.2.bias` that DP-SGD clips sum to a gradient"):
+        exactness.check_summed_gradients([param], [per_example], names, loss_reduction="sum", rtol=5e-2)
