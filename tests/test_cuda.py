@@ -158,7 +158,8 @@ class _Text(nn.Module):
         return self.head(torch.tanh(self.hidden(self.norm(self.tokens(x))))).mean(1)
 
 
-def test_book_keepings_sum_equals_the_second_pass_under_bf16_autocast():
+def _first_pass_under_bf16_autocast():
+    """``_Text`` on the device, a batch of 16, and a book-keeping that captured its first pass under bf16 autocast."""
     torch.manual_seed(0)
     net = _Text().to(DEVICE)
     x, y = torch.randint(0, 50, (16, 12), device=DEVICE), torch.randint(0, 3, (16,), device=DEVICE)
@@ -169,6 +170,11 @@ def test_book_keepings_sum_equals_the_second_pass_under_bf16_autocast():
     keeper.capturing = True
     losses.sum().backward()
     keeper.capturing = False
+    return net, x, y, keeper
+
+
+def test_book_keepings_sum_equals_the_second_pass_under_bf16_autocast():
+    net, x, y, keeper = _first_pass_under_bf16_autocast()
     assert keeper.ready(16)
     c = torch.rand(16, device=DEVICE)
     sums = keeper.clipped_sums(c)
@@ -191,16 +197,7 @@ def test_split_bf16_products_on_the_device_are_within_their_bound_of_the_exact_s
     float32 emulation), and each linear sum is within 2⁻¹⁶·Σᵢcᵢ‖xᵢ‖‖gᵢ‖ (plus float32 slack) of the exact sum."""
     from lightning_privacy.dpsgd import bookkeeping
 
-    torch.manual_seed(0)
-    net = _Text().to(DEVICE)
-    x, y = torch.randint(0, 50, (16, 12), device=DEVICE), torch.randint(0, 3, (16,), device=DEVICE)
-    keeper = BookKeeping(net, loss_reduction="sum")
-    keeper.start()
-    with torch.autocast(DEVICE, dtype=torch.bfloat16):
-        losses = F.cross_entropy(net(x).float(), y, reduction="none")
-    keeper.capturing = True
-    losses.sum().backward()
-    keeper.capturing = False
+    net, x, y, keeper = _first_pass_under_bf16_autocast()
     c = torch.rand(16, device=DEVICE)
     float32 = keeper.clipped_sums(c)
     monkeypatch.setattr(bookkeeping, "SIXTEEN_BIT_PRODUCTS", "split")

@@ -62,7 +62,7 @@ from opacus.grad_sample import GradSampleModule
 from torch import nn
 from torch.nn import functional as F
 
-from lightning_privacy.dpsgd.products import native, split_product, wide
+from lightning_privacy.dpsgd.products import SIXTEEN_BIT, native, split_product, wide
 from lightning_privacy.dpsgd.samplers import hugging_face_conv1d
 
 __all__ = ["BookKeeping", "CHUNK_BYTES", "PROFILER_RANGE", "SIXTEEN_BIT_PRODUCTS", "exact_under_autocast"]
@@ -203,7 +203,7 @@ class BookKeeping:
 
     def captured_16_bit(self) -> bool:
         """The first pass captured a 16-bit output gradient (autocast)."""
-        return any(g.dtype in (torch.float16, torch.bfloat16) for grads in self._grads.values() for g in grads)
+        return any(g.dtype in SIXTEEN_BIT for grads in self._grads.values() for g in grads)
 
     def clipped_sums(self, coefficients: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
         """``{parameter: Σᵢ cᵢ ∇ℓᵢ}`` from the captured first pass (:meth:`ready` must be true)."""
@@ -213,7 +213,7 @@ class BookKeeping:
     def _clipped_sums(self, coefficients: torch.Tensor) -> Dict[torch.Tensor, torch.Tensor]:
         result: Dict[torch.Tensor, torch.Tensor] = {}
         n = int(coefficients.shape[0])
-        self.low_precision = any(g[0].dtype in (torch.float16, torch.bfloat16) for g in self._grads.values())
+        self.low_precision = self.captured_16_bit()
         self.products = None
         for layer in self._layers:
             (inputs,), (grad,) = self._inputs[layer], self._grads[layer]
@@ -247,7 +247,7 @@ class BookKeeping:
             if split:
                 part = split_product(xs, w, transpose=not conv1d)
             else:  # (nn.Linear's W is [out, in]; Hugging Face's Conv1D, y = x @ W + b, stores it [in, out])
-                if grad.dtype in (torch.float16, torch.bfloat16):
+                if grad.dtype in SIXTEEN_BIT:
                     xs = xs.to(grad.dtype)  # the operand autocast's layer multiplied, as the ghost norm takes it
                 xs = xs.to(dtype)
                 part = w.t().mm(xs) if not conv1d else xs.t().mm(w)
@@ -344,10 +344,3 @@ def exact_under_autocast(module: nn.Module) -> bool:
     exact = {nn.Linear, nn.Embedding, nn.LayerNorm, hugging_face_conv1d()}
     layers = [m for m in module.modules() if _direct_trainable(m)]
     return all(type(m) in exact and BookKeeping._supports(m) for m in layers)
-
-
-def sums_or_none(keeper: Optional[BookKeeping], batch_size: int, coefficients: torch.Tensor):
-    """The clipped sums when ``keeper`` can form them for this batch, else ``None`` (take the second pass)."""
-    if keeper is None or not keeper.ready(batch_size):
-        return None
-    return keeper.clipped_sums(coefficients)

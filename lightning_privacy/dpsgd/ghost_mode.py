@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_privacy import _compat
 from lightning_privacy.dpsgd import exactness
-from lightning_privacy.dpsgd.bookkeeping import BookKeeping, sums_or_none
+from lightning_privacy.dpsgd.bookkeeping import BookKeeping
 from lightning_privacy.dpsgd.checks import odd_batch_message
 from lightning_privacy.dpsgd.functional import clip_factors
 from lightning_privacy.dpsgd.modes import (
@@ -152,7 +152,8 @@ class GhostMode(PerLayerMode):
         # raised by the bound on what book-keeping's "split" 16-bit products move it (bookkeeping.SIXTEEN_BIT_PRODUCTS)
         # and divided by fp16's loss scale (the pass differentiated the scaled loss; the scaler unscales the sum)
         norm_sample, scale = owner.hooks.get_norm_sample(), loss_scale(owner.pl_module.trainer)
-        overshoot = keeper.split_overshoot() if keeper is not None and keeper.ready(len(losses)) else None
+        kept = keeper is not None and keeper.ready(len(losses))  # (book-keeping can form this batch's sums)
+        overshoot = keeper.split_overshoot() if kept else None
         if overshoot is not None:
             norm_sample = norm_sample + overshoot.to(norm_sample.device)
         coefficients = clip_factors(norm_sample / scale, owner.hooks.max_grad_norm, owner.clipping_rule)
@@ -176,7 +177,7 @@ class GhostMode(PerLayerMode):
                     losses, params, norms, owner.param_names, rtol=owner.rtol, record=owner.record,
                     **owner.sampled_rows(),
                 )  # fmt: skip
-            sums = sums_or_none(keeper, len(losses), coefficients)
+            sums = keeper.clipped_sums(coefficients) if kept else None  # (None: the second pass forms them)
             if sums is None and keeper is not None and not self.warned and keeper.captured_16_bit():
                 self.say_16_bit_second_pass()
             if sums is not None and all(p in sums for p in params) and not checking:

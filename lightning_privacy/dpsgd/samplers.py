@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
-from lightning_privacy.dpsgd.products import SIXTEEN_BIT, float32_product
+from lightning_privacy.dpsgd.products import SIXTEEN_BIT, float32_product, wide
 
 __all__ = ["conv1d_grad_sample", "embedding_bag_grad_sample", "hugging_face_conv1d", "install_exact_samplers",
            "linear_norm_sample", "without_padding"]  # fmt: skip
@@ -97,7 +97,7 @@ def linear_norm_sample(layer: nn.Module, activations: List[torch.Tensor], backpr
     g, a = backprops, activations[0]
     if g.dtype in SIXTEEN_BIT and a.dtype != g.dtype:
         a = a.to(g.dtype)  # (the operand autocast's layer multiplied)
-    n, dtype = g.shape[0], torch.float32 if g.dtype in SIXTEEN_BIT else g.dtype  # (accumulation: float32 at least)
+    n, dtype = g.shape[0], wide(g.dtype)  # (accumulation: float32 at least)
     g, a = g.reshape(n, -1, g.shape[-1]), a.reshape(n, -1, a.shape[-1])
     ret: Dict[Any, Any] = {}
     if layer.weight.requires_grad:
