@@ -164,6 +164,8 @@ class GhostMode(PerLayerMode):
                 f"the model's layers saw {coefficients.shape[0]} examples; return one loss per example of the batch "
                 f"({EXAMPLE})."
             )
+        # formed now, before the checks below run forward passes of their own that the keeper's hooks would also record
+        sums = keeper.clipped_sums(coefficients) if kept else None  # (None: the second pass forms them)
         if owner._sampled_batch is not None:
             owner.check_sampled(
                 lambda j, index: norms[owner.sampled.engine.params[j]].reshape(-1)[index.to(losses.device)],
@@ -177,7 +179,6 @@ class GhostMode(PerLayerMode):
                     losses, params, norms, owner.param_names, rtol=owner.rtol, record=owner.record,
                     **owner.sampled_rows(),
                 )  # fmt: skip
-            sums = keeper.clipped_sums(coefficients) if kept else None  # (None: the second pass forms them)
             if sums is None and keeper is not None and not self.warned and keeper.captured_16_bit():
                 self.say_16_bit_second_pass()
             if sums is not None and all(p in sums for p in params) and not checking:
