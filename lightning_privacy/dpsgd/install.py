@@ -194,10 +194,10 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     if strategies.is_distributed(trainer):
         expected_batch_size /= trainer.world_size
         narrow = sorted({str(p.dtype) for p in pl_module.parameters() if p.requires_grad and p.dtype != wide(p.dtype)})
-        if narrow:  # (one process: summed and noised in float32, rounded after the noise; the ranks add rounded sums)
+        if narrow and fsdp:  # (DDP adds the ranks' float32 sums: optimizers._WideReduction; FSDP2 reduce-scatters)
             rank_zero_warn(
                 f"DPSGD under {type(trainer.strategy).__name__} with {', '.join(narrow)} parameters: the ranks' "
-                "clipped sums are added in the parameters' dtype (Opacus' all-reduce of the gradients), so each "
+                "clipped sums are added in the parameters' dtype (FSDP2's reduce-scatter of the gradients), so each "
                 "example's contribution is bounded by max_grad_norm only up to that dtype's rounding of a rank's sum."
             )
     dp_optimizer = cls(

@@ -7,6 +7,7 @@
 - :class:`_NoiseIntoGradient`: the noise added to the clipped sum in place, chunk by chunk (no per-step allocation);
 - :class:`_GhostSumWithoutCopy`: ghost clipping's clipped sum taken over from ``p.grad`` instead of copied;
 - :class:`_ClipInParameterPrecision`: hooks mode clips per-sample gradients in their parameter's dtype.
+- :class:`_WideReduction`: under DDP, 16-bit parameters' noised sums are added across the ranks in float32.
 
 Which class a fit uses (one process, DDP, FSDP2; hooks or ghost) is decided by
 :func:`lightning_privacy.dpsgd.strategies.dp_optimizer_class`.
@@ -52,6 +53,8 @@ class _BeforeNoiseHooks:
 
 #: a 16-bit parameter's clipped sum in float32, beside its rounded ``.grad`` (:func:`hand_over`)
 WIDE_SUM = "_dp_wide_sum"
+#: under DDP, a 16-bit parameter's noised sum in float32, beside its rounded ``.grad`` (:class:`_WideReduction`)
+WIDE_GRAD = "_dp_wide_grad"
 
 
 def hand_over(param: torch.Tensor, total: torch.Tensor) -> None:
@@ -197,6 +200,8 @@ class _NoiseIntoGradient:
             else:
                 noised = self._whole(p, full, std)
             p.grad = noised.view_as(p).to(p.dtype)  # (16-bit parameters: rounded after the noise)
+            if distributed and p.grad.dtype != noised.dtype:  # (... and under DDP after the ranks' sum: _WideReduction)
+                setattr(p, WIDE_GRAD, noised.view_as(p))
             _mark_as_processed(summed)
 
     @staticmethod
@@ -231,6 +236,44 @@ class _NoiseIntoGradient:
         ):
             out = torch.empty(p.shape, dtype=summed.dtype, device=summed.device)
         return out.normal_(0, std, generator=self.generator).add_(summed.view_as(p))
+
+
+class _WideReduction:
+    """Mixin for the DDP optimizers: 16-bit parameters' gradients are added across the ranks in float32.
+
+    Opacus' ``reduce_gradients`` all-reduces ``p.grad``, which for 16-bit parameters (``precision="bf16-true"``) is
+    each rank's noised (rank 0) or un-noised (the others) sum rounded to the parameter's dtype: a rank's clipped sum
+    rounded before another rank's noise, a rounding of up to 2⁻⁹ of the whole sum that no example's bound C covers.
+    Here :class:`_NoiseIntoGradient` keeps the float32 sum beside the rounded ``.grad`` (``WIDE_GRAD``), it is
+    scaled as ``.grad`` is, the ranks add it in float32, and the result is rounded once, after the noise and the sum.
+    """
+
+    params: List[torch.Tensor]
+    loss_reduction: str
+    expected_batch_size: Optional[float]
+    accumulated_iterations: int
+    world_size: int
+
+    def scale_grad(self) -> None:
+        super().scale_grad()  # type: ignore[misc]
+        if self.loss_reduction == "mean":
+            for p in self.params:
+                full = getattr(p, WIDE_GRAD, None)
+                if full is not None:
+                    full /= self.expected_batch_size * self.accumulated_iterations
+
+    def reduce_gradients(self) -> None:
+        for p in self.params:
+            full = getattr(p, WIDE_GRAD, None)
+            setattr(p, WIDE_GRAD, None)
+            if not p.requires_grad:
+                continue
+            total = p.grad if full is None else full
+            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM)
+            if self.loss_reduction == "mean":
+                total /= self.world_size
+            if full is not None:
+                p.grad = full.to(p.dtype)  # (rounded once: after the noise and the ranks' sum)
 
 
 class _GhostSumWithoutCopy:
@@ -302,6 +345,7 @@ class _DistributedDPOptimizer(
     _SecretNoise,
     _NoiseIntoGradient,
     _ClipInParameterPrecision,
+    _WideReduction,
     DistributedDPOptimizer,
 ):
     pass
@@ -324,6 +368,7 @@ class _DistributedGhostDPOptimizer(
     _SecretNoise,
     _NoiseIntoGradient,
     _GhostSumWithoutCopy,
+    _WideReduction,
     DistributedDPOptimizerFastGradientClipping,
 ):
     pass

@@ -71,23 +71,24 @@ def _ddp_worker(root: str, mode: str):
                              strategy="ddp", devices=2, use_distributed_sampler=False, default_root_dir=root,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
         trainer.fit(module, tiny_loader())
-    said = [str(w.message) for w in record if "clipped sums are added in the parameters' dtype" in str(w.message)]
+    said = [str(w.message) for w in record if "rounding" in str(w.message)]  # (any warning of 16-bit rounding)
     weights = torch.cat([p.detach().double().flatten() for p in module.parameters()])
     return {"rank": trainer.global_rank, "steps": trainer.global_step, "said": said, "weights": weights}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["hooks", "functional"])
-def test_under_ddp_16_bit_parameters_train_and_say_what_the_reduction_rounds(tmp_path, mode):
-    """Under DDP the ranks' clipped sums are added by Opacus' all-reduce of the 16-bit gradients (a rank's sum
-    rounded before another's noise): the fit trains, in step on both ranks, and rank 0 says so once."""
+def test_under_ddp_16_bit_parameters_train_in_step_and_nothing_is_said_about_the_reduction(tmp_path, mode):
+    """Under DDP the ranks add their float32 clipped sums (:class:`optimizers._WideReduction`): the fit trains, in
+    step on both ranks, and no warning about a 16-bit reduction is given (one was, while Opacus' all-reduce added
+    the ranks' 16-bit gradients)."""
     from tests._launch import run_ddp
 
     target = "tests.callbacks.test_dpsgd_16_bit_parameters:_ddp_worker"
     ranks = run_ddp(target, tmp_path, root=str(tmp_path), mode=mode)
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] > 0
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # one model
-    assert len(ranks[0]["said"]) == 1 and "bfloat16 parameters" in ranks[0]["said"][0] and not ranks[1]["said"]
+    assert not ranks[0]["said"] and not ranks[1]["said"]
 
 
 def test_the_sum_check_takes_16_bit_rounding_of_a_cancelling_gradient_for_what_it_is():
@@ -109,3 +110,56 @@ def test_the_sum_check_takes_16_bit_rounding_of_a_cancelling_gradient_for_what_i
     param.grad = torch.full((50,), 1.0, dtype=torch.bfloat16)  # a gradient of norm 7 that no example accounts for
     with pytest.raises(MisconfigurationException, match="`net.2.bias` that DP-SGD clips sum to a gradient"):
         exactness.check_summed_gradients([param], [per_example], names, loss_reduction="sum", rtol=5e-2)
+
+
+def _reduce_worker(rank: int, world_size: int):
+    """One rank's step of each DDP optimizer (hooks; ghost and functional) and reduction on bfloat16 parameters whose
+    clipped sums do not fit 8 bits: ``{(class, reduction): (p.grad after the step's reduction, float32 sums)}``."""
+    from types import SimpleNamespace
+
+    from lightning_privacy.dpsgd import optimizers
+
+    out = {}
+    for cls_name in ("_DistributedDPOptimizer", "_DistributedGhostDPOptimizer"):
+        for reduction in ("sum", "mean"):
+            g = torch.Generator().manual_seed(rank)  # the ranks' examples differ
+            params = [torch.nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16)) for shape in ((64,), (8, 5))]
+            optimizer = getattr(optimizers, cls_name)(
+                torch.optim.SGD(params, lr=1.0), noise_multiplier=0.0, max_grad_norm=1e6, expected_batch_size=3.0,
+                loss_reduction=reduction,
+            )  # fmt: skip
+            optimizer.noise_source = SimpleNamespace(generator=lambda step, device: torch.Generator().manual_seed(0))
+            optimizer.noise_step, optimizer.before_noise_hooks = (lambda: 0), []
+            summed = []
+            for p in params:
+                sample = (1 + torch.rand((6, *p.shape), generator=g)).to(torch.bfloat16)  # 6 examples, exact in bf16
+                summed.append(sample.float().sum(0))
+                if cls_name == "_DistributedDPOptimizer":
+                    p.grad_sample = sample
+                else:  # (ghost/functional: the clipped sum arrives in float32 beside the rounded .grad)
+                    optimizers.hand_over(p, summed[-1].clone())  # (the optimizer sums into it in place)
+            assert optimizer.pre_step()
+            optimizer.reduce_gradients()
+            assert all(p.grad.dtype == torch.bfloat16 for p in params)
+            out[cls_name, reduction] = ([p.grad.float().tolist() for p in params], [t.tolist() for t in summed])
+    return out  # (plain numbers: a tensor would be shared through this process's memory, gone when it exits)
+
+
+def test_under_ddp_16_bit_parameters_are_rounded_once_after_the_ranks_float32_sum():
+    """Under DDP a 16-bit parameter's gradient is the ranks' float32 clipped sums added, divided as the reduction
+    says, and rounded once (hooks and the clipped-sum optimizers, "sum" and "mean"); before, each rank's sum was
+    rounded to bfloat16 and the roundings added (Opacus' all-reduce of ``p.grad``), a rounding of a rank's sum that no
+    example's bound C covers."""
+    from tests._ddp import run_distributed
+
+    ranks = run_distributed(_reduce_worker)
+    assert len(ranks[0]) == 4
+    for key in ranks[0]:
+        divisor = 3.0 * 2 if key[1] == "mean" else 1.0  # (the ranks' expected batch, times the world size)
+        for j in range(2):
+            grads = [torch.tensor(r[key][0][j]) for r in ranks]  # (bfloat16 values, held exactly in float32)
+            sums = [torch.tensor(r[key][1][j], dtype=torch.float32) for r in ranks]
+            total = ((sums[0] + sums[1]) / divisor).to(torch.bfloat16).float()
+            assert torch.equal(grads[0], grads[1]) and torch.equal(grads[0], total), (key, j)  # one rounding
+            rounded_first = sum((s / divisor).to(torch.bfloat16) for s in sums).float()  # (what Opacus' reduce gave)
+            assert not torch.equal(rounded_first, total)  # (the test tells the two apart)
