@@ -234,6 +234,7 @@ def test_json_round_trip(fitted):
         "grad_sample_mode_switch",
         "privacy_unit",
         "clipping",
+        "precision",
         "loss_reduction",
         "strategy",
         "world_size",

@@ -106,6 +106,10 @@ MALFORMED = [
     (_set("world_size", 0), "`world_size` is 0"),
     (_set("fixed_modules", "none"), "`fixed_modules` is 'none'"),
     (_set("digest", 123), "`digest` is 123"),
+    (_set("precision", "bf16-mixed"), "`precision` is 'bf16-mixed'"),
+    (_set("precision", {"precision": "bf16-mixed", "rounded_steps": -1}), "`precision.rounded_steps` is -1"),
+    (_set("precision", {"precision": "bf16-mixed", "rounded_steps": 2.0}), "`precision.rounded_steps` is 2.0"),
+    (_set("precision", {"precision": 16, "rounded_steps": 0}), "`precision.precision` is 16"),
     (_set("accountant", None), "`accountant` is None"),
     (_set("ledger", [1, 2]), "`ledger` is [1, 2]"),
     (_history("8 steps"), "`ledger.history` is '8 steps'"),
@@ -205,6 +209,11 @@ INCONSISTENT = [
         ["`max_grad_norm` is 2 in the DPSGD state but 1 in its state key"],
     ),
     ("accountant", _set("accountant", "rdp"), ["`accountant` is 'rdp' in the DPSGD state but 'pld' in its ledger"]),
+    (
+        "more rounded steps than steps",
+        _set("precision", {"precision": "bf16-mixed", "rounded_steps": STEPS + 1}),
+        ["`precision.rounded_steps` is 9 in the DPSGD state but the ledger records 8 step(s)"],
+    ),
     (
         "history steps 10 at global step 300",
         lambda state, checkpoint: (_at_step_300(300)(state, checkpoint), _history_steps(10)(state, checkpoint)),

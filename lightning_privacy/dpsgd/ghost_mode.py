@@ -179,9 +179,13 @@ class GhostMode(PerLayerMode):
                     losses, params, norms, owner.param_names, rtol=owner.rtol, record=owner.record,
                     **owner.sampled_rows(),
                 )  # fmt: skip
-            if sums is None and keeper is not None and not self.warned and keeper.captured_16_bit():
+            second_pass = sums is None or not all(p in sums for p in params)  # (the second pass's sum is trained)
+            sixteen_bit_pass = second_pass and keeper is not None and keeper.captured_16_bit()
+            if sixteen_bit_pass and not self.warned:
                 self.say_16_bit_second_pass()
-            if sums is not None and all(p in sums for p in params) and not checking:
+            if sixteen_bit_pass or owner.rounds_16_bit:  # (a step bounded only up to 16-bit rounding: the statement)
+                owner.on_rounded_step()
+            if not second_pass and not checking:
                 for param in params:
                     hand_over(param, sums[param])
                 return
@@ -189,7 +193,7 @@ class GhostMode(PerLayerMode):
             differing = keeper.disagreeing(sums, params) if sums is not None and checking else None
             if differing is not None:  # nothing is trained through a disagreement
                 raise MisconfigurationException(self.disagreement_message(differing, sums[differing]))
-            if sums is not None and all(p in sums for p in params):  # checked: train on it, as on every other step
+            if not second_pass:  # checked: train on it, as on every other step
                 for param in params:  # (under 16-bit the second pass's own rounding is not what the norms bound)
                     hand_over(param, sums[param])
         finally:

@@ -117,7 +117,8 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     if dp.grad_sample_mode == "ghost":
         checks.check_no_tied_parameters_for_ghost(pl_module)
         exact = str(trainer.precision) in ("bf16-mixed", "16-mixed") and not strategies.is_fsdp(trainer)
-        if "16" in str(trainer.precision) and not (exact and exact_under_autocast(pl_module)):
+        dp.rounds_16_bit = "16" in str(trainer.precision) and not (exact and exact_under_autocast(pl_module))
+        if dp.rounds_16_bit:
             rank_zero_warn(
                 f"DPSGD(grad_sample_mode='ghost') under precision={trainer.precision!r}: the norms and the clipped "
                 "sum come from 16-bit products (two 16-bit backward passes, or per-example gradients of layers other "
@@ -184,6 +185,11 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
         sampled=_sampled_exactness(dp, pl_module, fsdp=fsdp, rtol=rtol, sixteen_bit=sixteen_bit),
         auto=AutoSwitch(dp, trainer) if getattr(dp, "grad_sample_mode_argument", None) == "auto" else None,
     )
+    # (after the checkpoint's state is loaded: a resumed fit continues its precision record)
+    if dp.precision is None or dp.precision.rsplit(", then ", 1)[-1] != str(trainer.precision):
+        dp.precision = str(trainer.precision) if dp.precision is None else f"{dp.precision}, then {trainer.precision}"
+    dp._backward.rounds_16_bit = dp.grad_sample_mode == "ghost" and getattr(dp, "rounds_16_bit", False)
+    dp._backward.on_rounded_step = functools.partial(_count_rounded_step, dp)
     dp.example_leaves = getattr(loader, "per_example", None)  # which batch leaves are per-example: its collate says
     dp._backward.set_example_leaves(dp.example_leaves)
     _neighbour_check(dp, trainer, pl_module, loader, fsdp=fsdp)
@@ -446,6 +452,10 @@ def epoch_end(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, log_h
     for key, value in ((names.DP_CLIP_FRACTION, fraction), (names.DP_GRAD_NORM_MEDIAN, median)):
         pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="mean")
     log_histogram(trainer, names.DP_GRAD_NORMS, norms.numpy(), step=max(0, trainer.global_step - 1))
+
+
+def _count_rounded_step(dp: Any) -> None:
+    dp.rounded_steps += 1
 
 
 def remove_dp_hooks(dp: Any) -> None:

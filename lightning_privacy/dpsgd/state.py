@@ -88,6 +88,9 @@ def dpsgd_state(dp: Any) -> Dict[str, Any]:
         # the clipping rule (lightning_privacy.dpsgd.clipping): a resume must clip as the run did
         "clipping": clipping_record(dp),
         "clip": None if getattr(dp, "quantile", None) is None else dp.quantile.clip,  # quantile clipping's C_t
+        # the Trainer's precision and the steps whose clipped sum bounded each example by C only up to 16-bit
+        # rounding (ghost clipping: lightning_privacy.dpsgd.ghost_mode), for the statement
+        "precision": {"precision": getattr(dp, "precision", None), "rounded_steps": getattr(dp, "rounded_steps", 0)},
     }
     state["digest"] = dpsgd_state_digest(state)  # the statement recomputes it: an edit after saving shows
     return state
@@ -147,6 +150,8 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
         ledger = state_dict["ledger"]
     dp.ledger.load_state_dict(ledger)
     dp.grad_sample_mode_switch = Switched.from_state(state_dict.get("grad_sample_mode_switch"))
+    precision = state_dict.get("precision") or {}  # (older versions saved none: nothing known, nothing counted)
+    dp.precision, dp.rounded_steps = precision.get("precision"), int(precision.get("rounded_steps") or 0)
 
 
 def check_checkpoint_has_state(state_key: str, checkpoint: Dict[str, Any]) -> None:

@@ -249,6 +249,7 @@ def _dp_sgd(
         "grad_sample_mode_switch": fields.grad_sample_mode_switch,
         "privacy_unit": fields.privacy_unit or {"unit": "example"},
         "clipping": fields.clipping or {"rule": "fixed"},
+        "precision": fields.precision,
         "loss_reduction": fields.loss_reduction,
         "strategy": strategy,
         "world_size": world_size,

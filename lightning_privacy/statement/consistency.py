@@ -114,6 +114,12 @@ def check_consistency(
         )
     problems += _unit_problems(fields, state)
     steps = fields.steps
+    rounded = (fields.precision or {}).get("rounded_steps") or 0
+    if rounded > steps:
+        problems.append(
+            f"`precision.rounded_steps` is {rounded} in the DPSGD state but the ledger records {steps} step(s): more "
+            "steps bounded only up to 16-bit rounding than steps taken"
+        )
     if global_step is not None and steps < global_step:
         problems.append(
             f"the ledger records {steps} DP-SGD step(s) but the checkpoint's global_step is {global_step}: "

@@ -36,7 +36,9 @@ class PrivacyStatement:
     ``mechanism`` (``None`` without DP-SGD: ``name``, ``noise_multiplier``, ``sample_rate``, ``sample_rate_given``,
     ``steps``, ``max_grad_norm``, ``expected_batch_size`` (the divisor of the noised sum), ``delta``, ``accountant``,
     ``relation``, ``history``, ``dataset_size``, ``sampling_seed`` and ``noise_seed`` (``"secret"``, ``"fixed"`` or ``"secure"``),
-    ``secure_mode``, ``grad_sample_mode``, ``privacy_unit``, ``loss_reduction``, ``strategy``, ``world_size``,
+    ``secure_mode``, ``grad_sample_mode``, ``privacy_unit``, ``precision`` (``None``: not recorded; ``precision``, the
+    Trainer's, and ``rounded_steps``, the steps whose examples were bounded by C only up to 16-bit rounding),
+    ``loss_reduction``, ``strategy``, ``world_size``,
     ``fixed_modules``, ``planned_for``), ``guarantee`` (``None`` without DP-SGD or for an inconsistent state: ``epsilon``, ``delta``, ``epsilon_relation``,
     ``bayes_security``, ``bayes_security_relation``, ``advantage``, ``tpr_bounds`` by relation and ``fpr_0.001`` /
     ``fpr_0.01`` / ``fpr_0.1``, ``bayes_security_closed_form``; for a person: ``row_epsilon``), ``budget``, ``audits`` (``audit``, ``values``,

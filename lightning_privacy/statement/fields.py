@@ -165,6 +165,7 @@ class DPFields:
     grad_sample_mode_switch: Optional[Dict[str, Any]] = None  # auto's switch to functional mode: step, reason
     privacy_unit: Optional[Dict[str, Any]] = None  # {"unit": "example"} or a person's: k, sampling, reduction
     clipping: Optional[Dict[str, Any]] = None  # the clipping rule: {"rule": "fixed"} or {"rule": "automatic", ...}
+    precision: Optional[Dict[str, Any]] = None  # the Trainer's precision and the steps bounded up to 16-bit rounding
     loss_reduction: Optional[str] = None
     strategy: Optional[str] = None
     world_size: Optional[int] = None
@@ -217,6 +218,7 @@ def dpsgd_fields(state: Mapping[str, Any]) -> DPFields:
         grad_sample_mode_switch=_switch(state.get("grad_sample_mode_switch")),
         privacy_unit=_unit(state.get("privacy_unit")),
         clipping=_clipping(state.get("clipping")),
+        precision=_precision(state.get("precision")),
         loss_reduction=text("loss_reduction", state.get("loss_reduction")),
         strategy=text("strategy", state.get("strategy")),
         world_size=whole("world_size", state.get("world_size"), minimum=1),
@@ -244,6 +246,18 @@ def _clipping(value: Any) -> Optional[Dict[str, Any]]:
     if value["rule"] == "automatic":
         number("clipping.stability", value.get("stability"))
     return dict(plain("clipping", value))
+
+
+def _precision(value: Any) -> Optional[Dict[str, Any]]:
+    """The precision record (``None``: not recorded): the Trainer's ``precision`` (``None`` before a fit) and the
+    whole number of ``rounded_steps``."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _bad("precision", value, "a dict with 'precision' and 'rounded_steps'")
+    text("precision.precision", value.get("precision"))
+    whole("precision.rounded_steps", value.get("rounded_steps"), optional=False)
+    return dict(plain("precision", value))
 
 
 def _unit(value: Any) -> Optional[Dict[str, Any]]:

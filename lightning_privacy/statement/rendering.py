@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from lightning_privacy import names
 from lightning_privacy.ledger import accountant_label
@@ -107,6 +107,7 @@ def mechanism_rows(data: dict) -> List[Row]:
             "not recorded" if m["strategy"] is None else f"{m['strategy']} ({m['world_size']} process(es))",
             "the Trainer's strategy",
         ),
+        ("precision", *_precision_row(m.get("precision"))),
     ]
     planned = m["planned_for"]
     if planned:
@@ -119,6 +120,16 @@ def mechanism_rows(data: dict) -> List[Row]:
             ("planned for", f"{target} after {planned.get('epochs')} epochs", "σ was calibrated for this target")
         )
     return rows
+
+
+def _precision_row(record: Optional[dict]) -> Tuple[str, str]:
+    """The precision's value and note: the Trainer's precision and the steps bounded only up to 16-bit rounding."""
+    if record is None or record.get("precision") is None:
+        return "not recorded", "the Trainer's precision"
+    rounded = record.get("rounded_steps") or 0
+    if rounded:
+        return str(record["precision"]), f"{rounded} step(s) bounded by C only up to 16-bit rounding"
+    return str(record["precision"]), "each example bounded by C up to float32 rounding (or finer) at every step"
 
 
 def guarantee_rows(data: dict) -> List[Row]:

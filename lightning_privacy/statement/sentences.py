@@ -101,6 +101,27 @@ def _public(mechanism: dict) -> List[str]:
     return out
 
 
+def _precision(mechanism: dict) -> List[str]:
+    """Steps whose clipped sum bounded each example by C only up to 16-bit rounding, or that nobody recorded it."""
+    record = mechanism.get("precision")
+    if record is None:
+        return [
+            "The training precision is not recorded (saved by an older version): under 16-bit precision (bf16, "
+            "fp16) each example's contribution to a step may be bounded by C only up to 16-bit rounding, which ε "
+            "does not account for."
+        ]
+    rounded = record.get("rounded_steps") or 0
+    if not rounded:
+        return []
+    return [
+        f"{rounded} of the {mechanism['steps']} steps (ghost clipping, precision {record.get('precision')!r}) took "
+        "the norms or the clipped sum from 16-bit products: on them each example's contribution is bounded by C only "
+        "up to 16-bit rounding (about 2⁻⁸ of it, bfloat16's unit roundoff), which ε does not account for; "
+        "grad_sample_mode='hooks' or 'functional' (or ghost clipping of Linear, Conv1D, Embedding and LayerNorm "
+        "layers under bf16-mixed) clips exactly what is summed."
+    ]
+
+
 def not_covered(data: dict, notes: List[str], *, live: bool) -> List[str]:
     """What the numbers do not cover (and what they treat as public), one sentence each."""
     mechanism = data["mechanism"]
@@ -138,6 +159,7 @@ def not_covered(data: dict, notes: List[str], *, live: bool) -> List[str]:
             )
         if mechanism["strategy"] is None:
             out.append("The strategy (one device, DDP, FSDP2) is not recorded in the checkpoint.")
+        out += _precision(mechanism)
         out.append(
             "The statement checks that the DPSGD state agrees with its ledger, its key and the checkpoint's "
             "global_step"
