@@ -202,10 +202,8 @@ class DPSGD(Callback, DPSGDRun):
         self.fixed_modules: List[Dict[str, str]] = []  # what fix_modules replaced (saved: checkpoints load with it)
         self.exactness = ExactnessRecord()  # what the exactness check compared in the last fit
         self.steps_per_epoch: Optional[int] = None
-        self.strategy_name: Optional[str] = None  # the last fit's strategy and processes (saved for the statement)
-        self.precision: Optional[str] = None  # the last fit's Trainer precision (saved for the statement), and the
-        self.rounded_steps = 0  # steps whose clipped sum bounds each example only up to 16-bit rounding (over resumes)
-        self.world_size: Optional[int] = None
+        # (for the statement: strategy, processes, precision, steps bounded only up to 16-bit rounding: dpsgd.state)
+        self.strategy_name, self.world_size, self.precision, self.rounded_steps = None, None, None, 0
         self._hooks: Any = None  # Opacus' per-example hooks (see strategies.grad_sample_hooks)
         self._view_hooks: List[Any] = []  # FSDP2: forward hooks that keep Opacus' hook views from FSDP's checks
         self._backward: Optional[PerExampleBackward] = None

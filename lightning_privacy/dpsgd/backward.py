@@ -110,12 +110,8 @@ class PerExampleBackward(StepGuards):
         self.should_check = should_check
         self.rtol = rtol
         self.record = record if record is not None else exactness.ExactnessRecord()
-        #: ghost mode: the fit's setup found that every step's norms or sum come from 16-bit products (16-bit
-        #: precision with layers or a strategy book-keeping does not make exact; :mod:`lightning_privacy.dpsgd.install`)
-        self.rounds_16_bit = False
-        #: called once per step whose clipped sum bounds each example by C only up to 16-bit rounding (DPSGD counts
-        #: them for the privacy statement)
-        self.on_rounded_step: Callable[[], None] = lambda: None
+        # ghost mode: every step's sum is 16-bit (setup said so), and what counts a step bounded up to 16-bit rounding
+        self.rounds_16_bit, self.on_rounded_step = False, lambda: None
         self.exactness_examples = exactness_examples
         self._rows_generator = torch.Generator().manual_seed(0)
         self.last_norms: Optional[torch.Tensor] = None
