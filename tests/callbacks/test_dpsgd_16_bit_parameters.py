@@ -60,35 +60,38 @@ def test_float64_parameters_get_their_neighbour_check(mode):
     assert not said and dp.neighbours.steps >= 2 and dp.neighbours.max_ratio <= 1 + 1e-4
 
 
-def _ddp_worker(root: str, mode: str):
+def _ddp_worker(root: str, mode: str, precision: str = "bf16-true"):
     torch.set_num_threads(1)
     pl.seed_everything(0)  # every rank: the same initial weights
     module = MLP() if mode == "ghost" else tiny_module()
     dp = DPSGD(noise_multiplier=0.5, max_grad_norm=1.0, grad_sample_mode=mode, sampling_seed=0)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        trainer = pl.Trainer(max_epochs=1, callbacks=[dp], accelerator="cpu", precision="bf16-true", logger=False,
+        trainer = pl.Trainer(max_epochs=1, callbacks=[dp], accelerator="cpu", precision=precision, logger=False,
                              strategy="ddp", devices=2, use_distributed_sampler=False, default_root_dir=root,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
         trainer.fit(module, tiny_loader())
     said = [str(w.message) for w in record if "rounding" in str(w.message)]  # (any warning of 16-bit rounding)
     weights = torch.cat([p.detach().double().flatten() for p in module.parameters()])
-    return {"rank": trainer.global_rank, "steps": trainer.global_step, "said": said, "weights": weights}
+    return {"rank": trainer.global_rank, "steps": trainer.global_step, "said": said, "weights": weights,
+            "rounded": dp.rounded_steps}  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["hooks", "functional"])
-def test_under_ddp_16_bit_parameters_train_in_step_and_nothing_is_said_about_the_reduction(tmp_path, mode):
-    """Under DDP the ranks add their float32 clipped sums (:class:`optimizers._WideReduction`): the fit trains, in
-    step on both ranks, and no warning about a 16-bit reduction is given (one was, while Opacus' all-reduce added
-    the ranks' 16-bit gradients)."""
+@pytest.mark.parametrize(("mode", "precision"), [("hooks", "bf16-true"), ("functional", "bf16-true"),
+                                                 ("ghost", "bf16-mixed")])  # fmt: skip
+def test_under_ddp_16_bit_training_is_in_step_and_nothing_is_said_about_rounding(tmp_path, mode, precision):
+    """Under DDP the ranks add their float32 clipped sums (16-bit parameters: :class:`optimizers._WideReduction`;
+    one warning was given while Opacus' all-reduce added the ranks' 16-bit gradients), and ghost clipping's
+    book-keeping under bf16 autocast forms each rank's sum in float32: the fit trains, in step on both ranks, no
+    warning of 16-bit rounding is given and no step is counted as rounded for the privacy statement."""
     from tests._launch import run_ddp
 
     target = "tests.callbacks.test_dpsgd_16_bit_parameters:_ddp_worker"
-    ranks = run_ddp(target, tmp_path, root=str(tmp_path), mode=mode)
+    ranks = run_ddp(target, tmp_path, root=str(tmp_path), mode=mode, precision=precision)
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["steps"] == ranks[1]["steps"] > 0
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])  # one model
-    assert not ranks[0]["said"] and not ranks[1]["said"]
+    assert not ranks[0]["said"] and not ranks[1]["said"] and ranks[0]["rounded"] == ranks[1]["rounded"] == 0
 
 
 def test_the_sum_check_takes_16_bit_rounding_of_a_cancelling_gradient_for_what_it_is():
