@@ -14,7 +14,9 @@ On a CUDA machine, in about 5–8 minutes, it
    or the per-example loop did (and why). ``ghost-split`` is full fine-tuning's ghost row again with book-keeping's
    linear products as two bfloat16 products with float32 output (``bookkeeping.SIXTEEN_BIT_PRODUCTS = "split"``,
    ``torch.mm(..., out_dtype=torch.float32)``) instead of float32 products of the captures cast to float32: the row
-   that says whether ``"split"`` is faster (its note says whether CUDA's 16-bit product ran or a float32 emulation). Every step goes through the product path — ``lightning.Trainer(callbacks=[DPSGD(...), timer])`` on a
+   that says whether ``"split"`` is faster (its note says whether CUDA's 16-bit product ran or a float32 emulation);
+   a ghost row whose steps' sums a second 16-bit backward pass formed instead of book-keeping (DPSGD's
+   ``rounded_steps``, the privacy statement's count) says on how many. Every step goes through the product path — ``lightning.Trainer(callbacks=[DPSGD(...), timer])`` on a
    module whose ``training_step`` returns ``{"loss": mean, "per_example_loss": causal_lm_signal(...)}`` — and a small
    callback times it from ``on_train_batch_start`` (after a ``cuda.synchronize``) to ``on_train_batch_end`` with CUDA
    events, split at ``on_before_backward`` / ``on_after_backward`` / ``on_before_optimizer_step`` into forward,
@@ -498,6 +500,9 @@ def measure(scale: Scale, setting: str, mode: str, batch: int, device: str, *, p
         run.note = f"products: {how.products or 'not split (no bfloat16 capture)'}"
     if mode.startswith("ghost") and device == "cuda" and not products.native():  # (a torch without out_dtype)
         run.note = "; ".join(filter(None, [run.note, "linear norms' products in float32: no bmm out_dtype"]))
+    if mode.startswith("ghost") and dpsgd.rounded_steps:  # (a second 16-bit backward pass formed those steps' sums)
+        second = f"second 16-bit pass on {dpsgd.rounded_steps} of {trainer.global_step} steps"
+        run.note = "; ".join(filter(None, [run.note, second]))
     run.steps_ms, run.phases_ms = timer.results()
     run.peak_memory, run.profile = timer.peak, timer.profile_rows
     return run

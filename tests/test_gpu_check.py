@@ -60,6 +60,7 @@ def test_the_cpu_smoke_runs_every_part_and_writes_the_report(tmp_path):
         assert run["trainable"] > 0  # functional mode's note: vmap ran the stock GPT-2 (SDPA, checkpointing too)
         note = {"functional": "vmap", "ghost-split": "products: split (emulated in float32)"}.get(run["mode"], "")
         assert run["note"] == note, run["note"]  # (ghost-split: bf16 autocast's captures, CUDA's product elsewhere)
+        # (ghost: no "second 16-bit pass" note: book-keeping formed every step's sum, so the times are its)
         assert (run["mode"] == "plain") != bool(run["profile"])  # one profiled step per DP run
     # book-keeping's clipped sums (one weight product per layer) have their own range in the ghost runs' profiles
     for setting, mode in (("full", "ghost"), ("full", "ghost-split"), ("lora", "ghost")):
