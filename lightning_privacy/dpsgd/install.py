@@ -189,7 +189,9 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     if dp.precision is None or dp.precision.rsplit(", then ", 1)[-1] != str(trainer.precision):
         dp.precision = str(trainer.precision) if dp.precision is None else f"{dp.precision}, then {trainer.precision}"
     dp._backward.rounds_16_bit = dp.grad_sample_mode == "ghost" and getattr(dp, "rounds_16_bit", False)
-    dp._backward.on_rounded_step = functools.partial(_count_rounded_step, dp)
+    # (through a weak reference: the module holds its backward, and a deepcopy of the module — PANORAMIA's fresh
+    # copy — must not reach the callback and through it the DP optimizer)
+    dp._backward.on_rounded_step = functools.partial(_count_rounded_step, weakref.ref(dp))
     dp.example_leaves = getattr(loader, "per_example", None)  # which batch leaves are per-example: its collate says
     dp._backward.set_example_leaves(dp.example_leaves)
     _neighbour_check(dp, trainer, pl_module, loader, fsdp=fsdp)
@@ -455,7 +457,9 @@ def epoch_end(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule, log_h
 
 
 def _count_rounded_step(dp: Any) -> None:
-    dp.rounded_steps += 1
+    owner = dp()
+    if owner is not None:
+        owner.rounded_steps += 1
 
 
 def remove_dp_hooks(dp: Any) -> None:

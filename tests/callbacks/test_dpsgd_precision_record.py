@@ -114,3 +114,31 @@ def test_a_checkpoint_without_a_precision_record_says_it_is_not_recorded(tmp_pat
     statement = privacy_statement(checkpoint)
     assert any("The training precision is not recorded" in s for s in statement.to_dict()["not_covered"])
     assert "| precision | not recorded |" in statement.to_markdown()
+
+
+@pytest.mark.parametrize(("mode", "precision"), [("ghost", "bf16-true"), ("hooks", "32-true")])
+def test_a_deepcopy_of_the_module_at_fit_end_does_not_reach_the_dp_optimizer(mode, precision):
+    """The step counter reaches DPSGD through a weak reference: the module holds its backward, and PANORAMIA deep-
+    copies the module at fit end. A strong one made that copy reach the DP optimizer, whose copy failed, and torch's
+    ``Optimizer.__setstate__`` patched the class's ``step`` for every later fit of the process."""
+    import copy
+
+    from lightning.pytorch.callbacks import Callback
+
+    from lightning_privacy.dpsgd import optimizers
+
+    copies = []
+
+    class CopyAtEnd(Callback):
+        def on_fit_end(self, trainer, pl_module):
+            copies.append(copy.deepcopy(pl_module))
+
+    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode, sampling_seed=0)
+    module = MLP() if mode == "ghost" else tiny_module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = trainer([dp, CopyAtEnd()], max_epochs=1, precision=precision)
+        t.fit(module, tiny_loader())
+    assert len(copies) == 1 and dp.rounded_steps == (t.global_step if mode == "ghost" else 0)
+    for cls in (optimizers._DPOptimizer, optimizers._GhostDPOptimizer):
+        assert not getattr(cls.step, "hooked", False)  # (torch's profiling wrapper was never put on the class)
