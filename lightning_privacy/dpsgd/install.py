@@ -98,6 +98,7 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     if trained is not None and trained is not pl_module and dp.ledger.steps:
         dp.ledger = new_ledger(dp)
         dp.grad_sample_mode_switch = None  # (auto's switch was that model's)
+        dp.precision, dp.rounded_steps = None, 0
     dp._module = weakref.ref(pl_module)
     check_trainer(trainer)
     record = fix_module(pl_module, fix_modules=dp.fix_modules)

@@ -142,3 +142,14 @@ def test_a_deepcopy_of_the_module_at_fit_end_does_not_reach_the_dp_optimizer(mod
     assert len(copies) == 1 and dp.rounded_steps == (t.global_step if mode == "ghost" else 0)
     for cls in (optimizers._DPOptimizer, optimizers._GhostDPOptimizer):
         assert not getattr(cls.step, "hooked", False)  # (torch's profiling wrapper was never put on the class)
+
+
+def test_a_dpsgd_reused_for_another_module_starts_its_record_afresh():
+    """Like the ledger: another module's privacy starts at 0, and so does its count (a count above the new ledger's
+    steps would make the statement of the second model inconsistent)."""
+    t, dp, _ = _fit("bf16-true")
+    assert dp.rounded_steps == t.global_step > 0
+    t2, dp2, _ = _fit("32-true", dp=dp, module=MLP())
+    assert dp2 is dp and dp.precision == "32-true" and dp.rounded_steps == 0 and dp.ledger.steps == t2.global_step
+    statement = privacy_statement(t2)
+    assert statement.to_dict()["consistency"]["status"] == "consistent" and not _sentences(statement)
