@@ -17,7 +17,17 @@ from lightning_privacy.ledger import DEFAULT_ACCOUNTANT, accountant_label
 
 STATE_VERSION = 2  # 2: the privacy ledger (history + composed PLD chunks); 1 (history only) still loads
 
-__all__ = ["STATE_VERSION", "check_checkpoint_has_state", "dpsgd_state", "load_dpsgd_state", "state_key_fields"]
+#: the precision of a resumed checkpoint's steps where it saved none (an older version)
+NOT_RECORDED = "not recorded"
+
+__all__ = [
+    "NOT_RECORDED",
+    "STATE_VERSION",
+    "check_checkpoint_has_state",
+    "dpsgd_state",
+    "load_dpsgd_state",
+    "state_key_fields",
+]
 
 
 def state_key_fields(dp: Any) -> Dict[str, Any]:
@@ -150,7 +160,8 @@ def load_dpsgd_state(dp: Any, state_dict: Dict[str, Any]) -> None:
         ledger = state_dict["ledger"]
     dp.ledger.load_state_dict(ledger)
     dp.grad_sample_mode_switch = Switched.from_state(state_dict.get("grad_sample_mode_switch"))
-    precision = state_dict.get("precision") or {}  # (older versions saved none: nothing known, nothing counted)
+    # (older versions saved none: the steps so far are of a precision not recorded, and none was counted)
+    precision = state_dict.get("precision") or {"precision": NOT_RECORDED if dp.ledger.steps else None}
     dp.precision, dp.rounded_steps = precision.get("precision"), int(precision.get("rounded_steps") or 0)
 
 

@@ -104,16 +104,17 @@ def _public(mechanism: dict) -> List[str]:
 def _precision(mechanism: dict) -> List[str]:
     """Steps whose clipped sum bounded each example by C only up to 16-bit rounding, or that nobody recorded it."""
     record = mechanism.get("precision")
-    if record is None:
-        return [
-            "The training precision is not recorded (saved by an older version): under 16-bit precision (bf16, "
-            "fp16) each example's contribution to a step may be bounded by C only up to 16-bit rounding, which ε "
-            "does not account for."
-        ]
-    rounded = record.get("rounded_steps") or 0
+    out = []
+    if record is None or str(record.get("precision")).startswith("not recorded"):  # (dpsgd.state.NOT_RECORDED)
+        out.append(
+            f"The training precision {'is' if record is None else 'of the steps before a resume is'} not recorded "
+            "(saved by an older version): under 16-bit precision (bf16, fp16) each example's contribution to a step "
+            "may be bounded by C only up to 16-bit rounding, which ε does not account for."
+        )
+    rounded = (record or {}).get("rounded_steps") or 0
     if not rounded:
-        return []
-    return [
+        return out
+    return out + [
         f"{rounded} of the {mechanism['steps']} steps (ghost clipping, precision {record.get('precision')!r}) took "
         "the norms or the clipped sum from 16-bit products: on them each example's contribution is bounded by C only "
         "up to 16-bit rounding (about 2⁻⁸ of it, bfloat16's unit roundoff), which ε does not account for; "

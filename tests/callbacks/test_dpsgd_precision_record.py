@@ -153,3 +153,18 @@ def test_a_dpsgd_reused_for_another_module_starts_its_record_afresh():
     assert dp2 is dp and dp.precision == "32-true" and dp.rounded_steps == 0 and dp.ledger.steps == t2.global_step
     statement = privacy_statement(t2)
     assert statement.to_dict()["consistency"]["status"] == "consistent" and not _sentences(statement)
+
+
+def test_a_resume_from_a_checkpoint_without_the_record_says_the_earlier_steps_are_not_recorded(tmp_path):
+    t, _, _ = _fit("32-true", tmp_path=tmp_path)
+    path = tmp_path / "old.ckpt"
+    t.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=True)
+    state = checkpoint["callbacks"][next(k for k in checkpoint["callbacks"] if k.startswith("DPSGD"))]
+    del state["precision"], state["digest"]  # (as an older version saved it)
+    torch.save(checkpoint, path)
+    again = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost", sampling_seed=0)
+    t2, dp, _ = _fit("32-true", tmp_path=tmp_path, epochs=2, dp=again, ckpt_path=path, module=MLP())
+    assert dp.precision == "not recorded, then 32-true" and dp.rounded_steps == 0 and t2.global_step > t.global_step
+    notes = privacy_statement(t2).to_dict()["not_covered"]
+    assert any(s.startswith("The training precision of the steps before a resume is not recorded") for s in notes)
