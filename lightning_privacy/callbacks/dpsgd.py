@@ -249,8 +249,7 @@ class DPSGD(Callback, DPSGDRun):
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        if self._checks is not None and isinstance(optimizer, DPOptimizer):
-            self._checks.per_sample_gradients(optimizer)
+        install.before_optimizer_step(self, trainer, optimizer)  # (the self-check; a step fp16's scaler would skip)
 
     def register_before_noise_hook(self, hook: Callable[[DPOptimizer], None]) -> None:
         """Call ``hook(optimizer)`` at every step after per-sample clipping and before the noise is added.

@@ -420,6 +420,32 @@ def record_step(dp: Any, optimizer: DPOptimizer) -> None:
         _update_clip(dp, optimizer)
 
 
+def before_optimizer_step(dp: Any, trainer: pl.Trainer, optimizer: Any) -> None:
+    """The body of ``DPSGD.on_before_optimizer_step``: the per-sample gradients' self-check on its steps, and under
+    fp16's loss scaling (a ``GradScaler``) a gradient that is not finite, whose step the scaler would skip.
+
+    The scaler skips a step whose unscaled gradient holds an inf or a NaN (an example's gradient overflowed float16 at
+    the scale): no noise is drawn and the accountant records nothing, yet whether the step happens depends on the
+    private examples' gradients outside DP-SGD's noise — a decision ε does not cover — so DPSGD stops before it.
+    """
+    if dp._checks is not None and isinstance(optimizer, DPOptimizer):
+        dp._checks.per_sample_gradients(optimizer)
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is None or not scaler.is_enabled():
+        return
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+        return
+    raise MisconfigurationException(
+        f"DPSGD under precision={str(trainer.precision)!r}: at step {trainer.global_step} a gradient overflowed "
+        f"float16 (an example's gradient times the GradScaler's scale {scaler.get_scale():g} is not finite), so the "
+        "scaler would skip the step. Whether a step is skipped depends on the private examples' gradients outside "
+        "DP-SGD's noise, a decision ε does not cover, so DPSGD stops. Use precision='bf16-mixed' where the device "
+        "supports it, or give the Trainer a scaler whose scale does not overflow, e.g. plugins=[MixedPrecision("
+        "'16-mixed', 'cuda', scaler=torch.amp.GradScaler(init_scale=2.0**8, growth_interval=10**9))]."
+    )
+
+
 def check_steps_accounted(dp: Any, trainer: pl.Trainer) -> None:
     """At every epoch end: the ledger recorded exactly the optimizer steps this fit took."""
     accounted = dp.steps - dp._fit_start[0]

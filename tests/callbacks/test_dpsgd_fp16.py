@@ -74,3 +74,35 @@ def test_without_the_scale_divided_out_the_update_is_what_the_changelog_says(mon
         float(re.search(r"\(1 / (\d+) of the float32 update at C = 1\)", doc).group(1)),
     ]
     assert quoted == pytest.approx([hooks, ghost, hooks, ghost], rel=0.05)
+
+
+def _fit_with_scaler(mode: str, scaler):
+    torch.manual_seed(0)
+    module = MLP() if mode == "ghost" else tiny_module()
+    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode=mode, sampling_seed=0, noise_seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = pl.Trainer(max_epochs=2, callbacks=[dp], accelerator="cpu", logger=False,
+                             plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)], enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        trainer.fit(module, tiny_loader())
+    return trainer, dp
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functional"])
+def test_a_step_the_scaler_would_skip_stops_the_fit_before_it_is_skipped(mode):
+    """The GradScaler skips a step whose gradient overflowed (its scale too large): nothing noised, nothing
+    accounted, and whether it happens depends on the examples' gradients outside the noise. Before, the fit went on
+    and stopped at the epoch's end with "the privacy accounting is wrong (was the DPOptimizer's step hook
+    replaced?)"; now it stops at that step, saying why and what to do."""
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    overflowing = torch.amp.GradScaler("cpu", init_scale=2.0**127)
+    with pytest.raises(MisconfigurationException, match=r"a gradient overflowed float16 .* so DPSGD stops") as raised:
+        _fit_with_scaler(mode, overflowing)
+    assert "precision='bf16-mixed'" in str(raised.value) and "growth_interval" in str(raised.value)
+
+
+def test_the_scaler_the_message_suggests_trains_every_step_accounted():
+    trainer, dp = _fit_with_scaler("hooks", torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=10**9))
+    assert trainer.global_step == dp.ledger.steps > 8
