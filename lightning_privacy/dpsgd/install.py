@@ -30,7 +30,7 @@ from lightning_privacy.dpsgd.bookkeeping import exact_under_autocast
 from lightning_privacy.dpsgd.clipping import QuantileClipping
 from lightning_privacy.dpsgd.exactness import ExactnessRecord
 from lightning_privacy.dpsgd.loaders import install_poisson_sampling, make_poisson_loader
-from lightning_privacy.dpsgd.modes import loss_scale
+from lightning_privacy.dpsgd.modes import distributed, loss_scale
 from lightning_privacy.dpsgd.products import wide
 from lightning_privacy.dpsgd.self_checks import SelfChecks
 from lightning_privacy.dpsgd.settings import (
@@ -426,7 +426,8 @@ def before_optimizer_step(dp: Any, trainer: pl.Trainer, optimizer: Any) -> None:
 
     The scaler skips a step whose unscaled gradient holds an inf or a NaN (an example's gradient overflowed float16 at
     the scale): no noise is drawn and the accountant records nothing, yet whether the step happens depends on the
-    private examples' gradients outside DP-SGD's noise — a decision ε does not cover — so DPSGD stops before it.
+    private examples' gradients outside DP-SGD's noise — a decision ε does not cover — so DPSGD stops before it, on
+    every rank when one rank's gradient overflowed.
     """
     if dp._checks is not None and isinstance(optimizer, DPOptimizer):
         dp._checks.per_sample_gradients(optimizer)
@@ -434,7 +435,11 @@ def before_optimizer_step(dp: Any, trainer: pl.Trainer, optimizer: Any) -> None:
     if scaler is None or not scaler.is_enabled():
         return
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+    finite = torch.stack([torch.isfinite(g).all() for g in grads]).all().float() if grads else torch.ones(())
+    if distributed():  # (DDP: each rank's own gradient, DDP's sync being DPSGD's: every rank stops, or none waits)
+        finite = finite.to(trainer.strategy.root_device)
+        torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+    if bool(finite):
         return
     raise MisconfigurationException(
         f"DPSGD under precision={str(trainer.precision)!r}: at step {trainer.global_step} a gradient overflowed "

@@ -106,3 +106,42 @@ def test_a_step_the_scaler_would_skip_stops_the_fit_before_it_is_skipped(mode):
 def test_the_scaler_the_message_suggests_trains_every_step_accounted():
     trainer, dp = _fit_with_scaler("hooks", torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=10**9))
     assert trainer.global_step == dp.ledger.steps > 8
+
+
+def _ddp_overflow_worker(root: str):
+    """Rank 1's loss alone overflows (× 1e35 at the scaler's 2¹⁶): each rank returns what stopped it."""
+    torch.set_num_threads(1)
+    pl.seed_everything(0)
+
+    class OneRankOverflows(type(tiny_module())):
+        def training_step(self, batch, batch_idx):
+            out = super().training_step(batch, batch_idx)
+            return out * (1e35 if self.global_rank == 1 else 1.0)
+
+    module = tiny_module()
+    module.__class__ = OneRankOverflows  # (the tiny module, its training step's loss overflowing on rank 1)
+    dp = DPSGD(noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="hooks", sampling_seed=0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[dp], accelerator="cpu", strategy="ddp", devices=2, logger=False,
+                         plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)], use_distributed_sampler=False,
+                         default_root_dir=root, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, tiny_loader())
+    except Exception as error:  # noqa: BLE001 (what stopped this rank, returned to the test)
+        return {"rank": trainer.global_rank, "stopped": str(error)}
+    return {"rank": trainer.global_rank, "stopped": None}
+
+
+@pytest.mark.slow
+def test_under_ddp_one_rank_s_overflow_stops_every_rank_at_that_step(tmp_path):
+    """DPSGD replaces DDP's gradient sync, so each rank checks its own gradient: one rank's overflow is all-reduced,
+    and every rank stops at the same step (a rank left running would wait in the next collective)."""
+    from tests._launch import run_ddp
+
+    ranks = run_ddp("tests.callbacks.test_dpsgd_fp16:_ddp_overflow_worker", tmp_path, root=str(tmp_path))
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["stopped"] is not None and "a gradient overflowed float16" in r["stopped"] for r in ranks)
+    assert ranks[0]["stopped"] == ranks[1]["stopped"]  # (the same step on both)
