@@ -115,6 +115,7 @@ def prepare_fit(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     strategies.check_strategy(trainer)
     if strategies.is_fsdp(trainer):
         strategies.check_fsdp_settings(grad_sample_mode=dp.grad_sample_mode, loss_reduction=dp.loss_reduction)
+    dp.rounds_16_bit = False  # (ghost clipping whose every step is 16-bit: below)
     if dp.grad_sample_mode == "ghost":
         checks.check_no_tied_parameters_for_ghost(pl_module)
         exact = str(trainer.precision) in ("bf16-mixed", "16-mixed") and not strategies.is_fsdp(trainer)
@@ -189,7 +190,7 @@ def install_dp_optimizer(dp: Any, trainer: pl.Trainer, pl_module: pl.LightningMo
     # (after the checkpoint's state is loaded: a resumed fit continues its precision record)
     if dp.precision is None or dp.precision.rsplit(", then ", 1)[-1] != str(trainer.precision):
         dp.precision = str(trainer.precision) if dp.precision is None else f"{dp.precision}, then {trainer.precision}"
-    dp._backward.rounds_16_bit = dp.grad_sample_mode == "ghost" and getattr(dp, "rounds_16_bit", False)
+    dp._backward.rounds_16_bit = dp.rounds_16_bit
     # (through a weak reference: the module holds its backward, and a deepcopy of the module — PANORAMIA's fresh
     # copy — must not reach the callback and through it the DP optimizer)
     dp._backward.on_rounded_step = functools.partial(_count_rounded_step, weakref.ref(dp))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import List
 
+from lightning_privacy.dpsgd.state import NOT_RECORDED
 from lightning_privacy.ledger import accountant_label
 from lightning_privacy.reporting import down, up
 from lightning_privacy.statement.fields import RELATION_LABELS
@@ -105,7 +106,7 @@ def _precision(mechanism: dict) -> List[str]:
     """Steps whose clipped sum bounded each example by C only up to 16-bit rounding, or that nobody recorded it."""
     record = mechanism.get("precision")
     out = []
-    if record is None or str(record.get("precision")).startswith("not recorded"):  # (dpsgd.state.NOT_RECORDED)
+    if record is None or str(record.get("precision")).startswith(NOT_RECORDED):  # (a resume of an older checkpoint)
         out.append(
             f"The training precision {'is' if record is None else 'of the steps before a resume is'} not recorded "
             "(saved by an older version): under 16-bit precision (bf16, fp16) each example's contribution to a step "
